@@ -1,0 +1,168 @@
+// Comm: the one door through which every collective in meshtrain passes.
+//
+// It wraps one c10d group (Gloo on CPU, NCCL on CUDA) and
+//   - fills Gloo's gaps in libtorch 1.13 (no reduce_scatter, no _allgather_base,
+//     no AVG, no bf16 collectives; PLATFORM.md) with measured emulations,
+//   - counts calls and bytes per op (the planner checks its predictions on them),
+//   - numbers every call (a per-group sequence number) and turns a failure or a
+//     timeout into one error naming the op, the group, the sequence number and
+//     the tensor's shape and dtype.
+//
+// Invariants:
+//   - Every rank of a group makes the same calls in the same order (as with any
+//     collective library); the sequence number is how a desync is diagnosed.
+//   - bf16 data is moved as raw 16-bit words; bf16 sums are accumulated in fp32
+//     and rounded once.
+//   - A group of size 1 needs no process group: every op is a local copy or no-op.
+//   - Byte counters use nccl-tests' "size": all_reduce / broadcast / send / recv
+//     the tensor, all_gather the output, reduce_scatter the input, all_to_all the
+//     input. `wire_bytes` is what a bandwidth-optimal algorithm sends per rank
+//     (size x nccl-tests' bus factor: 2(n-1)/n all_reduce, (n-1)/n gather/scatter).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include "meshtrain/compat.h"
+
+namespace c10d {
+class Work;
+}
+
+namespace meshtrain {
+
+enum class ReduceOp { Sum, Avg, Max };
+
+// All-gather algorithms. Auto = Native on NCCL, Broadcast on Gloo.
+//   Broadcast: n async broadcasts, each into its slice of the output.
+//   Ring:      n-1 send/recv steps around the ring (bandwidth-optimal).
+//   List:      Gloo's own list all-gather (slow at size; benchmarks only).
+enum class GatherAlgo { Auto, Native, Broadcast, Ring, List };
+
+// Reduce-scatter algorithms. Auto = Native on NCCL, AllToAll on Gloo.
+//   AllToAll:  all_to_all of the chunks, then a local sum over the n received chunks.
+//   Ring:      n-1 send/recv steps, partial sums travel around the ring.
+//   AllReduce: all_reduce the whole input, keep this rank's chunk.
+enum class ScatterAlgo { Auto, Native, AllToAll, Ring, AllReduce };
+
+const char* to_string(ReduceOp op);
+const char* to_string(GatherAlgo a);
+const char* to_string(ScatterAlgo a);
+GatherAlgo parse_gather_algo(const std::string& s);
+ScatterAlgo parse_scatter_algo(const std::string& s);
+
+struct OpStats {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;       // nccl-tests "size" (see above)
+  uint64_t wire_bytes = 0;  // bytes a bandwidth-optimal algorithm sends per rank
+};
+
+// A collective failed or timed out. The message names op, group, sequence and shape.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A collective in flight. wait() completes it, including local post-processing
+// (division for AVG, the local sum of a reduce-scatter, copying back bf16).
+class CommWork {
+ public:
+  CommWork() = default;
+  CommWork(CommWork&&) noexcept;
+  CommWork& operator=(CommWork&&) noexcept;
+  ~CommWork();  // waits if the caller did not (errors are then only logged)
+  void wait();
+  bool done() const { return done_; }
+
+ private:
+  friend class Comm;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::function<void()> finish_;
+  std::string what_;  // "all_reduce on group 'tp' ... seq 7 shape [4, 8] float"
+  bool done_ = true;
+};
+
+class Comm {
+ public:
+  // `pg` may be null when `ranks` has one element. `ranks` are global ranks in
+  // group order; `index` is this process's position in it.
+  Comm(c10::intrusive_ptr<PGBackend> pg, BackendKind kind, std::string name, std::vector<int> ranks,
+       int index);
+  // A group holding only `global_rank`: no process group behind it.
+  Comm(std::string name, int global_rank, BackendKind kind = BackendKind::Gloo);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return index_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const { return ranks_; }
+  BackendKind backend_kind() const { return kind_; }
+  uint64_t seq() const { return seq_; }
+  PGBackend* backend() const { return pg_.get(); }  // raw group, for baselines only
+
+  // In place on `t`.
+  CommWork all_reduce_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+  void all_reduce(const at::Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op).wait(); }
+
+  // out holds size() * in.numel() elements; rank r's `in` lands at [r*n, (r+1)*n).
+  CommWork all_gather_async(const at::Tensor& out, const at::Tensor& in, GatherAlgo algo = GatherAlgo::Auto);
+  void all_gather(const at::Tensor& out, const at::Tensor& in, GatherAlgo algo = GatherAlgo::Auto) {
+    all_gather_async(out, in, algo).wait();
+  }
+
+  // in holds size() * out.numel() elements; out = reduction over ranks of chunk rank().
+  CommWork reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::Sum,
+                                ScatterAlgo algo = ScatterAlgo::Auto);
+  void reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::Sum,
+                      ScatterAlgo algo = ScatterAlgo::Auto) {
+    reduce_scatter_async(out, in, op, algo).wait();
+  }
+
+  // root is a group rank (0..size()-1).
+  CommWork broadcast_async(const at::Tensor& t, int root);
+  void broadcast(const at::Tensor& t, int root) { broadcast_async(t, root).wait(); }
+
+  // Splits count rows of dim 0; empty = equal splits. out_splits[r] rows come
+  // from rank r, in_splits[r] rows go to rank r.
+  void all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<int64_t> out_splits = {},
+                  std::vector<int64_t> in_splits = {});
+
+  // Point-to-point; peers are group ranks.
+  CommWork isend(const at::Tensor& t, int dst, int tag = 0);
+  CommWork irecv(const at::Tensor& t, int src, int tag = 0);
+  void send(const at::Tensor& t, int dst, int tag = 0) { isend(t, dst, tag).wait(); }
+  void recv(const at::Tensor& t, int src, int tag = 0) { irecv(t, src, tag).wait(); }
+
+  void barrier();
+
+  const std::map<std::string, OpStats>& stats() const { return stats_; }
+  void reset_stats() { stats_.clear(); }
+
+ private:
+  std::string describe(const char* op, const at::Tensor& t) const;
+  void count(const char* op, const at::Tensor& sized, double bus_factor);
+  CommWork make_work(const char* op, const at::Tensor& t) const;
+  void ring_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
+  void ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
+  bool native_bf16() const;
+
+  c10::intrusive_ptr<PGBackend> pg_;
+  BackendKind kind_;
+  std::string name_;
+  std::vector<int> ranks_;
+  int index_;
+  uint64_t seq_ = 0;
+  std::map<std::string, OpStats> stats_;
+};
+
+}  // namespace meshtrain

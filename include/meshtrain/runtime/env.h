@@ -1,0 +1,39 @@
+// Where this process stands in the job: rank, world size, local rank and the
+// rendezvous address, read from the variables a launcher sets.
+//
+// Accepted sources, in this order:
+//   meshtrain launch / torchrun: RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
+//   Slurm (srun):               SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_NTASKS_PER_NODE
+//                               (+ MASTER_ADDR, or SLURM_LAUNCH_NODE_IPADDR)
+//   OpenMPI (mpirun):           OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE
+//                               OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_LOCAL_SIZE (+ MASTER_ADDR)
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace meshtrain {
+
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single";  // "launch", "slurm", "openmpi" or "single"
+
+  bool distributed() const { return source != "single"; }
+
+  // Reads the variables through `getenv` (replaceable for tests). Returns a
+  // single-process environment when no launcher set anything; throws
+  // std::invalid_argument naming the variable when the set is incomplete or wrong.
+  static DistEnv from_environment(
+      const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
+};
+
+// Parses Slurm's task-count syntax: "4", "4(x2)", "4(x2),3" -> the first count.
+int parse_slurm_tasks_per_node(const std::string& value);
+
+}  // namespace meshtrain

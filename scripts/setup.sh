@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every Debian package meshtrain needs to build, test and run its demo.
+# Idempotent: packages already present are skipped. Uses sudo when not root.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ccache pkg-config
+  libtorch-dev libgloo-dev            # tensors, autograd, c10d (Gloo)
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev
+  libsentencepiece-dev libxxhash-dev  # tokenizer, checksums
+  libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
+  bible-kjv-text                      # the demo's public-domain corpus
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

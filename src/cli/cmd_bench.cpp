@@ -1,0 +1,74 @@
+// meshtrain bench comm [--nproc N] [--mesh tp=2,...] [--axis world|tp|...] [--ops ...] [--dtypes ...]
+//                      [--min 1K] [--max 64M] [--iters N] [--warmup N] [--compare] [--out FILE]
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "meshtrain/comm/bench.h"
+#include "meshtrain/runtime/mesh.h"
+#include "meshtrain/runtime/runtime.h"
+
+namespace meshtrain::cli {
+
+Run add_bench(CLI::App& app) {
+  struct Opts {
+    int nproc = 2;
+    std::string mesh, axis = "world", min = "1K", max = "64M", gather = "auto", scatter = "auto", out;
+    std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
+    std::vector<std::string> dtypes{"float"};
+    CommBenchOptions bench;
+  };
+  auto o = std::make_shared<Opts>();
+  auto bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto cmd = bench->add_subcommand("comm", "collective bandwidth, nccl-tests style");
+  cmd->add_option("--nproc", o->nproc, "ranks to start when not under a launcher");
+  cmd->add_option("--mesh", o->mesh, "mesh axis sizes (e.g. tp=2); dp is inferred");
+  cmd->add_option("--axis", o->axis, "group to measure: world or a mesh axis");
+  cmd->add_option("--ops", o->ops, "all_reduce all_gather reduce_scatter all_to_all broadcast")->delimiter(',');
+  cmd->add_option("--dtypes", o->dtypes, "float bfloat16 half double int32 int64")->delimiter(',');
+  cmd->add_option("--min", o->min, "smallest size in bytes (K, M, G suffixes)");
+  cmd->add_option("--max", o->max, "largest size in bytes");
+  cmd->add_option("--iters", o->bench.iters, "timed calls per size");
+  cmd->add_option("--warmup", o->bench.warmup, "untimed calls per size");
+  cmd->add_option("--gather-algo", o->gather, "auto native broadcast ring list");
+  cmd->add_option("--scatter-algo", o->scatter, "auto native alltoall ring allreduce");
+  cmd->add_flag("--compare", o->bench.compare, "time every algorithm and the raw backend side by side");
+  cmd->add_option("--out", o->out, "also write the table to this file (rank 0)");
+  return [o]() {
+    if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
+    o->bench.ops = o->ops;
+    o->bench.dtypes = o->dtypes;
+    o->bench.min_bytes = parse_bytes(o->min);
+    o->bench.max_bytes = parse_bytes(o->max);
+    o->bench.gather_algo = parse_gather_algo(o->gather);
+    o->bench.scatter_algo = parse_scatter_algo(o->scatter);
+    for (const auto& d : o->dtypes) parse_dtype(d);  // fail before any traffic
+    auto rt = Runtime::init(DistEnv::from_environment());
+    auto layout = MeshLayout::create(rt->world_size(), MeshLayout::parse(o->mesh));
+    std::unique_ptr<DeviceMesh> mesh;
+    Comm* comm = &rt->world();
+    if (o->axis != "world") {
+      mesh = std::make_unique<DeviceMesh>(*rt, layout);
+      comm = &mesh->axis(o->axis);
+    }
+    auto rows = run_comm_bench(*comm, o->bench);
+    int wrong = 0;
+    for (const auto& r : rows) wrong += r.wrong > 0;
+    if (rt->rank() == 0) {
+      std::string table = format_bench_table(rows, *comm);
+      fmt::print("{}", table);
+      if (!o->out.empty()) {
+        std::ofstream f(o->out);
+        f << table;
+        if (!f) throw std::runtime_error(fmt::format("could not write {}", o->out));
+      }
+    }
+    return wrong ? 1 : 0;
+  };
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,35 @@
+// The subcommands of the `meshtrain` binary. Each registers its options on the
+// CLI11 app and returns the function that runs it (returning the exit status).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace meshtrain::cli {
+
+using Run = std::function<int()>;
+
+Run add_launch(CLI::App& app);
+Run add_bench(CLI::App& app);
+Run add_lab(CLI::App& app);
+Run add_mesh(CLI::App& app);
+
+// Names that `meshtrain launch NAME ...` runs as this binary's own subcommand.
+const std::vector<std::string>& subcommand_names();
+
+// The original command line, for commands that re-launch themselves.
+void set_argv(int argc, char** argv);
+const std::vector<std::string>& original_argv();
+std::string self_exe();
+
+// When this process was not started by a launcher and `nproc` > 1, starts
+// `nproc` copies of this very command line under the launcher and returns its
+// status; returns -1 when the caller should run as a rank itself.
+int relaunch_if_needed(int nproc);
+
+}  // namespace meshtrain::cli

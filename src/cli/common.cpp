@@ -1,0 +1,42 @@
+#include <unistd.h>
+
+#include <climits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "meshtrain/runtime/env.h"
+#include "meshtrain/runtime/launcher.h"
+
+namespace meshtrain::cli {
+namespace {
+std::vector<std::string> g_argv;
+}
+
+const std::vector<std::string>& subcommand_names() {
+  static const std::vector<std::string> names{"bench", "lab", "mesh"};
+  return names;
+}
+
+void set_argv(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
+const std::vector<std::string>& original_argv() { return g_argv; }
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw std::runtime_error("cannot find this program's path (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+int relaunch_if_needed(int nproc) {
+  if (DistEnv::from_environment().distributed() || nproc <= 1) return -1;
+  LaunchOptions o;
+  o.nproc_per_node = nproc;
+  o.master_port = 0;
+  o.command = g_argv;
+  o.command[0] = self_exe();
+  return launch(o);
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,193 @@
+#include "meshtrain/comm/autograd.h"
+
+#include <ATen/Functions.h>
+#include <ATen/WrapDimUtils.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "meshtrain/comm/comm.h"
+
+namespace meshtrain {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The Comm a node talks to is kept in the context as an integer (IValue holds no raw pointers).
+void save_comm(AutogradContext* ctx, Comm& comm) {
+  ctx->saved_data["comm"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm));
+}
+Comm& load_comm(AutogradContext* ctx) {
+  return *reinterpret_cast<Comm*>(static_cast<intptr_t>(ctx->saved_data["comm"].toInt()));
+}
+
+int64_t check_divisible(const at::Tensor& x, Comm& comm, int64_t dim, const char* what) {
+  dim = at::maybe_wrap_dim(dim, x.dim());
+  if (x.size(dim) % comm.size() != 0) {
+    throw std::invalid_argument(fmt::format("{}: dim {} of size {} is not divisible by group '{}' of size {}", what,
+                                            dim, x.size(dim), comm.name(), comm.size()));
+  }
+  return dim;
+}
+
+struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm) {
+    save_comm(ctx, *comm);
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    at::Tensor grad = g[0].contiguous().clone();
+    load_comm(ctx).all_reduce(grad);
+    return {grad, at::Tensor()};
+  }
+};
+
+struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm) {
+    at::Tensor y = x.contiguous().clone();
+    comm->all_reduce(y);
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) { return {g[0], at::Tensor()}; }
+};
+
+struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
+    save_comm(ctx, *comm);
+    ctx->saved_data["dim"] = dim;
+    return chunk_along(x, *comm, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {gather_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
+    save_comm(ctx, *comm);
+    ctx->saved_data["dim"] = dim;
+    return gather_along(x, *comm, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {chunk_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct AllGatherSeq : torch::autograd::Function<AllGatherSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
+    save_comm(ctx, *comm);
+    ctx->saved_data["dim"] = dim;
+    return gather_along(x, *comm, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {reduce_scatter_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+struct ReduceScatterSeq : torch::autograd::Function<ReduceScatterSeq> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
+    save_comm(ctx, *comm);
+    ctx->saved_data["dim"] = dim;
+    return reduce_scatter_along(x, *comm, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {gather_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct AllToAllDims : torch::autograd::Function<AllToAllDims> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t split_dim,
+                            int64_t concat_dim) {
+    save_comm(ctx, *comm);
+    ctx->saved_data["split"] = split_dim;
+    ctx->saved_data["concat"] = concat_dim;
+    return all_to_all_along(x, *comm, split_dim, concat_dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    // The adjoint of a permutation of chunks is the inverse permutation.
+    return {all_to_all_along(g[0], load_comm(ctx), ctx->saved_data["concat"].toInt(),
+                             ctx->saved_data["split"].toInt()),
+            at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor chunk_along(const at::Tensor& x, Comm& comm, int64_t dim) {
+  dim = check_divisible(x, comm, dim, "split");
+  return x.chunk(comm.size(), dim)[comm.rank()].contiguous();
+}
+
+at::Tensor gather_along(const at::Tensor& x, Comm& comm, int64_t dim) {
+  dim = at::maybe_wrap_dim(dim, x.dim());
+  const int n = comm.size();
+  if (n == 1) return x;
+  at::Tensor in = x.contiguous();
+  // Gather into [n, *x.shape], then move the rank axis next to `dim` and merge.
+  std::vector<int64_t> shape{n};
+  for (auto s : in.sizes()) shape.push_back(s);
+  at::Tensor buf = at::empty(shape, in.options());
+  comm.all_gather(buf, in);
+  if (dim == 0) return buf.view([&] {
+    std::vector<int64_t> s(in.sizes().begin(), in.sizes().end());
+    s[0] *= n;
+    return s;
+  }());
+  return at::cat(buf.unbind(0), dim);
+}
+
+at::Tensor reduce_scatter_along(const at::Tensor& x, Comm& comm, int64_t dim) {
+  dim = check_divisible(x, comm, dim, "reduce_scatter");
+  const int n = comm.size();
+  if (n == 1) return x;
+  // Chunk r along `dim` goes to rank r: lay the chunks out contiguously.
+  at::Tensor in = dim == 0 ? x.contiguous() : at::stack(x.chunk(n, dim), 0).contiguous();
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape[dim] /= n;
+  at::Tensor out = at::empty(out_shape, x.options());
+  comm.reduce_scatter(out, in);
+  return out;
+}
+
+at::Tensor all_to_all_along(const at::Tensor& x, Comm& comm, int64_t split_dim, int64_t concat_dim) {
+  split_dim = check_divisible(x, comm, split_dim, "all_to_all");
+  concat_dim = at::maybe_wrap_dim(concat_dim, x.dim());
+  const int n = comm.size();
+  if (n == 1) return x;
+  at::Tensor in = at::stack(x.chunk(n, split_dim), 0).contiguous();  // [n, ...chunk]
+  at::Tensor out = at::empty_like(in);
+  comm.all_to_all(out, in);
+  return at::cat(out.unbind(0), concat_dim);
+}
+
+at::Tensor copy_to_region(const at::Tensor& x, Comm& comm) {
+  if (comm.size() == 1) return x;
+  return CopyToRegion::apply(x, &comm);
+}
+at::Tensor reduce_from_region(const at::Tensor& x, Comm& comm) {
+  if (comm.size() == 1) return x;
+  return ReduceFromRegion::apply(x, &comm);
+}
+at::Tensor scatter_to_region(const at::Tensor& x, Comm& comm, int64_t dim) {
+  if (comm.size() == 1) return x;
+  return ScatterToRegion::apply(x, &comm, dim);
+}
+at::Tensor gather_from_region(const at::Tensor& x, Comm& comm, int64_t dim) {
+  if (comm.size() == 1) return x;
+  return GatherFromRegion::apply(x, &comm, dim);
+}
+at::Tensor all_gather_seq(const at::Tensor& x, Comm& comm, int64_t dim) {
+  if (comm.size() == 1) return x;
+  return AllGatherSeq::apply(x, &comm, dim);
+}
+at::Tensor reduce_scatter_seq(const at::Tensor& x, Comm& comm, int64_t dim) {
+  if (comm.size() == 1) return x;
+  return ReduceScatterSeq::apply(x, &comm, dim);
+}
+at::Tensor all_to_all_dims(const at::Tensor& x, Comm& comm, int64_t split_dim, int64_t concat_dim) {
+  if (comm.size() == 1) return x;
+  return AllToAllDims::apply(x, &comm, split_dim, concat_dim);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,66 @@
+#include "comm/backend.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace meshtrain {
+
+c10::intrusive_ptr<c10d::Work> backend_all_gather_base(PGBackend& pg, at::Tensor& out, at::Tensor& in) {
+  return pg._allgather_base(out, in);
+}
+
+c10::intrusive_ptr<c10d::Work> backend_reduce_scatter_base(PGBackend& pg, at::Tensor& out, at::Tensor& in,
+                                                           bool max) {
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return pg._reduce_scatter_base(out, in, opts);
+}
+
+bool backend_available(BackendKind kind) {
+#ifdef USE_C10D_GLOO
+  if (kind == BackendKind::Gloo) return true;
+#endif
+#ifdef USE_C10D_NCCL
+  if (kind == BackendKind::Nccl) return true;
+#endif
+  return false;
+}
+
+c10::intrusive_ptr<PGBackend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                           const BackendOptions& opts) {
+  if (opts.kind == BackendKind::Gloo) {
+#ifdef USE_C10D_GLOO
+    auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (!opts.host.empty()) {
+      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opts.host));
+    } else {
+      o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    o->threads = 2;
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o);
+#endif
+  } else {
+#ifdef USE_C10D_NCCL
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = opts.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
+#endif
+  }
+  throw std::invalid_argument(fmt::format("this meshtrain build has no {} backend; {}",
+                                          opts.kind == BackendKind::Gloo ? "gloo" : "nccl",
+                                          opts.kind == BackendKind::Gloo ? "use --backend nccl"
+                                                                         : "build against a CUDA libtorch"));
+}
+
+}  // namespace meshtrain

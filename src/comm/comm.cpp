@@ -1,0 +1,474 @@
+#include "meshtrain/comm/comm.h"
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <iostream>
+
+#include "comm/backend.h"
+
+namespace meshtrain {
+namespace {
+
+// Tags at and above this value are reserved for Comm's own ring algorithms.
+constexpr int kRingTagBase = 1 << 20;
+
+bool is_floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
+
+// Gloo cannot move bf16: reinterpret it as fp16 (same width, no arithmetic).
+at::Tensor as_transport(const at::Tensor& t, bool native_bf16) {
+  if (!native_bf16 && t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
+  return t;
+}
+
+void check_contiguous(const char* op, const at::Tensor& t) {
+  if (!t.defined()) throw std::invalid_argument(fmt::format("{}: tensor is undefined", op));
+  if (!t.is_contiguous()) {
+    throw std::invalid_argument(
+        fmt::format("{}: tensor of shape {} is not contiguous; call .contiguous() first", op, t.sizes()));
+  }
+}
+
+void check_same_dtype(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type()) {
+    throw std::invalid_argument(fmt::format("{}: output dtype {} differs from input dtype {}", op,
+                                            c10::toString(a.scalar_type()), c10::toString(b.scalar_type())));
+  }
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  // Avg is done as Sum and a division: Gloo in 1.13 has no AVG.
+  return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+// Sum (or max) over the n chunks of `chunks` ([n, m], any dtype) into `out` (m elements).
+void reduce_chunks(const at::Tensor& out, const at::Tensor& chunks, ReduceOp op, int n) {
+  at::Tensor acc = chunks;
+  if (acc.scalar_type() == at::kBFloat16 || acc.scalar_type() == at::kHalf) acc = acc.to(at::kFloat);
+  at::Tensor r = op == ReduceOp::Max ? std::get<0>(acc.max(0)) : acc.sum(0);
+  if (op == ReduceOp::Avg) r.div_(n);
+  out.view(-1).copy_(r);
+}
+
+}  // namespace
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
+const char* to_string(GatherAlgo a) {
+  switch (a) {
+    case GatherAlgo::Auto: return "auto";
+    case GatherAlgo::Native: return "native";
+    case GatherAlgo::Broadcast: return "broadcast";
+    case GatherAlgo::Ring: return "ring";
+    case GatherAlgo::List: return "list";
+  }
+  return "?";
+}
+
+const char* to_string(ScatterAlgo a) {
+  switch (a) {
+    case ScatterAlgo::Auto: return "auto";
+    case ScatterAlgo::Native: return "native";
+    case ScatterAlgo::AllToAll: return "alltoall";
+    case ScatterAlgo::Ring: return "ring";
+    case ScatterAlgo::AllReduce: return "allreduce";
+  }
+  return "?";
+}
+
+GatherAlgo parse_gather_algo(const std::string& s) {
+  for (auto a : {GatherAlgo::Auto, GatherAlgo::Native, GatherAlgo::Broadcast, GatherAlgo::Ring, GatherAlgo::List})
+    if (s == to_string(a)) return a;
+  throw std::invalid_argument(
+      fmt::format("unknown all_gather algorithm '{}'; use auto, native, broadcast, ring or list", s));
+}
+
+ScatterAlgo parse_scatter_algo(const std::string& s) {
+  for (auto a : {ScatterAlgo::Auto, ScatterAlgo::Native, ScatterAlgo::AllToAll, ScatterAlgo::Ring,
+                 ScatterAlgo::AllReduce})
+    if (s == to_string(a)) return a;
+  throw std::invalid_argument(
+      fmt::format("unknown reduce_scatter algorithm '{}'; use auto, native, alltoall, ring or allreduce", s));
+}
+
+// ---------------------------------------------------------------- CommWork
+
+CommWork::CommWork(CommWork&& o) noexcept
+    : works_(std::move(o.works_)), finish_(std::move(o.finish_)), what_(std::move(o.what_)), done_(o.done_) {
+  o.done_ = true;
+}
+
+CommWork& CommWork::operator=(CommWork&& o) noexcept {
+  if (this != &o) {
+    if (!done_) {
+      try { wait(); } catch (const std::exception& e) { std::cerr << "meshtrain: " << e.what() << "\n"; }
+    }
+    works_ = std::move(o.works_);
+    finish_ = std::move(o.finish_);
+    what_ = std::move(o.what_);
+    done_ = o.done_;
+    o.done_ = true;
+  }
+  return *this;
+}
+
+CommWork::~CommWork() {
+  if (done_) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::cerr << "meshtrain: a collective that was never waited on failed: " << e.what() << "\n";
+  }
+}
+
+void CommWork::wait() {
+  if (done_) return;
+  done_ = true;  // a failed group is poisoned (PLATFORM.md): never wait twice
+  try {
+    for (auto& w : works_) w->wait();
+    works_.clear();
+    if (finish_) finish_();
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format(
+        "{} did not complete: {}\n  A timeout usually means another rank of this group did not make "
+        "the same call; compare the sequence numbers the ranks report.",
+        what_, e.what()));
+  }
+}
+
+// -------------------------------------------------------------------- Comm
+
+Comm::Comm(c10::intrusive_ptr<PGBackend> pg, BackendKind kind, std::string name, std::vector<int> ranks,
+           int index)
+    : pg_(std::move(pg)), kind_(kind), name_(std::move(name)), ranks_(std::move(ranks)), index_(index) {
+  if (ranks_.empty() || index_ < 0 || index_ >= size()) {
+    throw std::invalid_argument(fmt::format("group '{}': index {} outside its {} ranks", name_, index_, ranks_.size()));
+  }
+  if (!pg_ && size() > 1) {
+    throw std::invalid_argument(fmt::format("group '{}' of {} ranks needs a process group", name_, size()));
+  }
+}
+
+Comm::Comm(std::string name, int global_rank, BackendKind kind)
+    : Comm(c10::intrusive_ptr<PGBackend>(), kind, std::move(name), {global_rank}, 0) {}
+
+Comm::~Comm() = default;
+
+bool Comm::native_bf16() const { return kind_ == BackendKind::Nccl || kGlooHasBf16; }
+
+std::string Comm::describe(const char* op, const at::Tensor& t) const {
+  return fmt::format("{} on group '{}' (global ranks [{}], this is group rank {} of {}) at sequence {}, "
+                     "tensor shape [{}] dtype {}",
+                     op, name_, fmt::join(ranks_, ", "), index_, size(), seq_, fmt::join(t.sizes(), ", "),
+                     c10::toString(t.scalar_type()));
+}
+
+void Comm::count(const char* op, const at::Tensor& sized, double bus_factor) {
+  ++seq_;
+  OpStats& s = stats_[op];
+  const uint64_t bytes = sized.numel() * sized.element_size();
+  s.calls += 1;
+  s.bytes += bytes;
+  s.wire_bytes += static_cast<uint64_t>(bytes * bus_factor + 0.5);
+}
+
+CommWork Comm::make_work(const char* op, const at::Tensor& t) const {
+  CommWork w;
+  w.what_ = describe(op, t);
+  w.done_ = false;
+  return w;
+}
+
+CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op) {
+  check_contiguous("all_reduce", t);
+  if (op == ReduceOp::Avg && !is_floating(t)) {
+    throw std::invalid_argument(fmt::format("all_reduce avg needs a floating tensor, got {}; use sum",
+                                            c10::toString(t.scalar_type())));
+  }
+  const int n = size();
+  count("all_reduce", t, 2.0 * (n - 1) / n);
+  CommWork w = make_work("all_reduce", t);
+  if (n == 1) { w.done_ = true; return w; }
+  at::Tensor buf = t;
+  if (!native_bf16() && t.scalar_type() == at::kBFloat16) buf = t.to(at::kFloat);  // sum in fp32
+  std::vector<at::Tensor> v{buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  w.works_.push_back(pg_->allreduce(v, opts));
+  w.finish_ = [t, buf, op, n]() {
+    if (op == ReduceOp::Avg) buf.div_(n);
+    if (!buf.is_same(t)) t.copy_(buf);
+  };
+  return w;
+}
+
+CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, GatherAlgo algo) {
+  check_contiguous("all_gather", out);
+  check_contiguous("all_gather", in);
+  check_same_dtype("all_gather", out, in);
+  const int n = size();
+  const int64_t m = in.numel();
+  if (out.numel() != n * m) {
+    throw std::invalid_argument(fmt::format("all_gather on group '{}': output has {} elements, needs {} x {} = {}",
+                                            name_, out.numel(), n, m, n * m));
+  }
+  count("all_gather", out, (n - 1.0) / n);
+  CommWork w = make_work("all_gather", in);
+  if (n == 1) {
+    out.view(-1).copy_(in.view(-1));
+    { w.done_ = true; return w; }
+  }
+  if (algo == GatherAlgo::Auto) algo = kind_ == BackendKind::Nccl ? GatherAlgo::Native : GatherAlgo::Broadcast;
+  at::Tensor o = as_transport(out, native_bf16()).view(-1);
+  at::Tensor i = as_transport(in, native_bf16()).view(-1);
+  switch (algo) {
+    case GatherAlgo::Native:
+      w.works_.push_back(backend_all_gather_base(*pg_, o, i));
+      break;
+    case GatherAlgo::Broadcast:
+      // Each rank's slice of the output is broadcast from its owner (PLATFORM.md:
+      // 2x faster than Gloo's list all-gather at 64 MiB).
+      for (int r = 0; r < n; ++r) {
+        at::Tensor slice = o.narrow(0, r * m, m);
+        if (r == index_) slice.copy_(i);
+        std::vector<at::Tensor> v{slice};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = r;
+        w.works_.push_back(pg_->broadcast(v, opts));
+      }
+      break;
+    case GatherAlgo::Ring:
+      ring_all_gather(o, i, w.what_);
+      w.done_ = true;
+      break;
+    case GatherAlgo::List: {
+      std::vector<std::vector<at::Tensor>> outs(1);
+      for (int r = 0; r < n; ++r) outs[0].push_back(o.narrow(0, r * m, m));
+      std::vector<at::Tensor> ins{i};
+      w.works_.push_back(pg_->allgather(outs, ins));
+      break;
+    }
+    case GatherAlgo::Auto:
+      break;
+  }
+  return w;
+}
+
+// Ring all-gather: at step s this rank forwards chunk (me - s) to its right
+// neighbour and receives chunk (me - s - 1) from its left one; after n-1 steps
+// every rank holds every chunk. Each rank sends (n-1)/n of the output: optimal.
+void Comm::ring_all_gather(const at::Tensor& o, const at::Tensor& i, const std::string& what) {
+  const int n = size(), me = index_;
+  const int64_t m = i.numel();
+  const int right = (me + 1) % n, left = (me - 1 + n) % n;
+  o.narrow(0, me * m, m).copy_(i);
+  try {
+    for (int s = 0; s < n - 1; ++s) {
+      std::vector<at::Tensor> sv{o.narrow(0, ((me - s + n) % n) * m, m)};
+      std::vector<at::Tensor> rv{o.narrow(0, ((me - s - 1 + 2 * n) % n) * m, m)};
+      auto sw = pg_->send(sv, right, kRingTagBase + s);
+      auto rw = pg_->recv(rv, left, kRingTagBase + s);
+      sw->wait();
+      rw->wait();
+    }
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} (ring) did not complete: {}", what, e.what()));
+  }
+}
+
+CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op, ScatterAlgo algo) {
+  check_contiguous("reduce_scatter", out);
+  check_contiguous("reduce_scatter", in);
+  check_same_dtype("reduce_scatter", out, in);
+  const int n = size();
+  const int64_t m = out.numel();
+  if (in.numel() != n * m) {
+    throw std::invalid_argument(fmt::format(
+        "reduce_scatter on group '{}': input has {} elements, needs {} x {} = {}", name_, in.numel(), n, m, n * m));
+  }
+  if (op == ReduceOp::Avg && !is_floating(in)) {
+    throw std::invalid_argument("reduce_scatter avg needs a floating tensor; use sum");
+  }
+  count("reduce_scatter", in, (n - 1.0) / n);
+  CommWork w = make_work("reduce_scatter", in);
+  if (n == 1) {
+    out.view(-1).copy_(in.view(-1));
+    { w.done_ = true; return w; }
+  }
+  if (algo == ScatterAlgo::Auto) algo = kind_ == BackendKind::Nccl ? ScatterAlgo::Native : ScatterAlgo::AllToAll;
+  switch (algo) {
+    case ScatterAlgo::Native: {
+      at::Tensor o = out.view(-1), i = in.view(-1);
+      w.works_.push_back(backend_reduce_scatter_base(*pg_, o, i, op == ReduceOp::Max));
+      if (op == ReduceOp::Avg) w.finish_ = [o, n]() { o.div_(n); };
+      break;
+    }
+    case ScatterAlgo::AllToAll: {
+      // Chunk r of every rank's input goes to rank r; each rank then sums its n
+      // received chunks locally (in fp32 for 16-bit types).
+      at::Tensor recv = at::empty_like(in).view(-1);
+      at::Tensor ro = as_transport(recv, native_bf16()), ri = as_transport(in, native_bf16()).view(-1);
+      std::vector<int64_t> splits;  // empty = equal
+      w.works_.push_back(pg_->alltoall_base(ro, ri, splits, splits));
+      w.finish_ = [out, recv, op, n, m]() { reduce_chunks(out, recv.view({n, m}), op, n); };
+      break;
+    }
+    case ScatterAlgo::Ring:
+      ring_reduce_scatter(out, in, op, w.what_);
+      w.done_ = true;
+      break;
+    case ScatterAlgo::AllReduce: {
+      at::Tensor full = in.to(in.scalar_type() == at::kBFloat16 ? at::kFloat : in.scalar_type(), false, true);
+      std::vector<at::Tensor> v{full};
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = to_c10d(op);
+      w.works_.push_back(pg_->allreduce(v, opts));
+      const int me = index_;
+      w.finish_ = [out, full, op, n, m, me]() {
+        at::Tensor mine = full.view(-1).narrow(0, me * m, m);
+        if (op == ReduceOp::Avg) mine.div_(n);
+        out.view(-1).copy_(mine);
+      };
+      break;
+    }
+    case ScatterAlgo::Auto:
+      break;
+  }
+  return w;
+}
+
+// Ring reduce-scatter: at step s this rank sends its partial sum of chunk
+// (me - s - 1) to the right and adds the partial of chunk (me - s - 2) received
+// from the left. After n-1 steps chunk `me` holds the sum over all ranks.
+// Partial sums of 16-bit types travel in fp32.
+void Comm::ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what) {
+  const int n = size(), me = index_;
+  const int64_t m = out.numel();
+  const int right = (me + 1) % n, left = (me - 1 + n) % n;
+  const bool widen = in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf;
+  at::Tensor acc = (widen ? in.to(at::kFloat) : in.clone()).view({n, m});
+  at::Tensor incoming = at::empty({m}, acc.options());
+  try {
+    for (int s = 0; s < n - 1; ++s) {
+      const int send_chunk = ((me - s - 1) % n + n) % n, recv_chunk = ((me - s - 2) % n + n) % n;
+      std::vector<at::Tensor> sv{acc[send_chunk]};
+      std::vector<at::Tensor> rv{incoming};
+      auto sw = pg_->send(sv, right, kRingTagBase + s);
+      auto rw = pg_->recv(rv, left, kRingTagBase + s);
+      sw->wait();
+      rw->wait();
+      at::Tensor dst = acc[recv_chunk];
+      if (op == ReduceOp::Max) at::maximum_out(dst, dst, incoming);
+      else dst.add_(incoming);
+    }
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} (ring) did not complete: {}", what, e.what()));
+  }
+  at::Tensor mine = acc[me];
+  if (op == ReduceOp::Avg) mine.div_(n);
+  out.view(-1).copy_(mine);
+}
+
+CommWork Comm::broadcast_async(const at::Tensor& t, int root) {
+  check_contiguous("broadcast", t);
+  if (root < 0 || root >= size()) {
+    throw std::invalid_argument(fmt::format("broadcast on group '{}': root {} outside 0..{}", name_, root, size() - 1));
+  }
+  count("broadcast", t, 1.0);
+  CommWork w = make_work("broadcast", t);
+  if (size() == 1) { w.done_ = true; return w; }
+  std::vector<at::Tensor> v{as_transport(t, native_bf16())};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  w.works_.push_back(pg_->broadcast(v, opts));
+  return w;
+}
+
+void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<int64_t> out_splits,
+                      std::vector<int64_t> in_splits) {
+  check_contiguous("all_to_all", out);
+  check_contiguous("all_to_all", in);
+  check_same_dtype("all_to_all", out, in);
+  const int n = size();
+  auto check_splits = [&](const char* which, const std::vector<int64_t>& splits, const at::Tensor& t) {
+    if (splits.empty()) {
+      if (t.dim() == 0 || t.size(0) % n != 0) {
+        throw std::invalid_argument(fmt::format("all_to_all on group '{}': {} dim 0 ({}) is not divisible by {}; "
+                                                "pass explicit splits",
+                                                name_, which, t.dim() ? t.size(0) : 0, n));
+      }
+      return;
+    }
+    int64_t total = 0;
+    for (auto s : splits) total += s;
+    if (static_cast<int>(splits.size()) != n || total != t.size(0)) {
+      throw std::invalid_argument(fmt::format("all_to_all on group '{}': {} splits [{}] must be {} counts summing "
+                                              "to dim 0 ({})",
+                                              name_, which, fmt::join(splits, ", "), n, t.size(0)));
+    }
+  };
+  check_splits("output", out_splits, out);
+  check_splits("input", in_splits, in);
+  const double own = in_splits.empty() ? 1.0 / n
+                                       : (in.size(0) ? static_cast<double>(in_splits[index_]) / in.size(0) : 0.0);
+  count("all_to_all", in, 1.0 - own);
+  CommWork w = make_work("all_to_all", in);
+  if (n == 1) {
+    out.copy_(in);
+    return;
+  }
+  at::Tensor o = as_transport(out, native_bf16()), i = as_transport(in, native_bf16());
+  w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
+  w.wait();
+}
+
+CommWork Comm::isend(const at::Tensor& t, int dst, int tag) {
+  check_contiguous("send", t);
+  if (dst < 0 || dst >= size() || dst == index_) {
+    throw std::invalid_argument(fmt::format("send on group '{}': destination {} is not another rank of 0..{}",
+                                            name_, dst, size() - 1));
+  }
+  if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("send: tag {} outside [0, 2^20)", tag));
+  count("send", t, 1.0);
+  CommWork w = make_work("send", t);
+  std::vector<at::Tensor> v{as_transport(t, native_bf16())};
+  w.works_.push_back(pg_->send(v, dst, tag));
+  return w;
+}
+
+CommWork Comm::irecv(const at::Tensor& t, int src, int tag) {
+  check_contiguous("recv", t);
+  if (src < 0 || src >= size() || src == index_) {
+    throw std::invalid_argument(fmt::format("recv on group '{}': source {} is not another rank of 0..{}",
+                                            name_, src, size() - 1));
+  }
+  if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("recv: tag {} outside [0, 2^20)", tag));
+  count("recv", t, 1.0);
+  CommWork w = make_work("recv", t);
+  std::vector<at::Tensor> v{as_transport(t, native_bf16())};
+  w.works_.push_back(pg_->recv(v, src, tag));
+  return w;
+}
+
+void Comm::barrier() {
+  ++seq_;
+  stats_["barrier"].calls += 1;
+  if (size() == 1) return;
+  CommWork w;
+  w.what_ = fmt::format("barrier on group '{}' at sequence {}", name_, seq_);
+  w.done_ = false;
+  w.works_.push_back(pg_->barrier());
+  w.wait();
+}
+
+}  // namespace meshtrain

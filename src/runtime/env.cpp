@@ -1,0 +1,119 @@
+#include "meshtrain/runtime/env.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace meshtrain {
+namespace {
+
+using Getenv = std::function<std::optional<std::string>(const std::string&)>;
+
+std::optional<std::string> process_getenv(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+int parse_int(const std::string& name, const std::string& value, int min_value) {
+  size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || v < min_value || v > 1 << 30) {
+    throw std::invalid_argument(fmt::format(
+        "environment variable {}='{}' is not an integer >= {}; fix the launcher or unset it", name,
+        value, min_value));
+  }
+  return static_cast<int>(v);
+}
+
+// Reads `name` or throws, telling which launcher was detected and why it needs it.
+std::string require(const Getenv& get, const std::string& name, const std::string& why) {
+  auto v = get(name);
+  if (!v || v->empty()) {
+    throw std::invalid_argument(fmt::format(
+        "environment variable {} is missing ({}); start ranks with `meshtrain launch`, "
+        "torchrun, srun or mpirun, or set it",
+        name, why));
+  }
+  return *v;
+}
+
+void check_ranks(const DistEnv& e) {
+  if (e.rank >= e.world_size) {
+    throw std::invalid_argument(fmt::format("rank {} is not below world size {} ({} variables)",
+                                            e.rank, e.world_size, e.source));
+  }
+  if (e.local_rank >= e.local_world_size) {
+    throw std::invalid_argument(fmt::format("local rank {} is not below local world size {} ({} variables)",
+                                            e.local_rank, e.local_world_size, e.source));
+  }
+}
+
+int master_port_or_default(const Getenv& get) {
+  auto p = get("MASTER_PORT");
+  return p ? parse_int("MASTER_PORT", *p, 1) : 29500;
+}
+
+}  // namespace
+
+int parse_slurm_tasks_per_node(const std::string& value) {
+  size_t end = value.find_first_not_of("0123456789");
+  std::string first = value.substr(0, end);
+  if (first.empty()) {
+    throw std::invalid_argument(fmt::format("SLURM_NTASKS_PER_NODE='{}' has no task count", value));
+  }
+  return parse_int("SLURM_NTASKS_PER_NODE", first, 1);
+}
+
+DistEnv DistEnv::from_environment(const Getenv& getenv_fn) {
+  const Getenv get = getenv_fn ? getenv_fn : Getenv(process_getenv);
+  DistEnv e;
+  if (get("RANK") || get("WORLD_SIZE")) {
+    e.source = "launch";
+    const char* why = "meshtrain launch and torchrun set it with RANK";
+    e.rank = parse_int("RANK", require(get, "RANK", why), 0);
+    e.world_size = parse_int("WORLD_SIZE", require(get, "WORLD_SIZE", why), 1);
+    auto lr = get("LOCAL_RANK");
+    e.local_rank = lr ? parse_int("LOCAL_RANK", *lr, 0) : e.rank;
+    auto lws = get("LOCAL_WORLD_SIZE");
+    e.local_world_size = lws ? parse_int("LOCAL_WORLD_SIZE", *lws, 1) : e.world_size;
+    if (e.world_size > 1) e.master_addr = require(get, "MASTER_ADDR", why);
+    else if (auto a = get("MASTER_ADDR")) e.master_addr = *a;
+    e.master_port = master_port_or_default(get);
+  } else if (get("SLURM_PROCID")) {
+    e.source = "slurm";
+    const char* why = "srun sets it for every task";
+    e.rank = parse_int("SLURM_PROCID", require(get, "SLURM_PROCID", why), 0);
+    e.world_size = parse_int("SLURM_NTASKS", require(get, "SLURM_NTASKS", why), 1);
+    e.local_rank = parse_int("SLURM_LOCALID", require(get, "SLURM_LOCALID", why), 0);
+    e.local_world_size = parse_slurm_tasks_per_node(require(get, "SLURM_NTASKS_PER_NODE",
+                                                            "run srun with --ntasks-per-node"));
+    if (auto a = get("MASTER_ADDR")) e.master_addr = *a;
+    else e.master_addr = require(get, "SLURM_LAUNCH_NODE_IPADDR", "or set MASTER_ADDR to rank 0's host");
+    e.master_port = master_port_or_default(get);
+  } else if (get("OMPI_COMM_WORLD_RANK")) {
+    e.source = "openmpi";
+    const char* why = "mpirun sets it for every process";
+    e.rank = parse_int("OMPI_COMM_WORLD_RANK", require(get, "OMPI_COMM_WORLD_RANK", why), 0);
+    e.world_size = parse_int("OMPI_COMM_WORLD_SIZE", require(get, "OMPI_COMM_WORLD_SIZE", why), 1);
+    e.local_rank = parse_int("OMPI_COMM_WORLD_LOCAL_RANK", require(get, "OMPI_COMM_WORLD_LOCAL_RANK", why), 0);
+    e.local_world_size =
+        parse_int("OMPI_COMM_WORLD_LOCAL_SIZE", require(get, "OMPI_COMM_WORLD_LOCAL_SIZE", why), 1);
+    if (auto a = get("MASTER_ADDR")) e.master_addr = *a;
+    else if (e.local_world_size != e.world_size)
+      e.master_addr = require(get, "MASTER_ADDR", "mpirun over several nodes: export rank 0's host with -x MASTER_ADDR");
+    e.master_port = master_port_or_default(get);
+  } else {
+    return e;  // not launched: one process
+  }
+  check_ranks(e);
+  return e;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,347 @@
+#include "meshtrain/runtime/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "meshtrain/runtime/threads.h"
+
+namespace meshtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile sig_atomic_t g_signal = 0;  // last SIGINT/SIGTERM the launcher received
+
+void on_signal(int sig) { g_signal = sig; }
+
+// One output stream of a child: bytes not yet ending in a newline wait in `pending`.
+struct Stream {
+  int fd = -1;
+  int target = 1;  // our fd to write to
+  std::string pending;
+};
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  Stream out, err;
+  bool exited = false;
+  int status = 0;  // from waitpid
+  bool terminated_by_us = false;
+};
+
+void write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+// Emits every complete line of `s` (all of it when `flush`) with the rank prefix.
+void emit_lines(Stream& s, int rank, bool flush) {
+  size_t start = 0, nl;
+  std::string out;
+  while ((nl = s.pending.find('\n', start)) != std::string::npos) {
+    out += fmt::format("[rank {}] ", rank);
+    out.append(s.pending, start, nl - start + 1);
+    start = nl + 1;
+  }
+  s.pending.erase(0, start);
+  if (flush && !s.pending.empty()) {
+    out += fmt::format("[rank {}] {}\n", rank, s.pending);
+    s.pending.clear();
+  }
+  if (!out.empty()) write_all(s.target, out);
+}
+
+// Reads what is available; returns false at EOF (and closes the fd).
+bool drain(Stream& s, int rank) {
+  char buf[65536];
+  ssize_t n = ::read(s.fd, buf, sizeof buf);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) {
+    emit_lines(s, rank, true);
+    ::close(s.fd);
+    s.fd = -1;
+    return false;
+  }
+  s.pending.append(buf, static_cast<size_t>(n));
+  emit_lines(s, rank, false);
+  return true;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  }
+  return "unknown status";
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    throw std::runtime_error(fmt::format("launch: pipe() failed: {}", strerror(errno)));
+  }
+  const pid_t parent = getpid();
+  const int world = o.nnodes * o.nproc_per_node;
+  c.rank = o.node_rank * o.nproc_per_node + local_rank;
+  std::vector<std::pair<std::string, std::string>> env{
+      {"RANK", std::to_string(c.rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(world)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+      {"MESHTRAIN_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+  };
+  for (auto& kv : missing_rank_environment(o.nproc_per_node)) env.push_back(kv);
+  env.emplace_back("MESHTRAIN_NO_REEXEC", "1");  // the launcher already set them
+
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("launch: fork() failed: {}", strerror(errno)));
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);  // the launcher died before prctl
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+    for (auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::string msg = fmt::format("meshtrain launch: cannot run '{}': {}\n", o.command[0], strerror(errno));
+    write_all(2, msg);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent, so signals sent right away reach it
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  c.pid = pid;
+  c.out = Stream{out_pipe[0], 1, {}};
+  c.err = Stream{err_pipe[0], 2, {}};
+  c.exited = false;
+  c.terminated_by_us = false;
+}
+
+void signal_alive(std::vector<Child>& children, int sig, bool by_us) {
+  for (auto& c : children) {
+    if (c.exited) continue;
+    kill(-c.pid, sig);  // the child's whole process group
+    if (by_us) c.terminated_by_us = true;
+  }
+}
+
+struct Outcome {
+  int failed_rank = -1;  // -1: none
+  int status = 0;
+  int user_signal = 0;
+};
+
+// Watches the children until all have exited and their output is drained.
+Outcome supervise(std::vector<Child>& children, double grace_seconds) {
+  Outcome res;
+  bool stopping = false;
+  Clock::time_point kill_at{}, all_exited_at{};
+  bool killed = false;
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Child*, Stream*>> owners;
+    for (auto& c : children) {
+      for (Stream* s : {&c.out, &c.err}) {
+        if (s->fd >= 0) {
+          fds.push_back(pollfd{s->fd, POLLIN, 0});
+          owners.emplace_back(&c, s);
+        }
+      }
+    }
+    int ready = fds.empty() ? 0 : poll(fds.data(), fds.size(), 50);
+    if (fds.empty()) usleep(20000);
+    if (ready > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) drain(*owners[i].second, owners[i].first->rank);
+      }
+    }
+    bool all_exited = true;
+    for (auto& c : children) {
+      if (!c.exited) {
+        int st = 0;
+        pid_t r = waitpid(c.pid, &st, WNOHANG);
+        if (r == c.pid) {
+          c.exited = true;
+          c.status = st;
+          if (failed(st) && !c.terminated_by_us && res.failed_rank < 0 && !stopping) {
+            res.failed_rank = c.rank;
+            res.status = st;
+          }
+        }
+      }
+      all_exited = all_exited && c.exited;
+    }
+    const auto now = Clock::now();
+    if (g_signal != 0 && res.user_signal == 0) {
+      res.user_signal = g_signal;
+      signal_alive(children, g_signal, true);
+      stopping = true;
+      kill_at = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_seconds));
+    }
+    if (res.failed_rank >= 0 && !stopping) {
+      signal_alive(children, SIGTERM, true);
+      stopping = true;
+      kill_at = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_seconds));
+    }
+    if (stopping && !killed && !all_exited && now >= kill_at) {
+      signal_alive(children, SIGKILL, true);
+      killed = true;
+    }
+    if (all_exited) {
+      // Grandchildren may still hold a pipe open: give output one second, then stop.
+      if (all_exited_at == Clock::time_point{}) all_exited_at = now;
+      bool open = fds.size() > 0;
+      if (!open || now - all_exited_at > std::chrono::seconds(1)) {
+        for (auto& c : children) {
+          for (Stream* s : {&c.out, &c.err}) {
+            if (s->fd >= 0) {
+              emit_lines(*s, c.rank, true);
+              close(s->fd);
+              s->fd = -1;
+            }
+          }
+          kill(-c.pid, SIGKILL);  // leftover grandchildren
+        }
+        return res;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int pick_free_port(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(fmt::format("socket() failed: {}", strerror(errno)));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    throw std::runtime_error(fmt::format("could not bind a free port: {}", strerror(errno)));
+  }
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  (void)addr;
+  return ntohs(sa.sin_port);
+}
+
+void validate(LaunchOptions& o) {
+  if (o.command.empty()) {
+    throw std::invalid_argument("launch: no command given; usage: meshtrain launch [options] PROGRAM [ARGS...]");
+  }
+  if (o.nproc_per_node < 1) {
+    throw std::invalid_argument(fmt::format("--nproc-per-node {} must be at least 1", o.nproc_per_node));
+  }
+  if (o.nnodes < 1) throw std::invalid_argument(fmt::format("--nnodes {} must be at least 1", o.nnodes));
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    throw std::invalid_argument(fmt::format("--node-rank {} must be in 0..{} (--nnodes {})", o.node_rank,
+                                            o.nnodes - 1, o.nnodes));
+  }
+  if (o.max_restarts < 0) throw std::invalid_argument(fmt::format("--max-restarts {} must be >= 0", o.max_restarts));
+  if (o.master_port < 0 || o.master_port > 65535) {
+    throw std::invalid_argument(fmt::format("--master-port {} is not a TCP port (0..65535)", o.master_port));
+  }
+  if (o.master_port == 0) {
+    if (o.nnodes > 1) {
+      throw std::invalid_argument(
+          "--master-port 0 (pick a free port) works on one node only; give every node the same explicit port");
+    }
+    o.master_port = pick_free_port(o.master_addr);
+    return;
+  }
+  if (o.node_rank != 0) return;
+  // The master node's rank 0 will serve the store on this port: is it free?
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // ignore TIME_WAIT leftovers
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(o.master_port));
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  const bool in_use = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 && errno == EADDRINUSE;
+  close(fd);
+  if (in_use) {
+    throw std::invalid_argument(fmt::format(
+        "--master-port {} is in use on this machine; pass --master-port 0 to pick a free port, or another port",
+        o.master_port));
+  }
+}
+
+int launch(LaunchOptions o) {
+  validate(o);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  g_signal = 0;
+
+  for (int attempt = 0;; ++attempt) {
+    std::vector<Child> children(o.nproc_per_node);
+    for (int i = 0; i < o.nproc_per_node; ++i) start_child(children[i], o, i, attempt);
+    Outcome res = supervise(children, o.grace_seconds);
+    if (res.user_signal != 0) {
+      fmt::print(stderr, "meshtrain launch: got signal {} ({}), stopped all {} ranks\n", res.user_signal,
+                 strsignal(res.user_signal), o.nproc_per_node);
+      return 128 + res.user_signal;
+    }
+    if (res.failed_rank < 0) return 0;
+    const std::string what = fmt::format("rank {} failed with {}", res.failed_rank, describe_status(res.status));
+    if (attempt < o.max_restarts) {
+      fmt::print(stderr, "meshtrain launch: {}; restarting all local ranks ({} of {} restarts)\n", what,
+                 attempt + 1, o.max_restarts);
+      continue;
+    }
+    fmt::print(stderr, "meshtrain launch: {}; stopped the other ranks{}\n", what,
+               o.max_restarts ? fmt::format(" (after {} restarts)", o.max_restarts) : "");
+    return exit_code_of(res.status);
+  }
+}
+
+}  // namespace meshtrain

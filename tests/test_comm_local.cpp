@@ -1,0 +1,48 @@
+// A group of one rank needs no process group: every op is a local copy, the
+// counters still count, and argument errors are caught before any traffic.
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+
+#include "meshtrain/comm/autograd.h"
+#include "meshtrain/comm/comm.h"
+
+namespace meshtrain {
+namespace {
+
+TEST(CommLocal, SizeOneOps) {
+  Comm c("solo", 3);
+  at::Tensor t = at::arange(6, at::kFloat);
+  c.all_reduce(t, ReduceOp::Avg);
+  EXPECT_TRUE(t.equal(at::arange(6, at::kFloat)));
+  at::Tensor out = at::zeros({6});
+  c.all_gather(out, t);
+  EXPECT_TRUE(out.equal(t));
+  c.reduce_scatter(out, t);
+  EXPECT_TRUE(out.equal(t));
+  c.all_to_all(out, t);
+  EXPECT_TRUE(out.equal(t));
+  EXPECT_EQ(c.stats().at("all_reduce").calls, 1u);
+  EXPECT_EQ(c.stats().at("all_reduce").wire_bytes, 0u);
+  EXPECT_EQ(c.seq(), 4u);
+  EXPECT_TRUE(gather_from_region(t, c, 0).equal(t));
+}
+
+TEST(CommLocal, ArgumentErrors) {
+  Comm c("solo", 0);
+  at::Tensor t = at::zeros({4, 4});
+  EXPECT_THROW(c.all_reduce(t.t()), std::invalid_argument);                   // not contiguous
+  EXPECT_THROW(c.all_gather(at::zeros({3}), at::zeros({4})), std::invalid_argument);  // wrong size
+  EXPECT_THROW(c.all_gather(at::zeros({4}, at::kDouble), at::zeros({4})), std::invalid_argument);  // dtype
+  EXPECT_THROW(c.broadcast(t, 1), std::invalid_argument);                     // root outside group
+  EXPECT_THROW(c.send(t, 0), std::invalid_argument);                          // to itself
+}
+
+TEST(CommLocal, AlgorithmNames) {
+  EXPECT_EQ(parse_gather_algo("ring"), GatherAlgo::Ring);
+  EXPECT_EQ(parse_scatter_algo("alltoall"), ScatterAlgo::AllToAll);
+  EXPECT_THROW(parse_gather_algo("tree"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace meshtrain

@@ -1,0 +1,221 @@
+// Every collective x dtype against an expectation computed locally, on real
+// ranks over Gloo. Inputs are small integers, exact in every dtype, so results
+// are compared exactly, except the bf16 accumulation test, whose expectation is
+// the fp32 sum rounded once to bf16.
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include "meshtrain/comm/comm.h"
+#include "tests/mp.h"
+
+namespace meshtrain::test {
+namespace {
+
+const std::vector<at::ScalarType> kDtypes{at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kInt, at::kLong};
+
+at::Tensor ints(int64_t n, int64_t mod, int64_t offset, at::ScalarType dt) {
+  return (at::arange(n, at::kLong).remainder(mod) + offset).to(dt);
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.to(at::kDouble).equal(b.to(at::kDouble));
+}
+
+std::string name(at::ScalarType dt) { return c10::toString(dt); }
+
+TEST(Comm, AllReduceSumMaxAvg) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  for (auto dt : kDtypes) {
+    at::Tensor t = ints(10, 4, me, dt);
+    c.all_reduce(t);
+    EXPECT_TRUE(same(t, at::arange(10, at::kLong).remainder(4) * n + n * (n - 1) / 2)) << name(dt);
+
+    at::Tensor m = ints(10, 4, me, dt);
+    c.all_reduce(m, ReduceOp::Max);
+    EXPECT_TRUE(same(m, at::arange(10, at::kLong).remainder(4) + (n - 1))) << name(dt);
+
+    if (at::isFloatingType(dt)) {
+      at::Tensor a = at::full({6}, static_cast<double>(2 * me), at::TensorOptions().dtype(dt));
+      c.all_reduce(a, ReduceOp::Avg);
+      EXPECT_TRUE(same(a, at::full({6}, static_cast<double>(n - 1), at::kDouble))) << name(dt);
+    }
+  }
+}
+
+TEST(Comm, AllReduceBf16AccumulatesInFp32) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  // 256 + 1 + 1 + ... is not representable step by step in bf16 (8-bit mantissa);
+  // the fp32 sum rounded once is what Comm promises.
+  at::Tensor t = at::full({4}, me == 0 ? 256.0 : 1.0, at::kBFloat16);
+  c.all_reduce(t);
+  const float want = at::tensor({256.0f + (n - 1)}, at::kFloat).to(at::kBFloat16).item<float>();
+  EXPECT_EQ(t[0].item<float>(), want);
+}
+
+TEST(Comm, AllReduceAvgOnIntegersIsAnError) {
+  at::Tensor t = at::zeros({2}, at::kInt);
+  EXPECT_THROW(runtime().world().all_reduce(t, ReduceOp::Avg), std::invalid_argument);
+}
+
+TEST(Comm, AllGatherEveryAlgorithm) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  for (auto algo : {GatherAlgo::Auto, GatherAlgo::Broadcast, GatherAlgo::Ring, GatherAlgo::List}) {
+    for (auto dt : kDtypes) {
+      const int64_t m = 7;
+      at::Tensor in = ints(m, 5, 10 * me, dt), out = at::zeros({n, m}, dt);
+      c.all_gather(out, in, algo);
+      at::Tensor want = at::arange(m, at::kLong).remainder(5).repeat({n, 1}) + at::arange(n, at::kLong).unsqueeze(1) * 10;
+      EXPECT_TRUE(same(out, want)) << to_string(algo) << " " << name(dt);
+    }
+  }
+}
+
+TEST(Comm, ReduceScatterEveryAlgorithm) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  for (auto algo : {ScatterAlgo::Auto, ScatterAlgo::AllToAll, ScatterAlgo::Ring, ScatterAlgo::AllReduce}) {
+    for (auto dt : kDtypes) {
+      const int64_t m = 5;
+      at::Tensor in = ints(n * m, 3, me, dt), out = at::zeros({m}, dt);
+      c.reduce_scatter(out, in, ReduceOp::Sum, algo);
+      at::Tensor idx = at::arange(m, at::kLong) + me * m;
+      EXPECT_TRUE(same(out, idx.remainder(3) * n + n * (n - 1) / 2)) << to_string(algo) << " " << name(dt);
+
+      at::Tensor mx = at::zeros({m}, dt);
+      c.reduce_scatter(mx, in, ReduceOp::Max, algo);
+      EXPECT_TRUE(same(mx, idx.remainder(3) + (n - 1))) << "max " << to_string(algo) << " " << name(dt);
+
+      if (at::isFloatingType(dt)) {
+        at::Tensor avg_in = at::full({n * m}, static_cast<double>(2 * me), at::TensorOptions().dtype(dt));
+        at::Tensor avg = at::zeros({m}, dt);
+        c.reduce_scatter(avg, avg_in, ReduceOp::Avg, algo);
+        EXPECT_TRUE(same(avg, at::full({m}, static_cast<double>(n - 1), at::kDouble)))
+            << "avg " << to_string(algo) << " " << name(dt);
+      }
+    }
+  }
+}
+
+TEST(Comm, BroadcastFromEveryRoot) {
+  Comm& c = runtime().world();
+  for (int root = 0; root < c.size(); ++root) {
+    for (auto dt : kDtypes) {
+      at::Tensor t = c.rank() == root ? ints(9, 7, root, dt) : at::zeros({9}, dt);
+      c.broadcast(t, root);
+      EXPECT_TRUE(same(t, ints(9, 7, root, at::kLong))) << "root " << root << " " << name(dt);
+    }
+  }
+}
+
+TEST(Comm, AllToAllEqualSplits) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  for (auto dt : kDtypes) {
+    // Row block d of rank r holds r*n + d; block s received here must hold s*n + me.
+    at::Tensor in = (at::arange(n, at::kLong).repeat_interleave(2) + me * n).to(dt).reshape({2 * n, 1}).repeat({1, 3});
+    at::Tensor out = at::zeros({2 * n, 3}, dt);
+    c.all_to_all(out, in);
+    at::Tensor want = (at::arange(n, at::kLong).repeat_interleave(2) * n + me).reshape({2 * n, 1}).repeat({1, 3});
+    EXPECT_TRUE(same(out, want)) << name(dt);
+  }
+}
+
+TEST(Comm, AllToAllUnevenSplits) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  // Rank r sends (r + d) % 3 rows to rank d, each row holding 100*r + d.
+  auto rows = [](int from, int to) -> int64_t { return (from + to) % 3; };
+  for (auto dt : kDtypes) {
+    std::vector<int64_t> in_splits, out_splits;
+    std::vector<at::Tensor> in_parts, want_parts;
+    for (int d = 0; d < n; ++d) {
+      in_splits.push_back(rows(me, d));
+      out_splits.push_back(rows(d, me));
+      in_parts.push_back(at::full({rows(me, d), 2}, 10 * me + d, at::kLong));
+      want_parts.push_back(at::full({rows(d, me), 2}, 10 * d + me, at::kLong));
+    }
+    at::Tensor in = at::cat(in_parts).to(dt), want = at::cat(want_parts);
+    at::Tensor out = at::zeros({want.size(0), 2}, dt);
+    c.all_to_all(out, in, out_splits, in_splits);
+    EXPECT_TRUE(same(out, want)) << name(dt);
+  }
+}
+
+TEST(Comm, AllToAllBadSplitsAreClearErrors) {
+  Comm& c = runtime().world();
+  at::Tensor in = at::zeros({3}), out = at::zeros({3});
+  try {
+    c.all_to_all(out, in, {1}, {1});
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("splits"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Comm, SendRecvAroundTheRing) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  for (auto dt : kDtypes) {
+    at::Tensor out = ints(6, 4, me, dt), in = at::zeros({6}, dt);
+    // Even ranks send first, odd ranks receive first; isend/irecv would also do.
+    CommWork s = c.isend(out, (me + 1) % n, 3);
+    CommWork r = c.irecv(in, (me - 1 + n) % n, 3);
+    s.wait();
+    r.wait();
+    EXPECT_TRUE(same(in, ints(6, 4, (me - 1 + n) % n, at::kLong))) << name(dt);
+  }
+}
+
+TEST(Comm, CountersFollowNcclTestsSizes) {
+  Comm& c = runtime().world();
+  const int n = c.size();
+  c.reset_stats();
+  const uint64_t seq0 = c.seq();
+  at::Tensor t = at::zeros({1000});
+  c.all_reduce(t);
+  at::Tensor out = at::zeros({n * 10}), in = at::zeros({10});
+  c.all_gather(out, in);
+  c.reduce_scatter(in, out);
+  const auto& s = c.stats();
+  EXPECT_EQ(c.seq(), seq0 + 3);
+  EXPECT_EQ(s.at("all_reduce").calls, 1u);
+  EXPECT_EQ(s.at("all_reduce").bytes, 4000u);
+  EXPECT_EQ(s.at("all_reduce").wire_bytes, static_cast<uint64_t>(2.0 * (n - 1) / n * 4000 + 0.5));
+  EXPECT_EQ(s.at("all_gather").bytes, static_cast<uint64_t>(n * 40));
+  EXPECT_EQ(s.at("reduce_scatter").bytes, static_cast<uint64_t>(n * 40));
+  EXPECT_EQ(s.at("reduce_scatter").wire_bytes, static_cast<uint64_t>((n - 1) * 40));
+}
+
+TEST(Comm, AsyncAllReducesOverlap) {
+  Comm& c = runtime().world();
+  const int n = c.size();
+  std::vector<at::Tensor> ts;
+  std::vector<CommWork> works;
+  for (int i = 0; i < 4; ++i) {
+    ts.push_back(at::full({100}, static_cast<double>(i), at::kFloat));
+    works.push_back(c.all_reduce_async(ts.back()));
+  }
+  for (auto& w : works) w.wait();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(ts[i][0].item<float>(), static_cast<float>(i * n));
+}
+
+TEST(Comm, SubgroupOfEvenRanks) {
+  Runtime& rt = runtime();
+  std::vector<int> evens;
+  for (int r = 0; r < rt.world_size(); r += 2) evens.push_back(r);
+  if (rt.rank() % 2 != 0) return;
+  auto g = rt.new_group(evens, "evens");
+  at::Tensor t = at::full({1}, static_cast<double>(rt.rank()), at::kLong);
+  g->all_reduce(t);
+  int64_t want = 0;
+  for (int r : evens) want += r;
+  EXPECT_EQ(t.item<int64_t>(), want);
+}
+
+}  // namespace
+}  // namespace meshtrain::test

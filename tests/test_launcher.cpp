@@ -1,0 +1,165 @@
+// `meshtrain launch` as a user runs it: real child processes, real signals.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+// Runs a shell command line; returns its exit code and stdout+stderr.
+Result run(const std::string& cmd) {
+  Result r;
+  auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+const std::string kBin = MESHTRAIN_BIN;
+
+TEST(Launcher, SetsTheRankVariables) {
+  Result r = run(kBin + " launch --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 "
+                        "--master-port 29999 sh -c 'echo R=$RANK L=$LOCAL_RANK W=$WORLD_SIZE LW=$LOCAL_WORLD_SIZE "
+                        "A=$MASTER_ADDR P=$MASTER_PORT OMP=$OMP_WAIT_POLICY'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 2] R=2 L=0 W=4 LW=2 A=127.0.0.1 P=29999 OMP=PASSIVE"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[rank 3] R=3 L=1 W=4 LW=2"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, PrefixesEveryLineIncludingStderrAndUnterminated) {
+  Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 sh -c 'echo one; echo two >&2; printf tail'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  for (const char* want : {"[rank 0] one\n", "[rank 1] two\n", "[rank 1] tail\n"}) {
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << " in\n" << r.output;
+  }
+}
+
+TEST(Launcher, AFailingRankEndsTheJobAndIsNamed) {
+  Result r = run(kBin + " launch --nproc-per-node 3 --master-port 0 --grace 2 sh -c "
+                        "'if [ $RANK = 1 ]; then exit 3; fi; sleep 60'");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed with exit code 3"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 30) << "the other ranks were not stopped";
+}
+
+TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheGrace) {
+  Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --grace 1 sh -c "
+                        "'trap \"\" TERM; if [ $RANK = 0 ]; then sleep 0.5; exit 4; fi; sleep 60'");
+  EXPECT_EQ(r.code, 4) << r.output;
+  EXPECT_LT(r.seconds, 30);
+}
+
+TEST(Launcher, ASignalledRankIsNamed) {
+  Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 sh -c "
+                        "'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
+  EXPECT_EQ(r.code, 128 + 9) << r.output;
+  EXPECT_NE(r.output.find("rank 0 failed with signal 9"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, RestartsTheGroup) {
+  Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --max-restarts 2 sh -c "
+                        "'echo attempt $MESHTRAIN_RESTART_COUNT; [ $MESHTRAIN_RESTART_COUNT -ge 1 ]'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting all local ranks (1 of 2 restarts)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] attempt 1"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, CtrlCReachesEveryChild) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("meshtrain_sigint_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string script = "echo $$ > " + dir.string() + "/pid.$RANK; exec sleep 60";
+    execl(kBin.c_str(), kBin.c_str(), "launch", "--nproc-per-node", "3", "--master-port", "0", "sh", "-c",
+          script.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait until every child wrote its pid.
+  for (int i = 0; i < 200 && !(fs::exists(dir / "pid.2") && fs::exists(dir / "pid.0") && fs::exists(dir / "pid.1"));
+       ++i)
+    usleep(50000);
+  usleep(100000);
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 128 + SIGINT);
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream f(dir / ("pid." + std::to_string(r)));
+    pid_t child = 0;
+    f >> child;
+    ASSERT_GT(child, 0);
+    EXPECT_NE(kill(child, 0), 0) << "rank " << r << " (pid " << child << ") survived Ctrl-C";
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, PortInUseIsAClearError) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof sa;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  const int port = ntohs(sa.sin_port);
+  Result r = run(kBin + " launch --nproc-per-node 2 --master-port " + std::to_string(port) + " true");
+  close(fd);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--master-port " + std::to_string(port) + " is in use"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--master-port 0"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, BadOptionsAreClearErrors) {
+  Result r = run(kBin + " launch --nproc-per-node 0 true");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--nproc-per-node 0 must be at least 1"), std::string::npos) << r.output;
+  r = run(kBin + " launch --nnodes 2 --node-rank 2 true");
+  EXPECT_NE(r.output.find("--node-rank 2 must be in 0..1"), std::string::npos) << r.output;
+  r = run(kBin + " launch --nnodes 2 --master-port 0 true");
+  EXPECT_NE(r.output.find("works on one node only"), std::string::npos) << r.output;
+  r = run(kBin + " launch --nproc-per-node 1 --master-port 0 /no/such/program");
+  EXPECT_EQ(r.code, 127) << r.output;
+  EXPECT_NE(r.output.find("cannot run '/no/such/program'"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, MissingRankVariablesAreNamed) {
+  Result r = run("env -u WORLD_SIZE RANK=0 " + kBin + " lab 01");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("WORLD_SIZE is missing"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, MeshErrorsFromTheCli) {
+  Result r = run(kBin + " mesh --world 6 --mesh tp=4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("world size 6 is not divisible"), std::string::npos) << r.output;
+  r = run(kBin + " mesh --world 4 --mesh zp=2");
+  EXPECT_NE(r.output.find("unknown mesh axis 'zp'"), std::string::npos) << r.output;
+}
+
+}  // namespace

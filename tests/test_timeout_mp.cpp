@@ -1,0 +1,61 @@
+// A collective that another rank never joins fails after the configured timeout
+// with an error naming the op, the group, the sequence number and the shape.
+// Rank 1 skips the call (and stays alive past the timeout); rank 0 checks the text.
+#include <unistd.h>
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/runtime/runtime.h"
+
+int main() {
+  using namespace meshtrain;
+  RuntimeOptions opts;
+  opts.timeout = std::chrono::seconds(2);
+  auto rt = Runtime::init(DistEnv::from_environment(), opts);
+  if (rt->world_size() != 2) {
+    fmt::print(stderr, "run with 2 ranks\n");
+    return 2;
+  }
+  at::Tensor t = at::ones({4, 8});
+  rt->world().all_reduce(t);  // sequence 1: both ranks join
+  if (rt->rank() == 1) {
+    sleep(6);  // miss sequence 2 on purpose, but stay connected past the timeout
+    std::fflush(nullptr);
+    _exit(0);
+  }
+  int failures = 0;
+  auto expect = [&](const std::string& msg, const std::string& part) {
+    if (msg.find(part) == std::string::npos) {
+      fmt::print("FAIL: error text lacks '{}'\n", part);
+      ++failures;
+    }
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    rt->world().all_reduce(t);
+    fmt::print("FAIL: the all_reduce did not time out\n");
+    ++failures;
+  } catch (const CommError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string msg = e.what();
+    fmt::print("got (after {:.1f} s): {}\n", s, msg);
+    expect(msg, "all_reduce");
+    expect(msg, "group 'world'");
+    expect(msg, "sequence 2");
+    expect(msg, "shape [4, 8]");
+    expect(msg, "dtype Float");
+    if (s > 30) {
+      fmt::print("FAIL: took {:.1f} s for a 2 s timeout\n", s);
+      ++failures;
+    }
+  }
+  fmt::print("{}\n", failures ? "timeout test FAILED" : "timeout test passed");
+  std::fflush(nullptr);
+  _exit(failures ? 1 : 0);  // the group is poisoned: skip its destructor
+}
