@@ -101,6 +101,27 @@ TEST(Comm, ReduceScatterEveryAlgorithm) {
   }
 }
 
+TEST(Comm, LargeReduceScatterAndAllGatherTakeTheRingInPieces) {
+  // 1 Mi elements per rank: above the Auto thresholds, and the ring moves each
+  // chunk in several pieces (comm.cpp), so piece boundaries are exercised.
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  const int64_t m = int64_t{1} << 20;
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    for (auto op : {ReduceOp::Sum, ReduceOp::Max}) {
+      at::Tensor in = ints(n * m, 3, me, dt), out = at::zeros({m}, dt);
+      c.reduce_scatter(out, in, op);
+      at::Tensor base = (at::arange(m, at::kLong) + me * m).remainder(3);
+      at::Tensor want = op == ReduceOp::Sum ? base * n + n * (n - 1) / 2 : base + (n - 1);
+      EXPECT_TRUE(same(out, want)) << to_string(op) << " " << name(dt);
+    }
+    at::Tensor in = ints(m, 5, me, dt), out = at::zeros({n, m}, dt);
+    c.all_gather(out, in);
+    EXPECT_TRUE(same(out, at::arange(m, at::kLong).remainder(5).repeat({n, 1}) + at::arange(n, at::kLong).unsqueeze(1)))
+        << name(dt);
+  }
+}
+
 TEST(Comm, BroadcastFromEveryRoot) {
   Comm& c = runtime().world();
   for (int root = 0; root < c.size(); ++root) {

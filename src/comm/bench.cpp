@@ -188,7 +188,8 @@ std::vector<CommBenchRow> run_comm_bench(Comm& comm, const CommBenchOptions& o) 
         // of a call is the slowest rank's; a variant's time is the median round.
         at::Tensor times = at::zeros({static_cast<int64_t>(vs.size()), o.iters}, at::kDouble);
         for (int it = 0; it < o.iters; ++it) {
-          for (size_t k = 0; k < vs.size(); ++k) {
+          for (size_t j = 0; j < vs.size(); ++j) {
+            const size_t k = (j + it) % vs.size();  // rotate who goes first
             comm.barrier();
             auto t0 = Clock::now();
             vs[k].run();

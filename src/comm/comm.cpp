@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 #include "comm/backend.h"
@@ -15,6 +16,12 @@ namespace {
 
 // Tags at and above this value are reserved for Comm's own ring algorithms.
 constexpr int kRingTagBase = 1 << 20;
+
+// Gloo: where the ring algorithms overtake the single-op ones (measured on 2 and
+// 4 loopback ranks, docs/bench-comm.md). Below them latency dominates, and one
+// broadcast per rank or one all_to_all beats n-1 sequential ring steps.
+constexpr int64_t kRingGatherMinBytes = int64_t{16} << 20;  // output; always ring on 2 ranks
+constexpr int64_t kRingScatterMinBytes = int64_t{4} << 20;  // input
 
 bool is_floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
 
@@ -44,13 +51,28 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
-// Sum (or max) over the n chunks of `chunks` ([n, m], any dtype) into `out` (m elements).
+bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+// acc <- acc (op) x. Both may differ in dtype (16-bit x into an fp32 acc).
+void combine(at::Tensor& acc, const at::Tensor& x, ReduceOp op) {
+  if (op == ReduceOp::Max) at::maximum_out(acc, acc, x.to(acc.scalar_type()));
+  else acc.add_(x);
+}
+
+// Reduces the n rows of `chunks` ([n, m]) into `out` (m elements), in rank
+// order (so every rank sums in the same order), accumulating 16-bit types in
+// fp32. Sequential adds: a sum over dim 0 was measured 2-4x slower here.
 void reduce_chunks(const at::Tensor& out, const at::Tensor& chunks, ReduceOp op, int n) {
-  at::Tensor acc = chunks;
-  if (acc.scalar_type() == at::kBFloat16 || acc.scalar_type() == at::kHalf) acc = acc.to(at::kFloat);
-  at::Tensor r = op == ReduceOp::Max ? std::get<0>(acc.max(0)) : acc.sum(0);
-  if (op == ReduceOp::Avg) r.div_(n);
-  out.view(-1).copy_(r);
+  at::Tensor o = out.view(-1);
+  if (!is_16bit(o) && op != ReduceOp::Max) {
+    at::add_out(o, chunks[0], chunks[1]);
+    for (int k = 2; k < n; ++k) o.add_(chunks[k]);
+  } else {
+    at::Tensor acc = is_16bit(o) ? chunks[0].to(at::kFloat) : chunks[0].clone();
+    for (int k = 1; k < n; ++k) combine(acc, chunks[k], op);
+    o.copy_(acc);
+  }
+  if (op == ReduceOp::Avg) o.div_(n);
 }
 
 }  // namespace
@@ -164,6 +186,12 @@ Comm::Comm(std::string name, int global_rank, BackendKind kind)
 
 Comm::~Comm() = default;
 
+at::Tensor Comm::workspace(int64_t numel, at::ScalarType dtype) {
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  if (!workspace_.defined() || workspace_.numel() < bytes) workspace_ = at::empty({bytes}, at::kByte);
+  return workspace_.narrow(0, 0, bytes).view(dtype);
+}
+
 bool Comm::native_bf16() const { return kind_ == BackendKind::Nccl || kGlooHasBf16; }
 
 std::string Comm::describe(const char* op, const at::Tensor& t) const {
@@ -228,7 +256,10 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
     out.view(-1).copy_(in.view(-1));
     { w.done_ = true; return w; }
   }
-  if (algo == GatherAlgo::Auto) algo = kind_ == BackendKind::Nccl ? GatherAlgo::Native : GatherAlgo::Broadcast;
+  if (algo == GatherAlgo::Auto) {
+    const bool big = out.numel() * out.element_size() >= kRingGatherMinBytes;
+    algo = kind_ == BackendKind::Nccl ? GatherAlgo::Native : (n == 2 || big) ? GatherAlgo::Ring : GatherAlgo::Broadcast;
+  }
   at::Tensor o = as_transport(out, native_bf16()).view(-1);
   at::Tensor i = as_transport(in, native_bf16()).view(-1);
   switch (algo) {
@@ -305,7 +336,10 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
     out.view(-1).copy_(in.view(-1));
     { w.done_ = true; return w; }
   }
-  if (algo == ScatterAlgo::Auto) algo = kind_ == BackendKind::Nccl ? ScatterAlgo::Native : ScatterAlgo::AllToAll;
+  if (algo == ScatterAlgo::Auto) {
+    const bool big = in.numel() * in.element_size() >= kRingScatterMinBytes;
+    algo = kind_ == BackendKind::Nccl ? ScatterAlgo::Native : big ? ScatterAlgo::Ring : ScatterAlgo::AllToAll;
+  }
   switch (algo) {
     case ScatterAlgo::Native: {
       at::Tensor o = out.view(-1), i = in.view(-1);
@@ -348,35 +382,71 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
 }
 
 // Ring reduce-scatter: at step s this rank sends its partial sum of chunk
-// (me - s - 1) to the right and adds the partial of chunk (me - s - 2) received
-// from the left. After n-1 steps chunk `me` holds the sum over all ranks.
-// Partial sums of 16-bit types travel in fp32.
+// (me - s - 1) to the right and receives the partial of chunk (me - s - 2) from
+// the left, adding its own contribution to it. After n-1 steps the partial of
+// chunk `me` holds every rank's contribution. Each chunk moves in up to
+// kRingPieces pieces, so that adding piece k overlaps the transfer of piece
+// k+1, and piece k is forwarded as soon as it is added. Two buffers alternate
+// (received in step s = sent in step s+1); the input is never written or copied
+// whole. Partial sums of 16-bit types travel in fp32.
 void Comm::ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what) {
   const int n = size(), me = index_;
   const int64_t m = out.numel();
   const int right = (me + 1) % n, left = (me - 1 + n) % n;
-  const bool widen = in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf;
-  at::Tensor acc = (widen ? in.to(at::kFloat) : in.clone()).view({n, m});
-  at::Tensor incoming = at::empty({m}, acc.options());
+  const bool widen = is_16bit(in);
+  const auto acc_type = widen ? at::kFloat : in.scalar_type();
+  const int64_t piece_bytes = int64_t{1} << 20;
+  const int pieces = static_cast<int>(std::clamp<int64_t>(m * c10::elementSize(acc_type) / piece_bytes, 1, 8));
+  auto chunk = [&](int c) { return in.view({n, m})[((c % n) + n) % n]; };
+  auto piece = [&](const at::Tensor& t, int k) {
+    const int64_t lo = m * k / pieces, hi = m * (k + 1) / pieces;
+    return t.narrow(0, lo, hi - lo);
+  };
+  auto tag = [&](int s, int k) { return kRingTagBase + s * pieces + k; };
+  at::Tensor both = workspace(2 * m, acc_type);
+  at::Tensor bufs[2] = {both.narrow(0, 0, m), both.narrow(0, m, m)};
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends(pieces), recvs(pieces);
+  auto post_send = [&](const at::Tensor& t, int s, int k) {
+    std::vector<at::Tensor> v{piece(t, k)};
+    sends[k] = pg_->send(v, right, tag(s, k));
+  };
+  auto post_recv = [&](const at::Tensor& t, int s, int k) {
+    std::vector<at::Tensor> v{piece(t, k)};
+    recvs[k] = pg_->recv(v, left, tag(s, k));
+  };
+  const at::Tensor first = widen ? chunk(me - 1).to(at::kFloat) : chunk(me - 1);
+  at::Tensor o = out.view(-1);
   try {
+    for (int k = 0; k < pieces; ++k) post_recv(bufs[0], 0, k);
+    for (int k = 0; k < pieces; ++k) post_send(first, 0, k);
     for (int s = 0; s < n - 1; ++s) {
-      const int send_chunk = ((me - s - 1) % n + n) % n, recv_chunk = ((me - s - 2) % n + n) % n;
-      std::vector<at::Tensor> sv{acc[send_chunk]};
-      std::vector<at::Tensor> rv{incoming};
-      auto sw = pg_->send(sv, right, kRingTagBase + s);
-      auto rw = pg_->recv(rv, left, kRingTagBase + s);
-      sw->wait();
-      rw->wait();
-      at::Tensor dst = acc[recv_chunk];
-      if (op == ReduceOp::Max) at::maximum_out(dst, dst, incoming);
-      else dst.add_(incoming);
+      at::Tensor recv_buf = bufs[s % 2], next_buf = bufs[(s + 1) % 2];
+      const bool last = s == n - 2;
+      const at::Tensor mine = chunk(me - s - 2);
+      for (int k = 0; k < pieces; ++k) {
+        recvs[k]->wait();
+        at::Tensor r = piece(recv_buf, k);
+        if (last && !widen && op != ReduceOp::Max) {
+          at::Tensor ok = piece(o, k);
+          at::add_out(ok, r, piece(mine, k));
+          if (op == ReduceOp::Avg) ok.div_(n);
+          continue;
+        }
+        combine(r, piece(mine, k), op);
+        if (last) {
+          if (op == ReduceOp::Avg) r.div_(n);
+          piece(o, k).copy_(r);
+          continue;
+        }
+        sends[k]->wait();  // step s sent from next_buf's piece k: free it before receiving into it
+        post_recv(next_buf, s + 1, k);
+        post_send(recv_buf, s + 1, k);
+      }
     }
+    for (auto& w : sends) w->wait();
   } catch (const std::exception& e) {
     throw CommError(fmt::format("{} (ring) did not complete: {}", what, e.what()));
   }
-  at::Tensor mine = acc[me];
-  if (op == ReduceOp::Avg) mine.div_(n);
-  out.view(-1).copy_(mine);
 }
 
 CommWork Comm::broadcast_async(const at::Tensor& t, int root) {

@@ -41,15 +41,19 @@ namespace meshtrain {
 
 enum class ReduceOp { Sum, Avg, Max };
 
-// All-gather algorithms. Auto = Native on NCCL, Broadcast on Gloo.
+// All-gather algorithms. Auto = Native on NCCL; on Gloo Ring for 2 ranks or
+// outputs >= 16 MiB, else Broadcast (measured: docs/bench-comm.md).
 //   Broadcast: n async broadcasts, each into its slice of the output.
-//   Ring:      n-1 send/recv steps around the ring (bandwidth-optimal).
+//   Ring:      n-1 send/recv steps around the ring (bandwidth-optimal);
+//              completes within the call (not asynchronous).
 //   List:      Gloo's own list all-gather (slow at size; benchmarks only).
 enum class GatherAlgo { Auto, Native, Broadcast, Ring, List };
 
-// Reduce-scatter algorithms. Auto = Native on NCCL, AllToAll on Gloo.
+// Reduce-scatter algorithms. Auto = Native on NCCL; on Gloo Ring for inputs
+// >= 4 MiB, else AllToAll (measured: docs/bench-comm.md).
 //   AllToAll:  all_to_all of the chunks, then a local sum over the n received chunks.
-//   Ring:      n-1 send/recv steps, partial sums travel around the ring.
+//   Ring:      n-1 send/recv steps, partial sums travel around the ring, in
+//              pieces so that adding overlaps receiving; completes within the call.
 //   AllReduce: all_reduce the whole input, keep this rank's chunk.
 enum class ScatterAlgo { Auto, Native, AllToAll, Ring, AllReduce };
 
@@ -155,6 +159,9 @@ class Comm {
   void ring_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
   bool native_bf16() const;
+  // Scratch memory reused across calls (PLATFORM.md: fresh large buffers cost
+  // page faults every step). Only synchronous algorithms use it.
+  at::Tensor workspace(int64_t numel, at::ScalarType dtype);
 
   c10::intrusive_ptr<PGBackend> pg_;
   BackendKind kind_;
@@ -163,6 +170,7 @@ class Comm {
   int index_;
   uint64_t seq_ = 0;
   std::map<std::string, OpStats> stats_;
+  at::Tensor workspace_;  // bytes
 };
 
 }  // namespace meshtrain
