@@ -16,6 +16,7 @@ namespace meshtrain::cli {
 Run add_bench(CLI::App& app) {
   struct Opts {
     int nproc = 2;
+    double timeout = 300;
     std::string mesh, axis = "world", min = "1K", max = "64M", gather = "auto", scatter = "auto", out;
     std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
     std::vector<std::string> dtypes{"float"};
@@ -26,6 +27,7 @@ Run add_bench(CLI::App& app) {
   bench->require_subcommand(1);
   auto cmd = bench->add_subcommand("comm", "collective bandwidth, nccl-tests style");
   cmd->add_option("--nproc", o->nproc, "ranks to start when not under a launcher");
+  cmd->add_option("--timeout", o->timeout, "collective timeout in seconds");
   cmd->add_option("--mesh", o->mesh, "mesh axis sizes (e.g. tp=2); dp is inferred");
   cmd->add_option("--axis", o->axis, "group to measure: world or a mesh axis");
   cmd->add_option("--ops", o->ops, "all_reduce all_gather reduce_scatter all_to_all broadcast")->delimiter(',');
@@ -47,13 +49,14 @@ Run add_bench(CLI::App& app) {
     o->bench.gather_algo = parse_gather_algo(o->gather);
     o->bench.scatter_algo = parse_scatter_algo(o->scatter);
     for (const auto& d : o->dtypes) parse_dtype(d);  // fail before any traffic
-    auto rt = Runtime::init(DistEnv::from_environment());
+    auto rt = start_runtime(o->timeout);
     auto layout = MeshLayout::create(rt->world_size(), MeshLayout::parse(o->mesh));
     std::unique_ptr<DeviceMesh> mesh;
     Comm* comm = &rt->world();
     if (o->axis != "world") {
       mesh = std::make_unique<DeviceMesh>(*rt, layout);
       comm = &mesh->axis(o->axis);
+      if (rt->rank() == 0) fmt::print("{}", layout.table(rt->env().local_world_size));
     }
     auto rows = run_comm_bench(*comm, o->bench);
     int wrong = 0;

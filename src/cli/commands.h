@@ -3,11 +3,15 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace CLI {
 class App;
+}
+namespace meshtrain {
+class Runtime;
 }
 
 namespace meshtrain::cli {
@@ -31,5 +35,8 @@ std::string self_exe();
 // `nproc` copies of this very command line under the launcher and returns its
 // status; returns -1 when the caller should run as a rank itself.
 int relaunch_if_needed(int nproc);
+
+// Joins the job the environment describes, with a collective timeout in seconds.
+std::unique_ptr<Runtime> start_runtime(double timeout_s);
 
 }  // namespace meshtrain::cli

@@ -1,13 +1,17 @@
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "cli/commands.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/launcher.h"
+#include "meshtrain/runtime/runtime.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -37,6 +41,15 @@ int relaunch_if_needed(int nproc) {
   o.command = g_argv;
   o.command[0] = self_exe();
   return launch(o);
+}
+
+std::unique_ptr<Runtime> start_runtime(double timeout_s) {
+  if (!(timeout_s > 0)) {
+    throw std::invalid_argument(fmt::format("--timeout {} must be a positive number of seconds", timeout_s));
+  }
+  RuntimeOptions opts;
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  return Runtime::init(DistEnv::from_environment(), opts);
 }
 
 }  // namespace meshtrain::cli

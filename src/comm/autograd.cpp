@@ -51,48 +51,18 @@ struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
   static variable_list backward(AutogradContext* ctx, variable_list g) { return {g[0], at::Tensor()}; }
 };
 
-struct ScatterToRegion : torch::autograd::Function<ScatterToRegion> {
+// A collective along one dim whose backward is another collective along the
+// same dim (the adjoint pairs of the table in autograd.h).
+using DimOp = at::Tensor (*)(const at::Tensor&, Comm&, int64_t);
+template <DimOp Forward, DimOp Backward>
+struct DimCollective : torch::autograd::Function<DimCollective<Forward, Backward>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
     save_comm(ctx, *comm);
     ctx->saved_data["dim"] = dim;
-    return chunk_along(x, *comm, dim);
+    return Forward(x, *comm, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {gather_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct GatherFromRegion : torch::autograd::Function<GatherFromRegion> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
-    save_comm(ctx, *comm);
-    ctx->saved_data["dim"] = dim;
-    return gather_along(x, *comm, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {chunk_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
-  }
-};
-
-struct AllGatherSeq : torch::autograd::Function<AllGatherSeq> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
-    save_comm(ctx, *comm);
-    ctx->saved_data["dim"] = dim;
-    return gather_along(x, *comm, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {reduce_scatter_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-struct ReduceScatterSeq : torch::autograd::Function<ReduceScatterSeq> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, int64_t dim) {
-    save_comm(ctx, *comm);
-    ctx->saved_data["dim"] = dim;
-    return reduce_scatter_along(x, *comm, dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {gather_along(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+    return {Backward(g[0], load_comm(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -113,6 +83,13 @@ struct AllToAllDims : torch::autograd::Function<AllToAllDims> {
 };
 
 }  // namespace
+
+// Adjoint pairs: split <-> gather (tensor parallel), gather <-> reduce-scatter
+// (sequence parallel).
+using ScatterToRegion = DimCollective<chunk_along, gather_along>;
+using GatherFromRegion = DimCollective<gather_along, chunk_along>;
+using AllGatherSeq = DimCollective<gather_along, reduce_scatter_along>;
+using ReduceScatterSeq = DimCollective<reduce_scatter_along, gather_along>;
 
 at::Tensor chunk_along(const at::Tensor& x, Comm& comm, int64_t dim) {
   dim = check_divisible(x, comm, dim, "split");
