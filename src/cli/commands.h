@@ -22,6 +22,7 @@ Run add_launch(CLI::App& app);
 Run add_bench(CLI::App& app);
 Run add_lab(CLI::App& app);
 Run add_mesh(CLI::App& app);
+Run add_plan(CLI::App& app);
 
 // Names that `meshtrain launch NAME ...` runs as this binary's own subcommand.
 const std::vector<std::string>& subcommand_names();

@@ -1,0 +1,54 @@
+// Communication per mesh axis, step time and MFU of a strategy.
+//
+// Volumes are bytes each rank sends per optimizer step (nccl-tests bus factors:
+// all-reduce 2(n-1)/n, all-gather / reduce-scatter / all-to-all (n-1)/n):
+//   tp  4 collectives of b.s.h per layer per micro-batch (2 forward, 2 backward;
+//       the same volume as all-gather + reduce-scatter with sequence parallel)
+//   cp  ring attention: K and V (2.b.s.g.d) pass c-1 hops forward, twice that backward
+//   ep  4 all-to-alls of b.s.k.h per MoE layer per micro-batch
+//   pp  one b.s.h activation forward and one gradient backward per micro-batch (x v)
+//   dp  DDP all-reduce of fp32 gradients; ZeRO-1/2 reduce-scatter fp32 grads +
+//       all-gather 16-bit params; ZeRO-3 all-gather twice + reduce-scatter (~1.5x DDP)
+// Time: compute at a stated fraction of peak; tp, cp, ep, pp traffic exposed;
+// dp traffic overlapped with the backward pass (2/3 of compute); the schedule's
+// bubble; MFU after PaLM (model FLOPs / (time x GPUs x peak)).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "meshtrain/plan/count.h"
+#include "meshtrain/plan/spec.h"
+#include "meshtrain/plan/strategy.h"
+
+namespace meshtrain::plan {
+
+struct AxisTraffic {
+  double bytes = 0;      // sent per rank per step
+  bool inter_node = false;
+  double seconds = 0;
+};
+
+struct EstimateOptions {
+  double achievable = 0.5;  // fraction of peak a GEMM-bound step reaches (stated, not measured)
+  AttnFlops attn = AttnFlops::Full;
+};
+
+struct StepEstimate {
+  std::map<std::string, AxisTraffic> traffic;  // tp, cp, ep, pp, dp
+  double model_flops = 0;   // per step, whole job
+  double hardware_flops = 0;  // with recomputation
+  double compute_s = 0, bubble_fraction = 0, bubble_s = 0, exposed_comm_s = 0, step_s = 0;
+  double tokens_per_s = 0, mfu = 0;
+};
+
+// Whether an axis's groups span nodes under the mesh order tp, cp, ep, dp, pp.
+bool axis_crosses_nodes(const Strategy& s, const std::string& axis, int per_node);
+
+StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, const EstimateOptions& o = {});
+
+// Fraction of the ideal step the schedule idles: (p-1)/m (GPipe, 1F1B),
+// (p-1)/(v m) (interleaved), (p-1)/(3m) (ZB-H1 with T_F = T_B = T_W).
+double bubble_fraction(const Strategy& s);
+
+}  // namespace meshtrain::plan

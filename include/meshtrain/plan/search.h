@@ -1,0 +1,59 @@
+// Strategy search: enumerate (tp, pp, v, cp, ep, dp, zero, recomputation,
+// micro-batch) under the rules (tp within a node, divisibility, memory fits),
+// rank by estimated step time, and explain the choice in the seeds' order:
+// doesn't fit -> redundant state? ZeRO/FSDP -> a layer too big? TP(+SP) ->
+// too many layers? PP -> sequence too long? CP -> activations? recomputation
+// / accumulation; not fast enough -> DP.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/plan/estimate.h"
+#include "meshtrain/plan/memory.h"
+
+namespace meshtrain::plan {
+
+// Choices the user fixed (empty = searched).
+struct Fixed {
+  std::optional<int> tp, pp, vpp, cp, ep, dp, zero;
+  std::optional<int64_t> micro_batch;
+  std::optional<Recompute> recompute;
+};
+
+struct SearchInput {
+  ModelSpec model;
+  GpuSpec gpu;
+  int gpus = 1;
+  int64_t seq = 0;
+  int64_t global_batch = 1;
+  Precision precision = Precision::Bf16;
+  Fixed fixed;
+  EstimateOptions estimate;
+  MemoryOptions memory;
+};
+
+struct Candidate {
+  Strategy strategy;
+  MemoryPlan memory;
+  StepEstimate estimate;
+  double peak_bytes = 0;
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;     // feasible, fastest first
+  std::optional<Candidate> leanest;  // smallest peak memory of all valid ones (for "nothing fits")
+  int considered = 0;
+  int feasible = 0;
+  std::vector<std::string> explanation;
+};
+
+// Throws std::invalid_argument for bad input (gpus not a positive multiple of
+// what the fixed choices need, negative sizes).
+SearchResult search(const SearchInput& in);
+
+// "tp=8 [inside a node] -> dp=8 [across nodes] -> pp=4 [across nodes]".
+std::string mesh_order(const Strategy& s, int per_node);
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,51 @@
+// Model shapes for the planner (and, later, the model presets): plain data, no
+// libtorch, so a 1T-parameter plan runs on a laptop.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain::plan {
+
+enum class Norm { LayerNorm, RMSNorm };
+enum class Position { Learned, RoPE };
+enum class Activation { GELU, SwiGLU };
+
+struct ModelSpec {
+  std::string name;
+  int64_t vocab = 0;
+  int64_t seq = 0;  // maximum sequence length (learned positions have this many rows)
+  int64_t layers = 0;
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // == heads: MHA; 1: MQA; between: GQA
+  int64_t ffn = 0;       // FFN hidden size (per expert for MoE)
+  Norm norm = Norm::LayerNorm;
+  Position position = Position::Learned;
+  Activation activation = Activation::GELU;
+  bool tied = true;       // output head shares the embedding
+  bool bias = true;       // linear layers have biases
+  double dropout = 0.1;   // > 0: dropout masks are stored (1 byte per element)
+  // Mixture of experts (0 = dense): every layer's FFN becomes `experts` experts
+  // of size `ffn`, of which `top_k` run per token.
+  int64_t experts = 0;
+  int64_t top_k = 0;
+
+  int64_t head_dim() const { return hidden / heads; }
+  bool moe() const { return experts > 0; }
+};
+
+// Checks divisibility and positivity; throws std::invalid_argument naming the field.
+void validate(const ModelSpec& m);
+
+// Published shapes: GPT-2, GPT-3 175B, Llama 2/3, the Megatron-LM paper's
+// (arXiv 2104.04473 Table 1) and Korthikanti et al.'s (arXiv 2205.05198) series,
+// and small ones for tests. Throws std::invalid_argument listing the names.
+const ModelSpec& preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// The vocabulary rounded up to a multiple of `multiple` (e.g. 128 x tp).
+int64_t padded_vocab(int64_t vocab, int64_t multiple);
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,68 @@
+// A parallel strategy and the hardware it runs on: the planner's inputs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "meshtrain/plan/spec.h"
+
+namespace meshtrain::plan {
+
+enum class Recompute { None, Selective, Full };
+enum class Schedule { GPipe, OneFOneB, Interleaved, ZBH1 };
+// Bytes per parameter (params + grads + optimizer states, Adam):
+//   Fp32       4 + 4 + 8  = 16   fp32 weights, fp32 grads, m and v
+//   Bf16       2 + 2 + 12 = 16   bf16 weights and grads, fp32 master + m + v (ZeRO paper)
+//   Megatron18 2 + 4 + 12 = 18   bf16 weights, fp32 main grads (Megatron-LM's default)
+//   Fp8        Bf16 + 1 (a cached fp8 copy of each weight; 2 with Hopper's transpose)
+enum class Precision { Fp32, Bf16, Megatron18, Fp8 };
+
+const char* to_string(Recompute r);
+const char* to_string(Schedule s);
+const char* to_string(Precision p);
+Recompute parse_recompute(const std::string& s);
+Schedule parse_schedule(const std::string& s);
+Precision parse_precision(const std::string& s);
+
+struct Strategy {
+  int tp = 1, cp = 1, ep = 1, dp = 1, pp = 1;
+  int vpp = 1;          // virtual stages per pipeline rank (interleaved schedule)
+  bool sp = false;      // sequence parallel (with tp > 1)
+  int zero = 0;         // 0: DDP; 1, 2; 3 = FSDP full shard
+  int dp_shard = 0;     // HSDP: shard within groups of this many dp ranks (0 = all of dp)
+  bool offload = false;  // optimizer states (and master weights) in host memory
+  bool flash = false;    // attention core never materialised (flash-style kernels)
+  bool fp8_transpose = false;  // Hopper: fp8 weight copies kept in both layouts
+  Recompute recompute = Recompute::None;
+  Schedule schedule = Schedule::OneFOneB;
+  Precision precision = Precision::Bf16;
+  int64_t micro_batch = 1;
+  int64_t global_batch = 1;  // samples per optimizer step
+  int64_t seq = 0;           // sequence length (0 = the model's)
+
+  int world() const { return tp * cp * ep * dp * pp; }
+  int shard_group() const { return dp_shard > 0 ? dp_shard : dp; }
+  // Samples are split over dp x ep (expert-parallel ranks see different tokens).
+  int64_t microbatches() const { return global_batch / (micro_batch * dp * ep); }
+  std::string describe() const;
+};
+
+// Checks the strategy against the model (divisibility of heads, layers,
+// sequence, batch) and itself; throws std::invalid_argument naming the value
+// and the fix.
+void validate(const Strategy& s, const ModelSpec& m);
+
+struct GpuSpec {
+  std::string name;
+  double peak_flops = 0;    // dense bf16 FLOP/s
+  double memory_bytes = 0;
+  double intra_node_bw = 0;  // bytes/s per GPU per direction (NVLink)
+  double inter_node_bw = 0;  // bytes/s per GPU per direction (NIC)
+  int per_node = 8;
+};
+
+// h100, h200, a100, a100-40g, v100, b200, cpu (this 2-core machine).
+// Peaks and links as published by NVIDIA (recalled, see reference/formulas.md C4).
+const GpuSpec& gpu_preset(const std::string& name);
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,145 @@
+// meshtrain plan --model llama2-70b --gpus 1024 --gpu h100 --seq 4096 --global-batch 1024
+//                [--tp N --pp N --vpp N --cp N --ep N --dp N --zero K --micro-batch N --recompute R]
+//                [--precision P] [--gpus-per-node N] [--top K] [--json]
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <memory>
+
+#include "cli/commands.h"
+#include "meshtrain/plan/search.h"
+
+namespace meshtrain::cli {
+namespace {
+
+nlohmann::json to_json(const plan::Candidate& c) {
+  const auto& s = c.strategy;
+  nlohmann::json j;
+  j["strategy"] = {{"tp", s.tp},     {"cp", s.cp},   {"ep", s.ep},     {"dp", s.dp},
+                   {"pp", s.pp},     {"vpp", s.vpp}, {"sp", s.sp},     {"zero", s.zero},
+                   {"recompute", plan::to_string(s.recompute)},    {"micro_batch", s.micro_batch},
+                   {"schedule", plan::to_string(s.schedule)},      {"precision", plan::to_string(s.precision)}};
+  j["peak_bytes"] = c.peak_bytes;
+  for (const auto* stage : {&c.memory.first, &c.memory.last}) {
+    nlohmann::json lines = nlohmann::json::array();
+    for (const auto& l : stage->lines)
+      lines.push_back({{"item", l.item}, {"bytes", l.bytes}, {"formula", l.formula}, {"host", l.host}});
+    j["ledger"].push_back({{"stage", stage->stage}, {"layers", stage->layers}, {"lines", lines}});
+  }
+  const auto& e = c.estimate;
+  j["estimate"] = {{"step_s", e.step_s},     {"compute_s", e.compute_s},       {"bubble_fraction", e.bubble_fraction},
+                   {"exposed_comm_s", e.exposed_comm_s}, {"tokens_per_s", e.tokens_per_s}, {"mfu", e.mfu},
+                   {"model_flops", e.model_flops}};
+  for (const auto& [axis, t] : e.traffic)
+    j["traffic"][axis] = {{"bytes", t.bytes}, {"inter_node", t.inter_node}, {"seconds", t.seconds}};
+  return j;
+}
+
+}  // namespace
+
+Run add_plan(CLI::App& app) {
+  struct Opts {
+    std::string model, gpu = "h100", precision = "bf16", recompute;
+    int gpus = 8, per_node = 0, top = 5;
+    int64_t seq = 0, global_batch = 0;
+    int tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0, dp = 0, zero = -1;
+    int64_t micro_batch = 0;
+    double achievable = 0.5;
+    bool json = false, causal = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto cmd = app.add_subcommand("plan", "memory ledger, communication, step time and a strategy search");
+  cmd->add_option("--model", o->model, "preset name (see the error for the list)")->required();
+  cmd->add_option("--gpus", o->gpus, "number of GPUs");
+  cmd->add_option("--gpu", o->gpu, "h100 h200 a100 a100-40g v100 b200 cpu");
+  cmd->add_option("--gpus-per-node", o->per_node, "GPUs per node (default: the GPU preset's)");
+  cmd->add_option("--seq", o->seq, "sequence length (default: the model's)");
+  cmd->add_option("--global-batch", o->global_batch, "samples per step (default: 4 x gpus)");
+  cmd->add_option("--precision", o->precision, "fp32 bf16 bf16-fp32grad fp8");
+  for (auto [flag, ptr] : {std::pair{"--tp", &o->tp}, {"--pp", &o->pp}, {"--vpp", &o->vpp}, {"--cp", &o->cp},
+                           {"--ep", &o->ep}, {"--dp", &o->dp}}) {
+    cmd->add_option(flag, *ptr, "fix this degree");
+  }
+  cmd->add_option("--zero", o->zero, "fix the ZeRO stage (0-3)");
+  cmd->add_option("--micro-batch", o->micro_batch, "fix the micro-batch size");
+  cmd->add_option("--recompute", o->recompute, "fix recomputation: none selective full");
+  cmd->add_option("--achievable", o->achievable, "fraction of peak FLOP/s compute reaches (default 0.5)");
+  cmd->add_flag("--causal-flops", o->causal, "count half the attention square in model FLOPs");
+  cmd->add_option("--top", o->top, "how many ranked plans to print");
+  cmd->add_flag("--json", o->json, "machine-readable output");
+  return [o]() {
+    plan::SearchInput in;
+    in.model = plan::preset(o->model);
+    in.gpu = plan::gpu_preset(o->gpu);
+    if (o->per_node > 0) in.gpu.per_node = o->per_node;
+    in.gpus = o->gpus;
+    in.seq = o->seq > 0 ? o->seq : in.model.seq;
+    if (o->seq < 0) throw std::invalid_argument(fmt::format("--seq {} must be positive", o->seq));
+    in.global_batch = o->global_batch != 0 ? o->global_batch : 4LL * o->gpus;
+    in.precision = plan::parse_precision(o->precision);
+    in.estimate.achievable = o->achievable;
+    in.estimate.attn = o->causal ? plan::AttnFlops::Causal : plan::AttnFlops::Full;
+    auto fix = [](int v, const char* flag) -> std::optional<int> {
+      if (v < 0) throw std::invalid_argument(fmt::format("{} {} must be positive", flag, v));
+      return v > 0 ? std::optional<int>(v) : std::nullopt;
+    };
+    in.fixed.tp = fix(o->tp, "--tp");
+    in.fixed.pp = fix(o->pp, "--pp");
+    in.fixed.vpp = fix(o->vpp, "--vpp");
+    in.fixed.cp = fix(o->cp, "--cp");
+    in.fixed.ep = fix(o->ep, "--ep");
+    in.fixed.dp = fix(o->dp, "--dp");
+    if (o->zero >= 0) in.fixed.zero = o->zero;
+    if (o->micro_batch > 0) in.fixed.micro_batch = o->micro_batch;
+    if (!o->recompute.empty()) in.fixed.recompute = plan::parse_recompute(o->recompute);
+    auto r = plan::search(in);
+    if (o->json) {
+      nlohmann::json j;
+      j["model"] = in.model.name;
+      j["gpus"] = in.gpus;
+      j["considered"] = r.considered;
+      j["feasible"] = r.feasible;
+      j["explanation"] = r.explanation;
+      j["flops_convention"] = plan::flops_formula(in.estimate.attn);
+      j["ranked"] = nlohmann::json::array();
+      for (int i = 0; i < static_cast<int>(r.ranked.size()) && i < o->top; ++i) j["ranked"].push_back(to_json(r.ranked[i]));
+      if (r.ranked.empty() && r.leanest) j["leanest"] = to_json(*r.leanest);
+      fmt::print("{}\n", j.dump(2));
+      return r.ranked.empty() ? 3 : 0;
+    }
+    const auto counts = plan::count_params(in.model);
+    fmt::print("{}: {:.4g} parameters ({:.4g} active per token); {} x {} ({} per node), seq {}, global batch {}, {}\n",
+               in.model.name, static_cast<double>(counts.total), static_cast<double>(counts.active), in.gpus,
+               in.gpu.name, in.gpu.per_node, in.seq, in.global_batch, plan::to_string(in.precision));
+    fmt::print("FLOPs convention: {}; MFU after PaLM with peak {:.0f} TFLOP/s\n", plan::flops_formula(in.estimate.attn),
+               in.gpu.peak_flops / 1e12);
+    fmt::print("{} valid plans considered, {} fit in {}\n\n", r.considered, r.feasible,
+               plan::human_bytes(in.gpu.memory_bytes));
+    for (const auto& line : r.explanation) fmt::print("{}\n", line);
+    if (r.ranked.empty()) {
+      if (r.leanest) fmt::print("\nLeanest plan's ledger:\n{}", plan::format_ledger(r.leanest->memory.peak()));
+      return 3;
+    }
+    fmt::print("\n{:<4} {:<64} {:>11} {:>9} {:>11} {:>6}\n", "rank", "strategy", "peak mem", "step s", "tokens/s", "MFU");
+    for (int i = 0; i < static_cast<int>(r.ranked.size()) && i < o->top; ++i) {
+      const auto& c = r.ranked[i];
+      fmt::print("{:<4} {:<64} {:>11} {:>9.3f} {:>11.0f} {:>5.1f}%\n", i + 1, c.strategy.describe(),
+                 plan::human_bytes(c.peak_bytes), c.estimate.step_s, c.estimate.tokens_per_s, 100 * c.estimate.mfu);
+    }
+    const auto& best = r.ranked.front();
+    fmt::print("\nLedger of the best plan (per rank):\n{}", plan::format_ledger(best.memory.first));
+    if (best.strategy.pp > 1) fmt::print("{}", plan::format_ledger(best.memory.last));
+    fmt::print("\nCommunication per rank per step:\n");
+    for (const auto& [axis, t] : best.estimate.traffic) {
+      if (t.bytes == 0) continue;
+      fmt::print("  {:<3} {:>12}  {:>8.3f} s  {}\n", axis, plan::human_bytes(t.bytes), t.seconds,
+                 t.inter_node ? "across nodes" : "inside a node");
+    }
+    fmt::print("Step: compute {:.3f} s + bubble {:.3f} s + exposed communication {:.3f} s = {:.3f} s\n",
+               best.estimate.compute_s, best.estimate.bubble_s, best.estimate.exposed_comm_s, best.estimate.step_s);
+    return 0;
+  };
+}
+
+}  // namespace meshtrain::cli

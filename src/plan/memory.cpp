@@ -1,0 +1,181 @@
+#include "meshtrain/plan/memory.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "meshtrain/plan/count.h"
+
+namespace meshtrain::plan {
+namespace {
+
+double param_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
+double grad_bytes(Precision p) { return p == Precision::Fp32 || p == Precision::Megatron18 ? 4 : 2; }
+double optimizer_bytes(Precision p) { return p == Precision::Fp32 ? 8 : 12; }  // (master +) m + v
+
+// Micro-batches whose activations stage `stage` holds at its peak.
+double in_flight(const Strategy& s, int stage) {
+  const double m = static_cast<double>(s.microbatches());
+  const double p = s.pp;
+  switch (s.schedule) {
+    case Schedule::GPipe: return m;
+    case Schedule::OneFOneB:
+    case Schedule::ZBH1: return std::min(p - stage, m);
+    case Schedule::Interleaved:
+      // Narayanan et al. / Korthikanti: the first stage holds p micro-batches x (1 + (p-1)/(pv)).
+      return std::min(p - stage, m) * (1.0 + (p - 1) / (p * s.vpp));
+  }
+  return 1;
+}
+
+}  // namespace
+
+double StageLedger::device_total() const {
+  double t = 0;
+  for (const auto& l : lines)
+    if (!l.host) t += l.bytes;
+  return t;
+}
+
+const LedgerLine& StageLedger::line(const std::string& item) const {
+  for (const auto& l : lines)
+    if (l.item == item) return l;
+  throw std::out_of_range("ledger has no line '" + item + "'");
+}
+
+ModelStates model_state_bytes(double params, Precision p, int zero, int shard, bool fp8_transpose) {
+  ModelStates m;
+  m.params = params * param_bytes(p) / (zero >= 3 ? shard : 1);
+  m.grads = params * grad_bytes(p) / (zero >= 2 ? shard : 1);
+  m.optimizer = params * optimizer_bytes(p) / (zero >= 1 ? shard : 1);
+  if (p == Precision::Fp8) m.fp8_copies = params * (fp8_transpose ? 2 : 1) / (zero >= 3 ? shard : 1);
+  return m;
+}
+
+double layer_activation_bytes(const ModelSpec& m, const Strategy& s) {
+  const double sq = static_cast<double>(s.seq > 0 ? s.seq : m.seq) / s.cp;  // tokens on this rank
+  const double b = static_cast<double>(s.micro_batch), h = m.hidden, t = s.tp;
+  const double a = m.heads, g = m.kv_heads, d = m.head_dim(), f = m.ffn;
+  const double rep = s.sp ? t : 1;  // tensors tp leaves whole, unless sequence parallel splits them
+  const double sbh = sq * b * h;
+  const bool drop = m.dropout > 0;
+  if (s.recompute == Recompute::Full) return 2 * sbh / rep;  // only the layer input is kept
+  // Attention: LN input, QKV input (2sbh each), Q, K, V, output-projection input, dropout mask.
+  double attn = 2 * sbh / rep + 2 * sbh / rep + 2 * sq * b * a * d / t + 2 * 2 * sq * b * g * d / t +
+                2 * sq * b * a * d / t + (drop ? sbh / rep : 0);
+  // Core: softmax output 2as^2b (+ dropout mask as^2b and output 2as^2b). Selective
+  // recomputation drops it; flash-style kernels (and ring attention, cp > 1) keep
+  // only the fp32 log-sum-exp, 4asb.
+  const double full_s = static_cast<double>(s.seq > 0 ? s.seq : m.seq);
+  if (s.flash || s.cp > 1) attn += 4 * a * sq * b / t;
+  else if (s.recompute != Recompute::Selective) attn += (drop ? 5 : 2) * a * sq * full_s * b / t;
+  // MLP: LN input, fc1 input, f-wide intermediates (GELU: input and output;
+  // SwiGLU: gate, up, product), dropout mask. MoE: top_k copies of each token.
+  const double k = m.moe() ? m.top_k : 1;
+  const double wide = m.activation == Activation::SwiGLU ? 3 : 2;
+  double mlp = 2 * sbh / rep + 2 * sbh / rep + wide * 2 * sq * b * k * f / t + (drop ? sbh / rep : 0);
+  if (m.moe()) mlp += 2 * 2 * sq * b * k * h / rep;  // dispatch and combine buffers
+  return attn + mlp;
+}
+
+MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOptions& o) {
+  validate(s, m);
+  const ParamCount c = count_params(m, 128 * s.tp);
+  const double t = s.tp, sq = static_cast<double>(s.seq > 0 ? s.seq : m.seq) / s.cp;
+  const double b = static_cast<double>(s.micro_batch), h = m.hidden;
+  const double rep = s.sp ? t : 1;
+  const Precision prec = s.precision;
+
+  auto stage_ledger = [&](int stage) {
+    StageLedger L;
+    L.stage = stage;
+    L.layers = m.layers / s.pp + (stage < m.layers % s.pp ? 1 : 0);
+    const bool first = stage == 0, last = stage == s.pp - 1;
+    // Parameters on one rank of this stage, split by how they are sharded.
+    const LayerParams& lp = c.layer;
+    double dense = L.layers * ((lp.tp_sharded - lp.expert) / t + lp.tp_replicated);
+    double expert = L.layers * lp.expert / (t * s.ep);
+    if (first) dense += c.embedding / t + c.positions;
+    if (last) dense += c.final_norm + (m.tied ? (s.pp > 1 ? c.embedding / t : 0) : c.head / t);
+    L.params = dense + expert;
+    // ZeRO shards dense parameters over dp x cp x ep, expert parameters over dp x cp.
+    const int dense_group = s.shard_group() * s.cp * s.ep, expert_group = s.shard_group() * s.cp;
+    ModelStates ms = model_state_bytes(dense, prec, s.zero, dense_group, s.fp8_transpose);
+    ModelStates me = model_state_bytes(expert, prec, s.zero, expert_group, s.fp8_transpose);
+    const std::string shard = s.zero > 0 ? fmt::format(" (ZeRO-{} over {} ranks)", s.zero, dense_group) : "";
+    L.lines.push_back({"parameters", ms.params + me.params,
+                       fmt::format("{:.4g} params x {} B{}", L.params, param_bytes(prec), s.zero >= 3 ? shard : "")});
+    L.lines.push_back({"gradients", ms.grads + me.grads,
+                       fmt::format("{:.4g} x {} B{}", L.params, grad_bytes(prec), s.zero >= 2 ? shard : "")});
+    L.lines.push_back({"optimizer states", ms.optimizer + me.optimizer,
+                       fmt::format("{:.4g} x {} B (fp32 {}m, v){}", L.params, optimizer_bytes(prec),
+                                   prec == Precision::Fp32 ? "" : "master, ", s.zero >= 1 ? shard : ""),
+                       s.offload});
+    if (prec == Precision::Fp8) {
+      L.lines.push_back({"fp8 weight copies", ms.fp8_copies + me.fp8_copies,
+                         fmt::format("{:.4g} x {} B", L.params, s.fp8_transpose ? 2 : 1)});
+    }
+    // Activations.
+    const double per_layer = layer_activation_bytes(m, s);
+    const double flight = in_flight(s, stage);
+    L.lines.push_back({"activations", per_layer * L.layers * flight,
+                       fmt::format("{} per layer x {} layers x {:.3g} micro-batches in flight ({}, {} recompute{})",
+                                   human_bytes(per_layer), L.layers, flight, s.pp > 1 ? to_string(s.schedule) : "no pp",
+                                   to_string(s.recompute), s.sp ? ", sp" : "")});
+    if (s.recompute == Recompute::Full) {
+      Strategy whole = s;
+      whole.recompute = Recompute::None;
+      L.lines.push_back({"recompute working set", layer_activation_bytes(m, whole),
+                         "one layer's activations, rebuilt during its backward"});
+    }
+    if (first && m.dropout > 0) {
+      L.lines.push_back({"embedding dropout mask", sq * b * h / rep * flight,
+                         "sbh/t per micro-batch in flight (Korthikanti)"});
+    }
+    if (last) {
+      const double logits = 4 * sq * b * c.vocab_padded / t;
+      L.lines.push_back({"logits and head input", 2 * sq * b * h / rep + 2 * sq * b * h / rep + logits,
+                         fmt::format("final norm and head inputs 4sbh/t + fp32 logits 4sbV/t (V = {})",
+                                     c.vocab_padded)});
+    }
+    if (s.zero >= 3) {
+      const double unit = lp.total() / t;
+      L.lines.push_back({"ZeRO-3 gathered units", 2 * unit * param_bytes(prec) + unit * grad_bytes(prec),
+                         "current + prefetched layer's full params, one layer's full grads"});
+    }
+    const double used = L.device_total();
+    L.lines.push_back({"reserve", o.reserve_fixed + o.reserve_fraction * used,
+                       fmt::format("{} fixed (context, comm buffers) + {:.0f}% fragmentation", human_bytes(o.reserve_fixed),
+                                   o.reserve_fraction * 100)});
+    return L;
+  };
+  MemoryPlan plan;
+  plan.first = stage_ledger(0);
+  plan.last = s.pp > 1 ? stage_ledger(s.pp - 1) : plan.first;
+  return plan;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+std::string format_ledger(const StageLedger& l) {
+  std::ostringstream os;
+  os << fmt::format("stage {} ({} layers, {:.4g} parameters per rank)\n", l.stage, l.layers, l.params);
+  for (const auto& line : l.lines) {
+    os << fmt::format("  {:<26} {:>12}  {}{}\n", line.item, human_bytes(line.bytes), line.formula,
+                      line.host ? "  [host memory]" : "");
+  }
+  os << fmt::format("  {:<26} {:>12}\n", "total on device", human_bytes(l.device_total()));
+  return os.str();
+}
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,135 @@
+#include "meshtrain/plan/strategy.h"
+
+#include <map>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace meshtrain::plan {
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+const char* to_string(Schedule s) {
+  switch (s) {
+    case Schedule::GPipe: return "gpipe";
+    case Schedule::OneFOneB: return "1f1b";
+    case Schedule::Interleaved: return "interleaved";
+    case Schedule::ZBH1: return "zb-h1";
+  }
+  return "?";
+}
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Megatron18: return "bf16-fp32grad";
+    case Precision::Fp8: return "fp8";
+  }
+  return "?";
+}
+
+namespace {
+template <typename E>
+E parse_enum(const std::string& s, std::initializer_list<E> values, const char* what) {
+  std::vector<std::string> names;
+  for (E v : values) {
+    if (s == to_string(v)) return v;
+    names.push_back(to_string(v));
+  }
+  throw std::invalid_argument(fmt::format("unknown {} '{}'; use {}", what, s, fmt::join(names, ", ")));
+}
+}  // namespace
+
+Recompute parse_recompute(const std::string& s) {
+  return parse_enum(s, {Recompute::None, Recompute::Selective, Recompute::Full}, "recomputation");
+}
+Schedule parse_schedule(const std::string& s) {
+  return parse_enum(s, {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1}, "schedule");
+}
+Precision parse_precision(const std::string& s) {
+  return parse_enum(s, {Precision::Fp32, Precision::Bf16, Precision::Megatron18, Precision::Fp8}, "precision");
+}
+
+std::string Strategy::describe() const {
+  std::string s = fmt::format("tp={} cp={} ep={} dp={} pp={}", tp, cp, ep, dp, pp);
+  if (vpp > 1) s += fmt::format(" v={}", vpp);
+  if (sp) s += " sp";
+  s += fmt::format(" zero={}", zero);
+  if (dp_shard > 0) s += fmt::format(" hsdp-shard={}", dp_shard);
+  s += fmt::format(" recompute={} mb={} {}", to_string(recompute), micro_batch, to_string(precision));
+  if (pp > 1) s += fmt::format(" {}", to_string(schedule));
+  if (offload) s += " offload";
+  return s;
+}
+
+void validate(const Strategy& s, const ModelSpec& m) {
+  validate(m);
+  auto fail = [](const std::string& msg) { throw std::invalid_argument(msg); };
+  for (auto [name, v] : {std::pair{"tp", s.tp}, {"cp", s.cp}, {"ep", s.ep}, {"dp", s.dp}, {"pp", s.pp},
+                         {"vpp", s.vpp}}) {
+    if (v < 1) fail(fmt::format("{} = {} must be at least 1", name, v));
+  }
+  const int64_t seq = s.seq > 0 ? s.seq : m.seq;
+  if (m.heads % s.tp != 0) fail(fmt::format("tp {} does not divide {}'s {} heads; pick a divisor", s.tp, m.name, m.heads));
+  if (m.kv_heads % s.tp != 0 && s.tp % m.kv_heads != 0) {
+    fail(fmt::format("tp {} and {}'s {} kv heads: one must divide the other", s.tp, m.name, m.kv_heads));
+  }
+  if (m.ffn % s.tp != 0) fail(fmt::format("tp {} does not divide ffn {}", s.tp, m.ffn));
+  if (m.layers < static_cast<int64_t>(s.pp) * s.vpp) {
+    fail(fmt::format("{} layers are too few for pp {} x {} virtual stages", m.layers, s.pp, s.vpp));
+  }
+  if (s.vpp > 1 && (s.schedule != Schedule::Interleaved || m.layers % (s.pp * s.vpp) != 0)) {
+    fail(fmt::format("virtual stages need the interleaved schedule and layers ({}) divisible by pp x v = {}",
+                     m.layers, s.pp * s.vpp));
+  }
+  if (seq % (s.cp * (s.sp ? s.tp : 1)) != 0) {
+    fail(fmt::format("sequence {} is not divisible by cp {}{}", seq, s.cp, s.sp ? fmt::format(" x tp {}", s.tp) : ""));
+  }
+  if (s.ep > 1 && (!m.moe() || m.experts % s.ep != 0)) {
+    fail(fmt::format("ep {} needs a MoE model whose experts ({}) it divides", s.ep, m.experts));
+  }
+  if (s.zero < 0 || s.zero > 3) fail(fmt::format("zero stage {} must be 0, 1, 2 or 3", s.zero));
+  if (s.zero >= 2 && s.pp > 1) {
+    fail(fmt::format("ZeRO-{} with pipeline parallelism reduces gradients every micro-batch; use zero 1 with pp > 1",
+                     s.zero));
+  }
+  if (s.dp_shard > 0 && (s.dp % s.dp_shard != 0 || s.zero != 3)) {
+    fail(fmt::format("HSDP shard group {} must divide dp {} and use zero 3", s.dp_shard, s.dp));
+  }
+  if (s.sp && s.tp == 1) fail("sequence parallel needs tp > 1");
+  if (s.micro_batch < 1 || s.global_batch < 1) fail("micro-batch and global batch must be positive");
+  const int64_t per_step = s.micro_batch * s.dp * s.ep;
+  if (s.global_batch % per_step != 0) {
+    fail(fmt::format("global batch {} is not divisible by micro-batch {} x dp {} x ep {} = {}", s.global_batch,
+                     s.micro_batch, s.dp, s.ep, per_step));
+  }
+}
+
+const GpuSpec& gpu_preset(const std::string& name) {
+  static const std::map<std::string, GpuSpec> gpus{
+      {"h100", {"h100", 989e12, 80e9, 450e9, 50e9, 8}},
+      {"h200", {"h200", 989e12, 141e9, 450e9, 50e9, 8}},
+      {"a100", {"a100", 312e12, 80e9, 300e9, 25e9, 8}},
+      {"a100-40g", {"a100-40g", 312e12, 40e9, 300e9, 25e9, 8}},
+      {"v100", {"v100", 125e12, 32e9, 150e9, 12.5e9, 8}},
+      {"b200", {"b200", 2250e12, 192e9, 900e9, 50e9, 8}},
+      // This project's 2-core machine: bf16 GEMM ~0.7 TFLOP/s, loopback ~1 GB/s (PLATFORM.md).
+      {"cpu", {"cpu", 0.7e12, 24e9, 1e9, 1e9, 4}},
+  };
+  auto it = gpus.find(name);
+  if (it == gpus.end()) {
+    std::vector<std::string> names;
+    for (const auto& [k, v] : gpus) names.push_back(k);
+    throw std::invalid_argument(fmt::format("unknown gpu '{}'; known: {}", name, fmt::join(names, ", ")));
+  }
+  return it->second;
+}
+
+}  // namespace meshtrain::plan

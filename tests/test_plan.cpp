@@ -1,0 +1,196 @@
+// The planner against published figures (tolerances stated per test) and its
+// own rules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "meshtrain/plan/search.h"
+
+namespace meshtrain::plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+Strategy strategy(int tp, int pp, int64_t mb, int64_t global_batch, bool sp, Recompute rc) {
+  Strategy s;
+  s.tp = tp;
+  s.pp = pp;
+  s.micro_batch = mb;
+  s.global_batch = global_batch;
+  s.sp = sp;
+  s.recompute = rc;
+  s.precision = Precision::Megatron18;
+  return s;
+}
+
+// Narayanan et al. (arXiv 2104.04473) Table 1, billions, printed to 0.1: our
+// exact count must round to the printed value.
+TEST(Plan, MegatronTable1ParameterCounts) {
+  const std::pair<const char*, double> table[] = {
+      {"megatron-1.7b", 1.7},   {"megatron-3.6b", 3.6},   {"megatron-7.5b", 7.5},   {"megatron-18b", 18.4},
+      {"megatron-39b", 39.1},   {"megatron-76b", 76.1},   {"megatron-145b", 145.6}, {"megatron-310b", 310.1},
+      {"megatron-530b", 529.6}, {"megatron-1t", 1008.0}};
+  for (auto [name, billions] : table) {
+    const double got = count_params(preset(name)).total / 1e9;
+    EXPECT_NEAR(got, billions, 0.05) << name;
+  }
+}
+
+TEST(Plan, ParameterCountsOfKnownModels) {
+  // GPT-2 124M: 124,439,808 with tied embeddings (the HF count).
+  EXPECT_EQ(count_params(preset("gpt2-124m")).total, 124439808);
+  // Llama 2 7B: 6,738,415,616 (the HF count).
+  EXPECT_EQ(count_params(preset("llama2-7b")).total, 6738415616);
+  // Llama 3 8B: 8,030,261,248.
+  EXPECT_EQ(count_params(preset("llama3-8b")).total, 8030261248);
+}
+
+// Korthikanti et al. Fig. 1 (22B, t = 8, micro-batch 4, s = 2048): model states
+// 45.5625 GiB (18 B x 12Lh^2 / t: the figure counts the layers' weight matrices),
+// activations 59.25 GiB without and 9.5625 GiB with SP + selective recomputation.
+// Exact in binary floating point.
+TEST(Plan, KorthikantiFigure1For22B) {
+  const ModelSpec& m = preset("korthikanti-22b");
+  const double weights = 12.0 * m.layers * m.hidden * m.hidden / 8;
+  EXPECT_DOUBLE_EQ(model_state_bytes(weights, Precision::Megatron18, 0, 1).total() / kGiB, 45.5625);
+  // Our exact count adds biases and norms: within 0.1%.
+  const double exact = static_cast<double>(count_params(m).layer.total()) * m.layers / 8;
+  EXPECT_NEAR(model_state_bytes(exact, Precision::Megatron18, 0, 1).total() / kGiB, 45.5625, 45.5625e-3);
+
+  Strategy plain = strategy(8, 1, 4, 4, false, Recompute::None);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, plain) * m.layers / kGiB, 59.25);
+  Strategy sp_sel = strategy(8, 1, 4, 4, true, Recompute::Selective);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, sp_sel) * m.layers / kGiB, 9.5625);
+}
+
+// Korthikanti Fig. 1, 1T (t = 8, p = 64): model states 32.959 GiB; activations
+// of the first stage (64 micro-batches in flight x 2 layers) 131.25 / 26.5625 GiB.
+TEST(Plan, KorthikantiFigure1For1T) {
+  const ModelSpec& m = preset("korthikanti-1t");
+  const double weights = 12.0 * m.layers * m.hidden * m.hidden / (8 * 64);
+  EXPECT_NEAR(model_state_bytes(weights, Precision::Megatron18, 0, 1).total() / kGiB, 32.959, 0.0005);
+  MemoryPlan plain = memory_ledger(m, strategy(8, 64, 1, 64, false, Recompute::None));
+  EXPECT_DOUBLE_EQ(plain.first.line("activations").bytes / kGiB, 131.25);
+  MemoryPlan lean = memory_ledger(m, strategy(8, 64, 1, 64, true, Recompute::Selective));
+  EXPECT_DOUBLE_EQ(lean.first.line("activations").bytes / kGiB, 26.5625);
+  // The last stage holds one micro-batch, plus the fp32 logits.
+  EXPECT_LT(lean.last.line("activations").bytes, lean.first.line("activations").bytes / 32);
+  EXPECT_GT(lean.last.line("logits and head input").bytes, 0);
+}
+
+// ZeRO paper (arXiv 1910.02054) Fig. 1: 7.5B parameters, 64 GPUs, mixed-precision
+// Adam: 120 / 31.4 / 16.6 / 1.9 GB per GPU for stages 0-3 (printed to 0.1 GB).
+TEST(Plan, ZeroPaperExample) {
+  const double want[] = {120.0, 31.4, 16.6, 1.9};
+  for (int z = 0; z <= 3; ++z) {
+    const double gb = model_state_bytes(7.5e9, Precision::Bf16, z, 64).total() / 1e9;
+    EXPECT_NEAR(gb, want[z], 0.05) << "ZeRO-" << z;
+  }
+}
+
+TEST(Plan, CommunicationVolumesFollowTheFormulas) {
+  const ModelSpec& m = preset("gpt2-124m");
+  const GpuSpec& gpu = gpu_preset("h100");
+  Strategy ddp;
+  ddp.dp = 4;
+  ddp.global_batch = 8;
+  ddp.precision = Precision::Fp32;
+  const double psi = static_cast<double>(count_params(m, 128).total);
+  EXPECT_DOUBLE_EQ(estimate_step(m, ddp, gpu).traffic["dp"].bytes, 2 * 3.0 / 4 * psi * 4);
+  Strategy z3 = ddp;
+  z3.zero = 3;
+  EXPECT_DOUBLE_EQ(estimate_step(m, z3, gpu).traffic["dp"].bytes / estimate_step(m, ddp, gpu).traffic["dp"].bytes, 1.5);
+  // TP: 4 all-reduces of b.s.h per layer per micro-batch, 2(t-1)/t each, 2 bytes.
+  Strategy tp;
+  tp.tp = 4;
+  tp.global_batch = 2;
+  tp.micro_batch = 1;
+  EXPECT_DOUBLE_EQ(estimate_step(m, tp, gpu).traffic["tp"].bytes, 12 * 2 * 4 * 2 * 0.75 * 1024 * 768 * 2);
+}
+
+TEST(Plan, BubbleFractions) {
+  Strategy s;
+  s.pp = 4;
+  s.global_batch = 8;
+  EXPECT_DOUBLE_EQ(bubble_fraction(s), 3.0 / 8);
+  s.schedule = Schedule::Interleaved;
+  s.vpp = 2;
+  EXPECT_DOUBLE_EQ(bubble_fraction(s), 3.0 / 16);
+  s.schedule = Schedule::ZBH1;
+  s.vpp = 1;
+  EXPECT_DOUBLE_EQ(bubble_fraction(s), 3.0 / 24);
+}
+
+TEST(Plan, SearchFindsAPlanForLlama2_70BOn64H100) {
+  SearchInput in;
+  in.model = preset("llama2-70b");
+  in.gpu = gpu_preset("h100");
+  in.gpus = 64;
+  in.seq = 4096;
+  in.global_batch = 64;
+  SearchResult r = search(in);
+  ASSERT_FALSE(r.ranked.empty());
+  const Candidate& best = r.ranked.front();
+  EXPECT_LE(best.peak_bytes, 80e9);
+  EXPECT_EQ(best.strategy.world(), 64);
+  EXPECT_LE(best.strategy.tp, 8) << "tp must stay inside a node";
+  EXPECT_GT(best.estimate.mfu, 0.0);
+  EXPECT_LT(best.estimate.mfu, 0.5);  // cannot beat the stated achievable fraction
+  bool order_line = false;
+  for (const auto& l : r.explanation) order_line = order_line || l.find("Mesh order") != std::string::npos;
+  EXPECT_TRUE(order_line);
+}
+
+TEST(Plan, SearchSaysWhenNothingFits) {
+  SearchInput in;
+  in.model = preset("llama3-405b");
+  in.gpu = gpu_preset("h100");
+  in.gpus = 8;
+  in.seq = 8192;
+  in.global_batch = 8;
+  SearchResult r = search(in);
+  EXPECT_TRUE(r.ranked.empty());
+  ASSERT_FALSE(r.explanation.empty());
+  EXPECT_NE(r.explanation.front().find("Nothing fits"), std::string::npos) << r.explanation.front();
+}
+
+TEST(Plan, MeshOrderPutsTpInsideANode) {
+  Strategy s;
+  s.tp = 8;
+  s.dp = 4;
+  s.pp = 2;
+  EXPECT_EQ(mesh_order(s, 8), "tp=8 [inside a node] -> dp=4 [across nodes] -> pp=2 [across nodes]");
+}
+
+TEST(Plan, BadInputIsAClearError) {
+  EXPECT_THROW(preset("gpt5"), std::invalid_argument);
+  EXPECT_THROW(gpu_preset("tpu9"), std::invalid_argument);
+  SearchInput in;
+  in.model = preset("llama2-7b");
+  in.gpu = gpu_preset("h100");
+  in.gpus = 0;
+  EXPECT_THROW(search(in), std::invalid_argument);
+  in.gpus = 12;
+  in.fixed.tp = 8;
+  try {
+    search(in);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos) << e.what();
+  }
+  in.fixed.tp.reset();
+  in.gpus = 8;
+  in.seq = -5;
+  EXPECT_THROW(search(in), std::invalid_argument);
+  Strategy s;
+  s.tp = 3;
+  try {
+    validate(s, preset("llama2-7b"));
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tp 3 does not divide"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
