@@ -72,10 +72,13 @@ std::map<std::string, ModelSpec> make_presets() {
   add(llama("llama2-7b", 32000, 4096, 32, 4096, 32, 32, 11008));
   add(llama("llama2-13b", 32000, 4096, 40, 5120, 40, 40, 13824));
   add(llama("llama2-70b", 32000, 4096, 80, 8192, 64, 8, 28672));
-  add(llama("llama3-8b", 128256, 8192, 32, 4096, 32, 8, 14336));
-  add(llama("llama3-70b", 128256, 8192, 80, 8192, 64, 8, 28672));
-  add(llama("llama3-405b", 128256, 8192, 126, 16384, 128, 8, 53248));
-  add(llama("llama-1b", 128256, 8192, 16, 2048, 32, 8, 8192, true));  // Llama 3.2 1B shape
+  for (auto m : {llama("llama3-8b", 128256, 8192, 32, 4096, 32, 8, 14336),
+                 llama("llama3-70b", 128256, 8192, 80, 8192, 64, 8, 28672),
+                 llama("llama3-405b", 128256, 8192, 126, 16384, 128, 8, 53248),
+                 llama("llama-1b", 128256, 8192, 16, 2048, 32, 8, 8192, true)}) {  // Llama 3.2 1B shape
+    m.rope_theta = 500000.0;
+    add(m);
+  }
   // Small shapes for tests and CPU runs.
   add(llama("llama-tiny", 512, 256, 4, 128, 4, 2, 344, false));
   add(gpt("gpt-tiny", 512, 256, 4, 128, 4));

@@ -27,6 +27,9 @@ struct ModelSpec {
   bool tied = true;       // output head shares the embedding
   bool bias = true;       // linear layers have biases
   double dropout = 0.1;   // > 0: dropout masks are stored (1 byte per element)
+  double init_std = 0.02;  // normal init of weights; output projections get std / sqrt(2 layers)
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
   // Mixture of experts (0 = dense): every layer's FFN becomes `experts` experts
   // of size `ffn`, of which `top_k` run per token.
   int64_t experts = 0;

@@ -1,0 +1,144 @@
+#include "meshtrain/model/transformer.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/nn/functional.h"
+#include "meshtrain/parallel/tensor/cross_entropy.h"
+
+namespace meshtrain {
+namespace {
+
+void check_divisible(const plan::ModelSpec& m, int tp) {
+  auto need = [&](const char* what, int64_t v) {
+    if (v % tp != 0) {
+      throw std::invalid_argument(fmt::format("model '{}': {} ({}) is not divisible by tp {}; choose tp among the "
+                                              "common divisors of heads, kv heads and ffn",
+                                              m.name, what, v, tp));
+    }
+  };
+  need("heads", m.heads);
+  need("kv heads", m.kv_heads);
+  need("ffn", m.ffn);
+}
+
+}  // namespace
+
+Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed)
+    : spec_(spec),
+      comm_(tp),
+      tp_{&tp, sequence_parallel && tp.size() > 1},
+      store_(seed, tp.rank(), tp.size()),
+      padded_vocab_(plan::padded_vocab(spec.vocab, 128LL * tp.size())) {
+  plan::validate(spec_);
+  check_divisible(spec_, tp.size());
+  const int64_t h = spec_.hidden, d = spec_.head_dim(), L = spec_.layers;
+  const double std = spec_.init_std, out_std = spec_.init_std / std::sqrt(2.0 * L);  // GPT-2's residual scaling
+  const bool ln = spec_.norm == plan::Norm::LayerNorm;
+  const bool sp = tp_.sequence_parallel;
+  auto norm_params = [&](const std::string& name, at::Tensor& w, at::Tensor& b) {
+    w = store_.create(name + ".weight", {h}, Init::Ones, 0, -1, sp);
+    if (ln) b = store_.create(name + ".bias", {h}, Init::Zeros, 0, -1, sp);
+  };
+  embed_ = VocabParallelEmbedding(store_, "embed", spec_.vocab, padded_vocab_, h, std, tp_);
+  if (spec_.position == plan::Position::Learned) pos_ = store_.create("pos.weight", {spec_.seq, h}, Init::Normal, std, -1, sp);
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = fmt::format("layers.{}.", i);
+    Block blk;
+    norm_params(p + "norm1", blk.norm1_w, blk.norm1_b);
+    blk.q = ColumnParallelLinear(store_, p + "attn.q", h, spec_.heads * d, spec_.bias, std, tp_);
+    blk.k = ColumnParallelLinear(store_, p + "attn.k", h, spec_.kv_heads * d, spec_.bias, std, tp_);
+    blk.v = ColumnParallelLinear(store_, p + "attn.v", h, spec_.kv_heads * d, spec_.bias, std, tp_);
+    blk.o = RowParallelLinear(store_, p + "attn.o", spec_.heads * d, h, spec_.bias, out_std, tp_);
+    norm_params(p + "norm2", blk.norm2_w, blk.norm2_b);
+    if (spec_.activation == plan::Activation::SwiGLU) {
+      blk.gate = ColumnParallelLinear(store_, p + "mlp.gate", h, spec_.ffn, spec_.bias, std, tp_);
+      blk.up = ColumnParallelLinear(store_, p + "mlp.up", h, spec_.ffn, spec_.bias, std, tp_);
+      blk.fc2 = RowParallelLinear(store_, p + "mlp.down", spec_.ffn, h, spec_.bias, out_std, tp_);
+    } else {
+      blk.fc1 = ColumnParallelLinear(store_, p + "mlp.fc1", h, spec_.ffn, spec_.bias, std, tp_);
+      blk.fc2 = RowParallelLinear(store_, p + "mlp.fc2", spec_.ffn, h, spec_.bias, out_std, tp_);
+    }
+    blocks_.push_back(std::move(blk));
+  }
+  norm_params("final_norm", final_w_, final_b_);
+  if (!spec_.tied) head_ = ColumnParallelLinear(store_, "head", h, padded_vocab_, false, std, tp_);
+}
+
+at::Tensor Transformer::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
+  return spec_.norm == plan::Norm::LayerNorm ? nn::layer_norm(x, w, b, spec_.norm_eps)
+                                             : nn::rms_norm(x, w, spec_.norm_eps);
+}
+
+at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool train) const {
+  at::Tensor in = tp_.enter(x);  // [s, b, h]
+  const int64_t s = in.size(0), b = in.size(1), d = spec_.head_dim();
+  const int64_t hq = spec_.heads / tp_.size(), hkv = spec_.kv_heads / tp_.size();
+  // [s, b, heads*d] -> [b, heads, s, d]
+  auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({s, b, n, d}).permute({1, 2, 0, 3}); };
+  at::Tensor q = heads(blk.q.forward_entered(in), hq);
+  at::Tensor k = heads(blk.k.forward_entered(in), hkv);
+  at::Tensor v = heads(blk.v.forward_entered(in), hkv);
+  if (spec_.position == plan::Position::RoPE) {
+    q = nn::rope(q, spec_.rope_theta);
+    k = nn::rope(k, spec_.rope_theta);
+  }
+  at::Tensor ctx = nn::causal_attention(q, k, v, spec_.dropout, train);  // [b, hq, s, d]
+  return blk.o.forward(ctx.permute({2, 0, 1, 3}).reshape({s, b, hq * d}));
+}
+
+at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x) const {
+  at::Tensor in = tp_.enter(x);
+  at::Tensor hidden = spec_.activation == plan::Activation::SwiGLU
+                          ? at::silu(blk.gate.forward_entered(in)) * blk.up.forward_entered(in)
+                          : at::gelu(blk.fc1.forward_entered(in), "tanh");
+  return blk.fc2.forward(hidden);
+}
+
+at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train) {
+  if (tokens.dim() != 2) throw std::invalid_argument("tokens must be [batch, seq]");
+  const int64_t s = tokens.size(1);
+  if (s > spec_.seq) {
+    throw std::invalid_argument(fmt::format("sequence {} is longer than the model's maximum {}", s, spec_.seq));
+  }
+  if (tp_.sequence_parallel && s % tp_.size() != 0) {
+    throw std::invalid_argument(
+        fmt::format("sequence parallelism splits the sequence: {} is not divisible by tp {}", s, tp_.size()));
+  }
+  at::Tensor x = embed_.forward(tokens);  // [s(/tp), b, h]
+  if (pos_.defined()) {
+    const int64_t rows = x.size(0), first = tp_.sequence_parallel ? tp_.rank() * rows : 0;
+    x = x + pos_.narrow(0, first, rows).unsqueeze(1);
+  }
+  const double p = train ? spec_.dropout : 0.0;
+  if (p > 0) x = at::dropout(x, p, true);
+  for (const Block& blk : blocks_) {
+    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train);
+    x = x + (p > 0 ? at::dropout(a, p, true) : a);
+    at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
+    x = x + (p > 0 ? at::dropout(m, p, true) : m);
+  }
+  return norm(x, final_w_, final_b_);
+}
+
+at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) {
+  at::Tensor x = tp_.enter(hidden_states(tokens, train));
+  return spec_.tied ? at::linear(x, embed_.weight) : head_.forward_entered(x);
+}
+
+at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train) {
+  if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
+  return vocab_parallel_cross_entropy(logits(tokens, train), targets.t(), comm_, embed_.vocab_start(), spec_.vocab);
+}
+
+void Transformer::finalize_grads() {
+  for (auto& p : store_.params()) {
+    if (p.sequence_partial && p.tensor.grad().defined()) comm_.all_reduce(p.tensor.grad());
+  }
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,59 @@
+#include "meshtrain/nn/params.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <stdexcept>
+
+namespace meshtrain {
+
+uint64_t stable_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+at::Tensor ParamStore::create(const std::string& name, std::vector<int64_t> full_shape, Init init, double std,
+                              int64_t tp_dim, bool sequence_partial, int64_t rows_valid) {
+  for (const auto& p : params_) {
+    if (p.name == name) throw std::logic_error(fmt::format("parameter '{}' registered twice", name));
+  }
+  if (tp_dim >= 0 && full_shape[tp_dim] % tp_size_ != 0) {
+    throw std::invalid_argument(fmt::format("parameter '{}' of shape [{}]: dim {} ({}) is not divisible by tp {}",
+                                            name, fmt::join(full_shape, ", "), tp_dim, full_shape[tp_dim], tp_size_));
+  }
+  at::Tensor full;
+  switch (init) {
+    case Init::Zeros: full = at::zeros(full_shape, at::kFloat); break;
+    case Init::Ones: full = at::ones(full_shape, at::kFloat); break;
+    case Init::Normal: {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(seed_ ^ stable_hash(name));
+      full = at::normal(0.0, std, full_shape, gen);
+      break;
+    }
+  }
+  if (rows_valid >= 0 && rows_valid < full_shape[0]) full.narrow(0, rows_valid, full_shape[0] - rows_valid).zero_();
+  at::Tensor local = tp_dim >= 0 ? full.chunk(tp_size_, tp_dim)[tp_rank_].contiguous() : full;
+  local.set_requires_grad(true);
+  params_.push_back(Param{name, local, std::move(full_shape), tp_dim, sequence_partial && tp_size_ > 1});
+  return local;
+}
+
+const Param& ParamStore::find(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return p;
+  throw std::out_of_range(fmt::format("no parameter '{}'", name));
+}
+
+int64_t ParamStore::local_numel() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.tensor.numel();
+  return n;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,174 @@
+// Tensor and sequence parallelism against the single-process model: with tp =
+// the world size, the loss and every parameter's gradient (shards gathered)
+// equal those of the same model built with tp = 1 from the same seed.
+//
+// Tolerance (fp32): |tp - single| <= 1e-4 * max|single| + 1e-7 per tensor. The
+// two runs differ only in summation order (row-parallel partial sums are added
+// across ranks), which perturbs results by a few ulps times sqrt(fan-in).
+// Dropout is 0 here: dropout masks under tp need a model-parallel RNG (not yet).
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include "meshtrain/comm/autograd.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/plan/count.h"
+#include "tests/mp.h"
+
+namespace meshtrain::test {
+namespace {
+
+plan::ModelSpec tiny(bool llama, bool gqa, bool tied) {
+  plan::ModelSpec m = plan::preset(llama ? "llama-tiny" : "gpt-tiny");
+  m.name = "tp-test";
+  m.vocab = 100;  // not a multiple of 128 x tp: padding is exercised
+  m.seq = 16;
+  m.layers = 2;
+  m.hidden = 64;
+  m.heads = 8;
+  m.kv_heads = gqa ? 4 : 8;
+  m.ffn = 96;
+  m.tied = tied;
+  m.dropout = 0.0;
+  return m;
+}
+
+struct Batch {
+  at::Tensor tokens, targets;
+  double count;
+};
+
+Batch batch(const plan::ModelSpec& m) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor data = at::randint(m.vocab, {2, m.seq + 1}, gen, at::kLong);
+  Batch b{data.narrow(1, 0, m.seq).contiguous(), data.narrow(1, 1, m.seq).contiguous(), 0};
+  b.targets[0][3] = -1;  // an ignored position
+  b.count = static_cast<double>((b.targets >= 0).sum().item<int64_t>());
+  return b;
+}
+
+at::Tensor full(const Param& p, Comm& tp) {
+  return p.tp_dim >= 0 ? gather_along(p.tensor.detach(), tp, p.tp_dim) : p.tensor.detach();
+}
+
+void check_parity(const plan::ModelSpec& spec, bool sp) {
+  Comm& tp = runtime().world();
+  Comm solo("solo", runtime().rank());
+  const std::string what = fmt::format("{} gqa={} tied={} sp={} tp={}", spec.activation == plan::Activation::SwiGLU
+                                           ? "llama" : "gpt", spec.kv_heads < spec.heads, spec.tied, sp, tp.size());
+  Transformer single(spec, solo, false, 1234);
+  Transformer parallel(spec, tp, sp, 1234);
+  Batch b = batch(spec);
+
+  at::Tensor ref = single.forward(b.tokens, b.targets).sum() / b.count;
+  ref.backward();
+  at::Tensor loss = parallel.forward(b.tokens, b.targets).sum() / b.count;
+  loss.backward();
+  parallel.finalize_grads();
+
+  EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>())) << what;
+  const auto& ps = parallel.params().params();
+  const auto& rs = single.params().params();
+  ASSERT_EQ(ps.size(), rs.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_EQ(ps[i].name, rs[i].name);
+    // Initialisation is independent of tp: the shards reassemble the same tensor.
+    at::Tensor w = full(ps[i], tp), w_ref = rs[i].tensor.detach();
+    at::Tensor w_cmp = ps[i].name == "embed.weight" || ps[i].name == "head.weight"
+                           ? w.narrow(0, 0, spec.vocab) : w;
+    at::Tensor w_ref_cmp = ps[i].name == "embed.weight" || ps[i].name == "head.weight"
+                               ? w_ref.narrow(0, 0, spec.vocab) : w_ref;
+    EXPECT_TRUE(w_cmp.equal(w_ref_cmp)) << what << " " << ps[i].name << ": initial weights differ";
+    at::Tensor g = ps[i].tensor.grad(), g_ref = rs[i].tensor.grad();
+    ASSERT_TRUE(g.defined()) << what << " " << ps[i].name;
+    g = ps[i].tp_dim >= 0 ? gather_along(g, tp, ps[i].tp_dim) : g;
+    if (ps[i].name == "embed.weight" || ps[i].name == "head.weight") {
+      // Padded vocabulary rows never get a gradient.
+      EXPECT_EQ(g.narrow(0, spec.vocab, g.size(0) - spec.vocab).abs().max().item<double>(), 0.0) << what;
+      g = g.narrow(0, 0, spec.vocab);
+      g_ref = g_ref.narrow(0, 0, spec.vocab);
+    }
+    const double scale = g_ref.abs().max().item<double>();
+    const double err = (g - g_ref).abs().max().item<double>();
+    EXPECT_LE(err, 1e-4 * scale + 1e-7) << what << " " << ps[i].name << ": gradient error " << err << " (scale "
+                                        << scale << ")";
+  }
+}
+
+TEST(TensorParallel, EveryCombinationMatchesOneProcess) {
+  if (8 % runtime().world_size() != 0) GTEST_SKIP() << "the test model's 8 heads need tp in 1, 2, 4, 8";
+  for (bool llama : {true, false})
+    for (bool gqa : {false, true})
+      for (bool tied : {true, false})
+        for (bool sp : {false, true}) check_parity(tiny(llama, gqa, tied), sp);
+}
+
+// TP: per layer 2 all-reduces of b.s.h forward and 2 backward; plus the
+// embedding (forward) and the head input (backward); plus 3 of b.s in the
+// cross-entropy. With SP the same volume as all-gathers and reduce-scatters.
+TEST(TensorParallel, CommCountersMatchTheFormula) {
+  Comm& tp = runtime().world();
+  if (tp.size() == 1 || 8 % tp.size() != 0) return;
+  const plan::ModelSpec spec = tiny(true, false, true);
+  const double bsh = 2.0 * spec.seq * spec.hidden * 4, bs = 2.0 * spec.seq * 4;
+  const int64_t L = spec.layers;
+  for (bool sp : {false, true}) {
+    Transformer model(spec, tp, sp, 1);
+    Batch b = batch(spec);
+    tp.reset_stats();
+    model.forward(b.tokens, b.targets).sum().backward();
+    const auto& s = tp.stats();
+    if (!sp) {
+      EXPECT_EQ(s.at("all_reduce").calls, static_cast<uint64_t>(4 * L + 2 + 3));
+      EXPECT_EQ(s.at("all_reduce").bytes, static_cast<uint64_t>((4 * L + 2) * bsh + 3 * bs));
+      EXPECT_EQ(s.count("all_gather"), 0u);
+    } else {
+      EXPECT_EQ(s.at("all_gather").calls, static_cast<uint64_t>(4 * L + 2));
+      EXPECT_EQ(s.at("all_gather").bytes, static_cast<uint64_t>((4 * L + 2) * bsh));
+      EXPECT_EQ(s.at("reduce_scatter").calls, static_cast<uint64_t>(4 * L + 2));
+      EXPECT_EQ(s.at("reduce_scatter").bytes, static_cast<uint64_t>((4 * L + 2) * bsh));
+      EXPECT_EQ(s.at("all_reduce").calls, 3u);  // the cross-entropy's
+    }
+  }
+}
+
+TEST(TensorParallel, IndivisibleShapesAreClearErrors) {
+  Comm& tp = runtime().world();
+  if (tp.size() == 1) return;
+  plan::ModelSpec bad = tiny(true, false, true);
+  bad.heads = tp.size() + 1;
+  bad.hidden = 8 * bad.heads;
+  bad.kv_heads = bad.heads;
+  try {
+    Transformer m(bad, tp, false, 1);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("heads"), std::string::npos) << e.what();
+  }
+  plan::ModelSpec bad_ffn = tiny(true, false, true);
+  bad_ffn.heads = bad_ffn.kv_heads = tp.size();
+  bad_ffn.hidden = 8 * tp.size();
+  bad_ffn.ffn = 97;
+  try {
+    Transformer m(bad_ffn, tp, false, 1);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ffn (97) is not divisible"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorParallel, ParameterCountMatchesThePlanner) {
+  Comm solo("solo", runtime().rank());
+  for (const char* name : {"gpt-tiny", "llama-tiny"}) {
+    plan::ModelSpec spec = plan::preset(name);
+    Transformer m(spec, solo, false, 1);
+    const auto counts = plan::count_params(spec, 128);
+    EXPECT_EQ(m.params().local_numel(), counts.total) << name;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::test
