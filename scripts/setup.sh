@@ -6,6 +6,8 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ccache pkg-config
   libtorch-dev libgloo-dev            # tensors, autograd, c10d (Gloo)
+  libopenblas0-pthread                # fp32 GEMM: without it libtorch falls back to
+                                      # the reference BLAS, ~60x slower (docs/build.md)
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev
   libsentencepiece-dev libxxhash-dev  # tokenizer, checksums
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks

@@ -25,6 +25,8 @@ Run add_bench(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
+  static std::vector<std::pair<CLI::App*, Run>> others;
+  add_bench_block(bench, others);
   auto cmd = bench->add_subcommand("comm", "collective bandwidth, nccl-tests style");
   cmd->add_option("--nproc", o->nproc, "ranks to start when not under a launcher");
   cmd->add_option("--timeout", o->timeout, "collective timeout in seconds");
@@ -40,7 +42,10 @@ Run add_bench(CLI::App& app) {
   cmd->add_option("--scatter-algo", o->scatter, "auto native alltoall ring allreduce");
   cmd->add_flag("--compare", o->bench.compare, "time every algorithm and the raw backend side by side");
   cmd->add_option("--out", o->out, "also write the table to this file (rank 0)");
-  return [o]() {
+  return [o, cmd]() {
+    for (auto& [sub, run] : others)
+      if (sub->parsed()) return run();
+    if (!cmd->parsed()) return 0;
     if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
     o->bench.ops = o->ops;
     o->bench.dtypes = o->dtypes;

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace CLI {
@@ -20,6 +21,8 @@ using Run = std::function<int()>;
 
 Run add_launch(CLI::App& app);
 Run add_bench(CLI::App& app);
+// `bench block`, registered by add_bench under its `bench` command.
+void add_bench_block(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 Run add_lab(CLI::App& app);
 Run add_mesh(CLI::App& app);
 Run add_plan(CLI::App& app);

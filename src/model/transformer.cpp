@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/nn/functional.h"
@@ -109,30 +110,53 @@ at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train) {
     throw std::invalid_argument(
         fmt::format("sequence parallelism splits the sequence: {} is not divisible by tp {}", s, tp_.size()));
   }
+  std::optional<SegmentProfiler::Scope> rest;
+  if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   at::Tensor x = embed_.forward(tokens);  // [s(/tp), b, h]
   if (pos_.defined()) {
     const int64_t rows = x.size(0), first = tp_.sequence_parallel ? tp_.rank() * rows : 0;
     x = x + pos_.narrow(0, first, rows).unsqueeze(1);
   }
-  const double p = train ? spec_.dropout : 0.0;
-  if (p > 0) x = at::dropout(x, p, true);
-  for (const Block& blk : blocks_) {
-    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train);
-    x = x + (p > 0 ? at::dropout(a, p, true) : a);
-    at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
-    x = x + (p > 0 ? at::dropout(m, p, true) : m);
-  }
+  if (train && spec_.dropout > 0) x = at::dropout(x, spec_.dropout, true);
+  rest.reset();
+  for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) x = block_forward(i, x, train);
+  if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   return norm(x, final_w_, final_b_);
 }
 
+at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool train) {
+  const Block& blk = blocks_.at(i);
+  const double p = train ? spec_.dropout : 0.0;
+  at::Tensor x = profiler_ ? profiler_->mark(input, static_cast<int>(i), false) : input;
+  {
+    std::optional<SegmentProfiler::Scope> t;
+    if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward attention"});
+    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train);
+    x = x + (p > 0 ? at::dropout(a, p, true) : a);
+  }
+  {
+    std::optional<SegmentProfiler::Scope> t;
+    if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward ffn"});
+    at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
+    x = x + (p > 0 ? at::dropout(m, p, true) : m);
+  }
+  return profiler_ ? profiler_->mark(x, static_cast<int>(i), true) : x;
+}
+
 at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) {
-  at::Tensor x = tp_.enter(hidden_states(tokens, train));
+  at::Tensor h = hidden_states(tokens, train);
+  std::optional<SegmentProfiler::Scope> t;
+  if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
+  at::Tensor x = tp_.enter(h);
   return spec_.tied ? at::linear(x, embed_.weight) : head_.forward_entered(x);
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
-  return vocab_parallel_cross_entropy(logits(tokens, train), targets.t(), comm_, embed_.vocab_start(), spec_.vocab);
+  at::Tensor l = logits(tokens, train);
+  std::optional<SegmentProfiler::Scope> t;
+  if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
+  return vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab);
 }
 
 void Transformer::finalize_grads() {

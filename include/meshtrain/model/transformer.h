@@ -23,6 +23,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/model/profiler.h"
 #include "meshtrain/nn/params.h"
 #include "meshtrain/parallel/tensor/layers.h"
 #include "meshtrain/plan/spec.h"
@@ -50,6 +51,13 @@ class Transformer {
   // Logits of this rank's vocabulary slice, [s, b, V_pad/tp].
   at::Tensor logits(const at::Tensor& tokens, bool train = false);
 
+  // One block on hidden states [s(/tp), b, h] (for benchmarks and labs).
+  at::Tensor block_forward(int64_t i, const at::Tensor& x, bool train);
+  const Block& block(int64_t i) const { return blocks_.at(i); }
+
+  // When set, forward records per-segment times (and backward, via markers).
+  void set_profiler(SegmentProfiler* p) { profiler_ = p; }
+
   // After backward: sums the gradients sequence parallelism left partial
   // (norm weights, row-parallel biases, positions) over the tp group.
   void finalize_grads();
@@ -75,6 +83,7 @@ class Transformer {
   std::vector<Block> blocks_;
   at::Tensor final_w_, final_b_;
   ColumnParallelLinear head_;
+  SegmentProfiler* profiler_ = nullptr;
 };
 
 }  // namespace meshtrain
