@@ -19,14 +19,15 @@ build: setup
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
-# Until the training engine lands, the demo is LLM Lab 01-03 on 4 local ranks.
+# Until the training engine lands, the demo is LLM Lab 01-06 on 4 local ranks
+# and a plan for Llama 2 70B.
 demo: build
-	./$(BUILD)/meshtrain lab 01 --nproc 4
-	./$(BUILD)/meshtrain lab 02 --nproc 4
-	./$(BUILD)/meshtrain lab 03 --nproc 4
+	for lab in 01 02 03 04 05 06; do ./$(BUILD)/meshtrain lab $$lab --nproc 4 || exit 1; done
+	./$(BUILD)/meshtrain plan --model llama2-70b --gpus 64 --gpu h100 --seq 4096 --global-batch 64
 
 bench: build
 	./bench/comm.sh $(BUILD)
+	./bench/tp_block.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -1,4 +1,4 @@
-// The seed's LLM Lab 01-03 as programs run under the launcher:
+// The seed's LLM Lab 01-06 as programs run under the launcher:
 //   meshtrain lab 01 [--nproc N]    (starts N ranks itself when not launched)
 // Each lab checks its own numbers and returns non-zero when they are wrong.
 #pragma once
@@ -12,5 +12,8 @@ namespace meshtrain::labs {
 int lab01_allreduce(Runtime& rt);
 int lab02_data_parallel(Runtime& rt);
 int lab03_autograd_allreduce(Runtime& rt);
+int lab04_column_row(Runtime& rt);
+int lab05_attention_heads(Runtime& rt);
+int lab06_megatron_block(Runtime& rt);
 
 }  // namespace meshtrain::labs

@@ -19,16 +19,18 @@ Run add_lab(CLI::App& app) {
     double timeout = 300;
   };
   auto o = std::make_shared<Opts>();
-  auto cmd = app.add_subcommand("lab", "LLM Lab 01-03 (seed 003): 01 all_reduce, 02 data parallel, 03 autograd");
-  cmd->add_option("id", o->id, "lab number: 01, 02 or 03")->required();
+  auto cmd = app.add_subcommand("lab", "LLM Lab 01-06 (seed 003): 01 all_reduce, 02 data parallel, 03 autograd, 04 column/row, 05 heads, 06 block");
+  cmd->add_option("id", o->id, "lab number: 01 to 06")->required();
   cmd->add_option("--nproc", o->nproc, "ranks to start when not under a launcher");
   cmd->add_option("--timeout", o->timeout, "collective timeout in seconds");
   return [o]() {
     static const std::map<std::string, std::function<int(Runtime&)>> labs{
-        {"01", labs::lab01_allreduce}, {"02", labs::lab02_data_parallel}, {"03", labs::lab03_autograd_allreduce}};
+        {"01", labs::lab01_allreduce},     {"02", labs::lab02_data_parallel},
+        {"03", labs::lab03_autograd_allreduce}, {"04", labs::lab04_column_row},
+        {"05", labs::lab05_attention_heads}, {"06", labs::lab06_megatron_block}};
     std::string id = o->id.size() == 1 ? "0" + o->id : o->id;
     auto it = labs.find(id);
-    if (it == labs.end()) throw std::invalid_argument(fmt::format("no lab '{}'; labs are 01, 02 and 03", o->id));
+    if (it == labs.end()) throw std::invalid_argument(fmt::format("no lab '{}'; labs are 01 to 06", o->id));
     if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
     auto rt = start_runtime(o->timeout);
     return it->second(*rt);
