@@ -22,15 +22,10 @@ ModelSpec gpt(const std::string& name, int64_t vocab, int64_t seq, int64_t layer
   return m;  // LayerNorm, learned positions, GELU, tied, biases, dropout 0.1
 }
 
+// Llama-style: RMSNorm, RoPE, SwiGLU, no biases, no dropout, usually untied.
 ModelSpec llama(const std::string& name, int64_t vocab, int64_t seq, int64_t layers, int64_t hidden, int64_t heads,
                 int64_t kv_heads, int64_t ffn, bool tied = false) {
-  ModelSpec m;
-  m.name = name;
-  m.vocab = vocab;
-  m.seq = seq;
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
+  ModelSpec m = gpt(name, vocab, seq, layers, hidden, heads);
   m.kv_heads = kv_heads;
   m.ffn = ffn;
   m.norm = Norm::RMSNorm;
