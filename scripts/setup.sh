@@ -11,7 +11,7 @@ PACKAGES=(
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev
   libsentencepiece-dev libxxhash-dev  # tokenizer, checksums
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
-  bible-kjv-text                      # the demo's public-domain corpus
+  bible-kjv                           # the demo corpus: KJV text + its reader `bible`
 )
 
 missing=()

@@ -1,0 +1,64 @@
+// Training windows from token shards, shuffled from a seed, split across
+// data-parallel ranks, with a position that is saved and restored exactly.
+//
+// Each shard of N tokens holds floor((N-1)/seq) windows: window w is tokens
+// [w*seq, w*seq + seq] (seq inputs, the same shifted by one as targets); windows
+// never cross shards. Epoch e visits the windows in a permutation drawn from
+// (seed, e). Every step takes the next dp_size * micro_batch windows of that
+// order; rank r gets the r-th micro_batch of them, so ranks never overlap and
+// together see exactly what one process with the global batch would. Windows
+// left over at the end of an epoch (fewer than a global batch) are skipped.
+// The state is (epoch, step in epoch): restoring it resumes on the very next
+// window, with no repeat and no skip.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "meshtrain/data/shard.h"
+
+namespace meshtrain {
+
+struct LoaderState {
+  uint64_t epoch = 0;
+  uint64_t step = 0;  // steps taken in this epoch
+  bool operator==(const LoaderState& o) const { return epoch == o.epoch && step == o.step; }
+};
+
+struct Batch {
+  at::Tensor tokens;   // [micro_batch, seq] int64
+  at::Tensor targets;  // [micro_batch, seq] int64
+  std::vector<uint64_t> windows;  // global window ids, for checks
+};
+
+class TokenLoader {
+ public:
+  // Throws std::invalid_argument when the shards hold fewer windows than one
+  // global batch (naming the numbers), or for bad sizes.
+  TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank, int dp_size,
+              uint64_t seed);
+
+  Batch next();
+  LoaderState state() const { return state_; }
+  void restore(const LoaderState& s);
+
+  uint64_t windows() const { return total_windows_; }
+  uint64_t steps_per_epoch() const { return total_windows_ / (static_cast<uint64_t>(micro_batch_) * dp_size_); }
+
+ private:
+  void shuffle(uint64_t epoch);
+  std::vector<std::unique_ptr<ShardReader>> shards_;
+  std::vector<uint64_t> first_window_;  // per shard, its first global window id
+  int64_t seq_, micro_batch_;
+  int dp_rank_, dp_size_;
+  uint64_t seed_, total_windows_ = 0;
+  LoaderState state_;
+  uint64_t order_epoch_ = UINT64_MAX;
+  std::vector<uint64_t> order_;
+};
+
+}  // namespace meshtrain

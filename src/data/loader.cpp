@@ -1,0 +1,78 @@
+#include "meshtrain/data/loader.h"
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace meshtrain {
+
+TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank,
+                         int dp_size, uint64_t seed)
+    : seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+  if (seq < 1 || micro_batch < 1) {
+    throw std::invalid_argument(fmt::format("sequence {} and micro-batch {} must be positive", seq, micro_batch));
+  }
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+    throw std::invalid_argument(fmt::format("data-parallel rank {} outside 0..{}", dp_rank, dp_size - 1));
+  }
+  if (shards.empty()) throw std::invalid_argument("no token shards given");
+  for (const auto& path : shards) {
+    shards_.push_back(std::make_unique<ShardReader>(path));
+    first_window_.push_back(total_windows_);
+    total_windows_ += (shards_.back()->size() - 1) / static_cast<uint64_t>(seq);
+  }
+  if (steps_per_epoch() == 0) {
+    throw std::invalid_argument(fmt::format(
+        "the shards hold {} windows of {} tokens, fewer than one global batch of {} x {} ranks; use more data, a "
+        "shorter sequence or a smaller batch",
+        total_windows_, seq + 1, micro_batch, dp_size));
+  }
+}
+
+void TokenLoader::shuffle(uint64_t epoch) {
+  if (order_epoch_ == epoch) return;
+  order_.resize(total_windows_);
+  std::iota(order_.begin(), order_.end(), 0);
+  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ULL + epoch);
+  // Fisher-Yates with our own index draw: std::shuffle's use of the engine is
+  // implementation-defined, and the order must not change across libraries.
+  for (uint64_t i = total_windows_ - 1; i > 0; --i) std::swap(order_[i], order_[rng() % (i + 1)]);
+  order_epoch_ = epoch;
+}
+
+Batch TokenLoader::next() {
+  if (state_.step >= steps_per_epoch()) {
+    state_.epoch += 1;
+    state_.step = 0;
+  }
+  shuffle(state_.epoch);
+  const uint64_t global = static_cast<uint64_t>(micro_batch_) * dp_size_;
+  const uint64_t base = state_.step * global + static_cast<uint64_t>(dp_rank_) * micro_batch_;
+  Batch b;
+  at::Tensor buf = at::empty({micro_batch_, seq_ + 1}, at::kLong);
+  for (int64_t i = 0; i < micro_batch_; ++i) {
+    const uint64_t w = order_[base + i];
+    const size_t s = std::upper_bound(first_window_.begin(), first_window_.end(), w) - first_window_.begin() - 1;
+    shards_[s]->read((w - first_window_[s]) * seq_, seq_ + 1, buf[i].data_ptr<int64_t>());
+    b.windows.push_back(w);
+  }
+  b.tokens = buf.narrow(1, 0, seq_).contiguous();
+  b.targets = buf.narrow(1, 1, seq_).contiguous();
+  state_.step += 1;
+  return b;
+}
+
+void TokenLoader::restore(const LoaderState& s) {
+  if (s.step > steps_per_epoch()) {
+    throw std::invalid_argument(fmt::format("loader state step {} is beyond the {} steps of an epoch of this data; was "
+                                            "it saved with other shards or batch sizes?",
+                                            s.step, steps_per_epoch()));
+  }
+  state_ = s;
+}
+
+}  // namespace meshtrain

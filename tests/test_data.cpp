@@ -1,0 +1,136 @@
+// Token shards and the loader: format round trip, clear errors for bad files,
+// no overlap across ranks, exact resume, and a deterministic order.
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "meshtrain/data/loader.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / fmt_name();
+  static std::string fmt_name() { return "meshtrain_data_" + std::to_string(::getpid()) + "_" + std::to_string(rand()); }
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::vector<uint32_t> ramp(uint32_t n, uint32_t mod) {
+  std::vector<uint32_t> t(n);
+  for (uint32_t i = 0; i < n; ++i) t[i] = i % mod;
+  return t;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    ShardReader r(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Shard, RoundTripBothWidths) {
+  TempDir d;
+  for (int width : {2, 4}) {
+    auto tokens = ramp(1000, width == 2 ? 65536 : 100000);
+    tokens[7] = width == 2 ? 65535 : 4000000000u;
+    write_shard(d.file("s.bin"), tokens, {0, 10, 500}, width);
+    ShardReader r(d.file("s.bin"));
+    ASSERT_EQ(r.size(), 1000u);
+    EXPECT_EQ(r.token_bytes(), width);
+    for (uint32_t i = 0; i < 1000; ++i) ASSERT_EQ(r[i], tokens[i]);
+    EXPECT_EQ(r.doc_starts(), (std::vector<uint64_t>{0, 10, 500}));
+  }
+  EXPECT_FALSE(fs::exists(d.file("s.bin.tmp")));
+}
+
+TEST(Shard, BadFilesAreClearErrors) {
+  TempDir d;
+  write_shard(d.file("good.bin"), ramp(100, 50), {0}, 2);
+  EXPECT_NE(error_of(d.file("missing.bin")).find("cannot open"), std::string::npos);
+  std::ofstream(d.file("empty.bin")).close();
+  EXPECT_NE(error_of(d.file("empty.bin")).find("empty"), std::string::npos);
+  fs::copy_file(d.file("good.bin"), d.file("trunc.bin"));
+  fs::resize_file(d.file("trunc.bin"), fs::file_size(d.file("good.bin")) - 3);
+  EXPECT_NE(error_of(d.file("trunc.bin")).find("truncated"), std::string::npos) << error_of(d.file("trunc.bin"));
+  fs::copy_file(d.file("good.bin"), d.file("magic.bin"));
+  {
+    std::fstream f(d.file("magic.bin"), std::ios::in | std::ios::out | std::ios::binary);
+    f.write("XXXX", 4);
+  }
+  EXPECT_NE(error_of(d.file("magic.bin")).find("wrong magic"), std::string::npos);
+  EXPECT_THROW(write_shard(d.file("big.bin"), {70000}, {}, 2), std::invalid_argument);
+  EXPECT_THROW(write_shard(d.file("none.bin"), {}, {}, 2), std::invalid_argument);
+  EXPECT_THROW(write_shard(d.file("docs.bin"), {1, 2, 3}, {1}, 2), std::invalid_argument);
+}
+
+TEST(Loader, RanksPartitionTheGlobalBatch) {
+  TempDir d;
+  write_shard(d.file("a.bin"), ramp(1000, 1000), {0}, 2);
+  write_shard(d.file("b.bin"), ramp(333, 1000), {0}, 2);
+  const int64_t seq = 8, mb = 2;
+  TokenLoader one({d.file("a.bin"), d.file("b.bin")}, seq, mb * 3, 0, 1, 5);
+  std::vector<TokenLoader> ranks;
+  for (int r = 0; r < 3; ++r) ranks.emplace_back(std::vector<std::string>{d.file("a.bin"), d.file("b.bin")}, seq, mb, r, 3, 5);
+  EXPECT_EQ(one.windows(), 999u / 8 + 332u / 8);
+  std::set<uint64_t> seen;
+  for (uint64_t step = 0; step < one.steps_per_epoch(); ++step) {
+    Batch all = one.next();
+    std::vector<uint64_t> joined;
+    for (auto& r : ranks) {
+      Batch b = r.next();
+      joined.insert(joined.end(), b.windows.begin(), b.windows.end());
+      EXPECT_TRUE(b.targets.narrow(1, 0, seq - 1).equal(b.tokens.narrow(1, 1, seq - 1)));
+    }
+    EXPECT_EQ(joined, all.windows) << "the ranks together see the single process's global batch";
+    for (auto w : joined) EXPECT_TRUE(seen.insert(w).second) << "window " << w << " repeated within the epoch";
+  }
+  // Next epoch: a different order of the same windows.
+  Batch e1 = one.next();
+  EXPECT_EQ(one.state().epoch, 1u);
+  EXPECT_EQ(e1.windows.size(), 6u);
+}
+
+TEST(Loader, ResumeContinuesExactly) {
+  TempDir d;
+  write_shard(d.file("a.bin"), ramp(5000, 777), {0}, 2);
+  TokenLoader straight({d.file("a.bin")}, 16, 4, 1, 2, 9);
+  std::vector<Batch> want;
+  for (int i = 0; i < 100; ++i) want.push_back(straight.next());  // crosses epoch boundaries
+  TokenLoader first({d.file("a.bin")}, 16, 4, 1, 2, 9);
+  for (int i = 0; i < 37; ++i) first.next();
+  LoaderState saved = first.state();
+  TokenLoader resumed({d.file("a.bin")}, 16, 4, 1, 2, 9);
+  resumed.restore(saved);
+  for (int i = 37; i < 100; ++i) {
+    Batch b = resumed.next();
+    ASSERT_EQ(b.windows, want[i].windows) << "step " << i;
+    ASSERT_TRUE(b.tokens.equal(want[i].tokens));
+  }
+  LoaderState bad{0, 1000000};
+  EXPECT_THROW(resumed.restore(bad), std::invalid_argument);
+}
+
+TEST(Loader, TooLittleDataIsAClearError) {
+  TempDir d;
+  write_shard(d.file("tiny.bin"), ramp(20, 10), {0}, 2);
+  try {
+    TokenLoader l({d.file("tiny.bin")}, 16, 4, 0, 2, 1);
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fewer than one global batch"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
