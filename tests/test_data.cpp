@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sys/wait.h>
 
 #include "meshtrain/data/loader.h"
 
@@ -130,6 +131,67 @@ TEST(Loader, TooLittleDataIsAClearError) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("fewer than one global batch"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+std::string run_cmd(const std::string& cmd, int* code) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int st = pclose(p);
+  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+TEST(Tokenize, TrainsATokenizerAndWritesShards) {
+  TempDir d;
+  {
+    std::ofstream f(d.file("corpus.txt"));
+    const char* words[] = {"the", "light", "was", "good", "and", "darkness", "upon", "face", "of", "deep", "waters"};
+    for (int line = 0; line < 400; ++line) {
+      for (int w = 0; w < 8; ++w) f << words[(line * 7 + w * 3) % 11] << (w < 7 ? " " : "\n");
+      if (line % 50 == 49) f << "\n";  // blank lines are not documents
+    }
+  }
+  int code = 0;
+  std::string out = run_cmd(std::string(MESHTRAIN_BIN) + " tokenize --input " + d.file("corpus.txt") + " --out " +
+                                d.file("tok") + " --vocab-size 400 --val-fraction 0.05",
+                            &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("400 documents"), std::string::npos) << out;
+  ShardReader train(d.file("tok/train.bin")), val(d.file("tok/val.bin"));
+  EXPECT_EQ(train.doc_starts().size(), 380u);
+  EXPECT_EQ(val.doc_starts().size(), 20u);
+  EXPECT_EQ(train.token_bytes(), 2);
+  uint64_t eos = 0;
+  for (uint64_t i = 0; i < train.size(); ++i) eos += train[i] == 2;
+  EXPECT_EQ(eos, 380u) << "one end-of-sequence id after each document";
+  // Reusing the trained tokenizer gives the same tokens.
+  out = run_cmd(std::string(MESHTRAIN_BIN) + " tokenize --input " + d.file("corpus.txt") + " --out " + d.file("tok2") +
+                    " --tokenizer " + d.file("tok/tokenizer.model") + " --val-fraction 0.05",
+                &code);
+  ASSERT_EQ(code, 0) << out;
+  ShardReader again(d.file("tok2/train.bin"));
+  ASSERT_EQ(again.size(), train.size());
+  for (uint64_t i = 0; i < train.size(); ++i) ASSERT_EQ(again[i], train[i]);
+}
+
+TEST(Tokenize, BadInputIsAClearError) {
+  TempDir d;
+  int code = 0;
+  std::string out = run_cmd(std::string(MESHTRAIN_BIN) + " tokenize --input /no/such.txt --out " + d.file("t"), &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("corpus file /no/such.txt does not exist"), std::string::npos) << out;
+  out = run_cmd(std::string(MESHTRAIN_BIN) + " tokenize --input /etc/hostname --out " + d.file("t") + " --vocab-size 5",
+                &code);
+  EXPECT_NE(out.find("--vocab-size 5 must be"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ void add_bench_block(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
 Run add_lab(CLI::App& app);
 Run add_mesh(CLI::App& app);
 Run add_plan(CLI::App& app);
+Run add_tokenize(CLI::App& app);
 
 // Names that `meshtrain launch NAME ...` runs as this binary's own subcommand.
 const std::vector<std::string>& subcommand_names();

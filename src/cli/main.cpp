@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
       // a broken environment is reported by the command itself
     }
   }
-  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, mesh, plan, bench, lab)"};
+  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, mesh, plan, bench, lab, tokenize)"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, meshtrain::cli::Run>> commands;
   auto add = [&](auto adder) {
@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_bench);
   add(meshtrain::cli::add_lab);
   add(meshtrain::cli::add_plan);
+  add(meshtrain::cli::add_tokenize);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,52 @@
+// meshtrain-tokenize: the tokenizer's own process (see CMakeLists.txt: it must
+// not share a process with libtorch). `meshtrain tokenize` runs it with the same
+// arguments:
+//   --input FILE (repeatable) --out DIR [--vocab-size N] [--tokenizer MODEL]
+//   [--val-fraction F] [--blank-line-documents]
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "meshtrain/data/tokenize.h"
+
+int main(int argc, char** argv) {
+  meshtrain::TokenizeOptions o;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
+        return argv[++i];
+      };
+      auto number = [&](const std::string& v) {
+        size_t used = 0;
+        double d = 0;
+        try {
+          d = std::stod(v, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != v.size() || v.empty()) throw std::invalid_argument(fmt::format("{} '{}' is not a number", a, v));
+        return d;
+      };
+      if (a == "--input") o.inputs.push_back(value());
+      else if (a == "--out") o.out_dir = value();
+      else if (a == "--vocab-size") o.vocab_size = static_cast<int>(number(value()));
+      else if (a == "--tokenizer") o.tokenizer = value();
+      else if (a == "--val-fraction") o.val_fraction = number(value());
+      else if (a == "--blank-line-documents") o.blank_line_documents = true;
+      else throw std::invalid_argument(fmt::format("unknown option '{}'", a));
+    }
+    meshtrain::TokenizeReport r = meshtrain::tokenize_corpus(o);
+    fmt::print("tokenizer {} ({} pieces)\n", r.tokenizer_path, r.vocab_size);
+    fmt::print("{} documents, {} bytes -> {} train tokens ({}), {} validation tokens ({}); {:.2f} bytes per token\n",
+               r.documents, r.bytes, r.train_tokens, r.train_path, r.val_tokens,
+               r.val_path.empty() ? "none" : r.val_path,
+               static_cast<double>(r.bytes) / static_cast<double>(r.train_tokens + r.val_tokens));
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "meshtrain tokenize: error: {}\n", e.what());
+    return 1;
+  }
+}
