@@ -15,6 +15,7 @@
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
 #include "meshtrain/plan/count.h"
 #include "tests/mp.h"
 
@@ -157,6 +158,44 @@ TEST(TensorParallel, IndivisibleShapesAreClearErrors) {
     ADD_FAILURE() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("ffn (97) is not divisible"), std::string::npos) << e.what();
+  }
+}
+
+// Global gradient norm and one clipped AdamW step under tp equal one process's:
+// every parameter counted once (shards summed, replicated ones once).
+// Tolerance of the weights after the step: 1e-3 x lr. Adam's first step moves
+// each element by lr x g/(|g| + eps), so it normalises away the gradient's
+// scale: an element whose gradient is small differs, relatively, by far more
+// than the 1e-4 x max|g| of the gradient test, and that relative difference is
+// what shows in the weights (measured: at most 1.8e-4 x lr).
+TEST(TensorParallel, GradNormAndAdamWStepMatchOneProcess) {
+  Comm& tp = runtime().world();
+  if (8 % tp.size() != 0) GTEST_SKIP();
+  for (bool sp : {false, true}) {
+    const plan::ModelSpec spec = tiny(true, true, false);
+    Comm solo("solo", runtime().rank());
+    Transformer single(spec, solo, false, 99), parallel(spec, tp, sp, 99);
+    Batch b = batch(spec);
+    (single.forward(b.tokens, b.targets).sum() / b.count).backward();
+    (parallel.forward(b.tokens, b.targets).sum() / b.count).backward();
+    parallel.finalize_grads();
+    AdamWOptions o;
+    o.lr = 1e-2;
+    o.clip_norm = 0.05;  // below the norm: clipping is active
+    AdamW opt1(single.params().params(), o), optp(parallel.params().params(), o);
+    const double n1 = opt1.step(nullptr), np = optp.step(&tp);
+    EXPECT_NEAR(np, n1, 1e-5 * n1) << "sp=" << sp;
+    EXPECT_GT(n1, o.clip_norm);
+    const auto& ps = parallel.params().params();
+    const auto& rs = single.params().params();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      at::Tensor w = full(ps[i], tp), w_ref = rs[i].tensor.detach();
+      if (ps[i].name == "embed.weight" || ps[i].name == "head.weight") {
+        w = w.narrow(0, 0, spec.vocab);
+        w_ref = w_ref.narrow(0, 0, spec.vocab);
+      }
+      EXPECT_LE((w - w_ref).abs().max().item<double>(), 1e-3 * o.lr) << "sp=" << sp << " " << ps[i].name;
+    }
   }
 }
 
