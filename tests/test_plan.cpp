@@ -194,3 +194,50 @@ TEST(Plan, BadInputIsAClearError) {
 
 }  // namespace
 }  // namespace meshtrain::plan
+
+#include "meshtrain/plan/posttrain.h"
+
+namespace meshtrain::plan {
+namespace {
+
+// LoRA paper: GPT-3 175B, r = 4 on Wq and Wv: 96 x 2 x 4 x (12288 + 12288) =
+// 18.9M trainable parameters, a 35 MB checkpoint (fp16) against 350 GB.
+TEST(PostTraining, LoraPaperGpt3) {
+  LoraOptions o;
+  o.rank = 4;
+  o.targets = "qv";
+  const int64_t n = lora_params(preset("gpt3-175b"), o);
+  EXPECT_EQ(n, 18874368);
+  EXPECT_NEAR(n * 2 / 1e6, 37.7, 0.1);  // MB in fp16; the paper rounds to "35 MB"
+}
+
+// QLoRA: constants cost 0.5 bit per parameter, 0.127 with double quantisation,
+// saving 0.373 bit per parameter, about 3 GB for a 65B model.
+TEST(PostTraining, QloraBits) {
+  EXPECT_DOUBLE_EQ(qlora_bits_per_param(false), 4.5);
+  EXPECT_NEAR(qlora_bits_per_param(true) - 4.0, 0.127, 0.0005);
+  EXPECT_NEAR((qlora_bits_per_param(false) - qlora_bits_per_param(true)) * 65e9 / 8 / 1e9, 3.0, 0.05);
+  Strategy s;
+  s.global_batch = 1;
+  LoraOptions q;
+  q.qlora = true;
+  q.rank = 16;
+  StageLedger l = lora_ledger(preset("llama2-7b"), s, q);
+  EXPECT_NEAR(l.lines[0].bytes / 1e9, count_params(preset("llama2-7b")).total * qlora_bits_per_param(true) / 8 / 1e9, 1e-9);
+}
+
+TEST(PostTraining, RlhfHoldsFourModels) {
+  Strategy s;
+  s.tp = 8;
+  s.global_batch = 1;
+  StageLedger l = rlhf_ledger(preset("llama2-7b"), s, RlhfOptions{});
+  const double psi = count_params(preset("llama2-7b")).total / 8.0;
+  EXPECT_DOUBLE_EQ(l.line("actor (trained)").bytes, 16 * psi);
+  EXPECT_DOUBLE_EQ(l.line("reference (frozen)").bytes, 2 * psi);
+  // KV cache: 2 x 32 layers x 32 kv heads x 128 x 2 B / tp 8 per token x 8 x 1024 tokens.
+  EXPECT_DOUBLE_EQ(l.line("rollout KV cache").bytes, 2.0 * 32 * 32 * 128 * 2 / 8 * 8 * 1024);
+  EXPECT_THROW(lora_params(preset("llama2-7b"), LoraOptions{0}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace meshtrain::plan

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/search.h"
 
 namespace meshtrain::cli {
@@ -47,6 +48,8 @@ Run add_plan(CLI::App& app) {
     int64_t micro_batch = 0;
     double achievable = 0.5;
     bool json = false, causal = false;
+    std::string method = "pretrain", lora_targets = "qv";
+    int64_t lora_rank = 8;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("plan", "memory ledger, communication, step time and a strategy search");
@@ -68,6 +71,9 @@ Run add_plan(CLI::App& app) {
   cmd->add_flag("--causal-flops", o->causal, "count half the attention square in model FLOPs");
   cmd->add_option("--top", o->top, "how many ranked plans to print");
   cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo");
+  cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank");
+  cmd->add_option("--lora-targets", o->lora_targets, "qv or all");
   return [o]() {
     plan::SearchInput in;
     in.model = plan::preset(o->model);
@@ -93,6 +99,41 @@ Run add_plan(CLI::App& app) {
     if (o->zero >= 0) in.fixed.zero = o->zero;
     if (o->micro_batch > 0) in.fixed.micro_batch = o->micro_batch;
     if (!o->recompute.empty()) in.fixed.recompute = plan::parse_recompute(o->recompute);
+    if (o->method != "pretrain") {
+      // Post-training: the ledger of one fixed strategy (unset degrees are 1, dp takes the rest).
+      plan::Strategy s;
+      s.tp = in.fixed.tp.value_or(1);
+      s.pp = in.fixed.pp.value_or(1);
+      if (in.gpus % (s.tp * s.pp) != 0) {
+        throw std::invalid_argument(fmt::format("--gpus {} is not divisible by tp x pp = {}", in.gpus, s.tp * s.pp));
+      }
+      s.dp = in.gpus / (s.tp * s.pp);
+      s.sp = s.tp > 1;
+      s.zero = in.fixed.zero.value_or(0);
+      s.micro_batch = in.fixed.micro_batch.value_or(1);
+      s.recompute = in.fixed.recompute.value_or(plan::Recompute::Selective);
+      s.seq = in.seq;
+      s.global_batch = s.micro_batch * s.dp;
+      plan::StageLedger l;
+      if (o->method == "lora" || o->method == "qlora") {
+        plan::LoraOptions lo;
+        lo.rank = o->lora_rank;
+        lo.targets = o->lora_targets;
+        lo.qlora = o->method == "qlora";
+        l = plan::lora_ledger(in.model, s, lo);
+        fmt::print("{} {} of {}: {} trainable adapter parameters\n", o->method, s.describe(), in.model.name,
+                   plan::lora_params(in.model, lo));
+      } else if (o->method == "ppo") {
+        l = plan::rlhf_ledger(in.model, s, plan::RlhfOptions{});
+        fmt::print("PPO with four {}-shaped models, {}\n", in.model.name, s.describe());
+      } else {
+        throw std::invalid_argument(fmt::format("unknown --method '{}'; use pretrain, lora, qlora or ppo", o->method));
+      }
+      fmt::print("{}", plan::format_ledger(l));
+      fmt::print("{} of {} per {}\n", l.device_total() <= in.gpu.memory_bytes ? "fits" : "does NOT fit",
+                 plan::human_bytes(in.gpu.memory_bytes), in.gpu.name);
+      return l.device_total() <= in.gpu.memory_bytes ? 0 : 3;
+    }
     auto r = plan::search(in);
     if (o->json) {
       nlohmann::json j;

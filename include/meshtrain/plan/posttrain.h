@@ -1,0 +1,49 @@
+// Post-training ledgers (seed 003 "后训练工程账"): LoRA / QLoRA and RLHF with
+// four models. Bytes per rank, one line per item with its formula.
+//   LoRA (Hu et al., arXiv 2106.09685): an adapted d_out x d_in weight gains
+//     r (d_in + d_out) trainable parameters; frozen weights need no gradient or
+//     optimizer state.
+//   QLoRA (Dettmers et al., arXiv 2305.14314): NF4 base weights, 4 bits plus
+//     block-64 absmax constants: 32/64 = 0.5 bit, or 8/64 + 32/(64*256) = 0.127
+//     bit with double quantisation.
+//   PPO (InstructGPT; DeepSpeed-Chat arXiv 2308.01320): actor and critic
+//     trained, reference and reward frozen, plus the rollout's KV cache
+//     2 L g d_head x 2 B per token.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/plan/memory.h"
+#include "meshtrain/plan/spec.h"
+
+namespace meshtrain::plan {
+
+struct LoraOptions {
+  int64_t rank = 8;
+  // Which weights get adapters: "qv" (the LoRA paper's choice) or "all" (q, k, v, o and the MLP).
+  std::string targets = "qv";
+  bool qlora = false;
+  bool double_quant = true;  // QLoRA's second quantisation of the constants
+};
+
+// Trainable adapter parameters for the whole model.
+int64_t lora_params(const ModelSpec& m, const LoraOptions& o);
+// Bits per base parameter under QLoRA: 4 + constants.
+double qlora_bits_per_param(bool double_quant);
+
+// Ledger of one rank fine-tuning `m` with adapters; `s` gives tp/pp/dp, micro-batch,
+// sequence and recomputation (ZeRO applies to the adapters' state).
+StageLedger lora_ledger(const ModelSpec& m, const Strategy& s, const LoraOptions& o);
+
+struct RlhfOptions {
+  int64_t rollout_batch = 8;       // sequences generated at once
+  int64_t prompt_tokens = 512, generated_tokens = 512;
+};
+
+// PPO with actor and critic the shape of `m` (trained, mixed precision 16 B per
+// parameter, sharded by ZeRO as in `s`) and reference and reward models frozen
+// in bf16, all split over tp x pp.
+StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o);
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,88 @@
+#include "meshtrain/plan/posttrain.h"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "meshtrain/plan/count.h"
+
+namespace meshtrain::plan {
+namespace {
+
+// The same reserve line as the pre-training ledger (memory.cpp): never hidden.
+void add_reserve(StageLedger& L) {
+  const MemoryOptions o;
+  L.lines.push_back({"reserve", o.reserve_fixed + o.reserve_fraction * L.device_total(),
+                     fmt::format("{} fixed + {:.0f}% fragmentation", human_bytes(o.reserve_fixed), 100 * o.reserve_fraction)});
+}
+
+}  // namespace
+
+int64_t lora_params(const ModelSpec& m, const LoraOptions& o) {
+  if (o.rank < 1) throw std::invalid_argument(fmt::format("LoRA rank {} must be positive", o.rank));
+  const int64_t h = m.hidden, q = m.heads * m.head_dim(), kv = m.kv_heads * m.head_dim(), f = m.ffn;
+  auto adapter = [&](int64_t in, int64_t out) { return o.rank * (in + out); };
+  int64_t per_layer = 0;
+  if (o.targets == "qv") {
+    per_layer = adapter(h, q) + adapter(h, kv);
+  } else if (o.targets == "all") {
+    per_layer = adapter(h, q) + 2 * adapter(h, kv) + adapter(q, h);
+    const int64_t ins = m.activation == Activation::SwiGLU ? 2 : 1;
+    per_layer += ins * adapter(h, f) + adapter(f, h);
+  } else {
+    throw std::invalid_argument(fmt::format("LoRA targets '{}': use qv or all", o.targets));
+  }
+  return m.layers * per_layer;
+}
+
+double qlora_bits_per_param(bool double_quant) { return 4.0 + (double_quant ? 8.0 / 64 + 32.0 / (64 * 256) : 32.0 / 64); }
+
+StageLedger lora_ledger(const ModelSpec& m, const Strategy& s, const LoraOptions& o) {
+  validate(s, m);
+  const double split = static_cast<double>(s.tp) * s.pp;
+  const double base = static_cast<double>(count_params(m).total) / split;
+  const double adapters = static_cast<double>(lora_params(m, o)) / split;
+  StageLedger L;
+  L.layers = m.layers / s.pp;
+  L.params = base + adapters;
+  if (o.qlora) {
+    const double bits = qlora_bits_per_param(o.double_quant);
+    L.lines.push_back({"frozen base (NF4)", base * bits / 8,
+                       fmt::format("{:.4g} params x {:.3f} bits (4 + constants{})", base, bits,
+                                   o.double_quant ? ", double-quantised" : "")});
+  } else {
+    L.lines.push_back({"frozen base (bf16)", base * 2, fmt::format("{:.4g} params x 2 B", base)});
+  }
+  ModelStates st = model_state_bytes(adapters, Precision::Bf16, s.zero, s.shard_group());
+  L.lines.push_back({"adapters + grads + optimizer", st.total(),
+                     fmt::format("{:.4g} trainable (rank {}, {}) x 16 B", adapters, o.rank, o.targets)});
+  const double per_layer = layer_activation_bytes(m, s);
+  L.lines.push_back({"activations", per_layer * L.layers * std::min<int64_t>(s.pp, s.microbatches()),
+                     "the full backward still runs through the frozen layers"});
+  add_reserve(L);
+  return L;
+}
+
+StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o) {
+  validate(s, m);
+  const double split = static_cast<double>(s.tp) * s.pp;
+  const double psi = static_cast<double>(count_params(m).total) / split;
+  StageLedger L;
+  L.layers = m.layers / s.pp;
+  L.params = 4 * psi;
+  ModelStates trained = model_state_bytes(psi, Precision::Bf16, s.zero, s.shard_group());
+  L.lines.push_back({"actor (trained)", trained.total(), fmt::format("{:.4g} params x 16 B, ZeRO-{}", psi, s.zero)});
+  L.lines.push_back({"critic (trained)", trained.total(), "same shape as the actor"});
+  L.lines.push_back({"reference (frozen)", psi * 2, "bf16 weights only"});
+  L.lines.push_back({"reward (frozen)", psi * 2, "bf16 weights only"});
+  const double per_token = 2.0 * m.layers / s.pp * m.kv_heads * m.head_dim() * 2 / s.tp;
+  const double tokens = static_cast<double>(o.rollout_batch) * (o.prompt_tokens + o.generated_tokens);
+  L.lines.push_back({"rollout KV cache", per_token * tokens,
+                     fmt::format("2 L g d_head x 2 B per token x {} sequences x {} tokens", o.rollout_batch,
+                                 o.prompt_tokens + o.generated_tokens)});
+  L.lines.push_back({"training activations", layer_activation_bytes(m, s) * L.layers, "actor's (the critic's alike, not at once)"});
+  add_reserve(L);
+  return L;
+}
+
+}  // namespace meshtrain::plan
