@@ -1,0 +1,64 @@
+#include "meshtrain/train/step.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+
+namespace meshtrain {
+
+StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
+  if (micro_batches.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
+  // Gradients accumulate over this step's micro-batches only.
+  for (auto& p : model_.params().params()) p.tensor.mutable_grad() = at::Tensor();
+  // The one place the loss normaliser is computed: target tokens of the global batch.
+  at::Tensor count = at::zeros({1}, at::kDouble);
+  for (const auto& b : micro_batches) count += (b.targets >= 0).sum().to(at::kDouble);
+  dp_.all_reduce(count);
+  const double tokens = count.item<double>();
+  if (tokens == 0) throw std::invalid_argument("the global batch has no target tokens (all ignored)");
+  double loss_sum = 0;
+  for (const auto& b : micro_batches) {
+    at::Tensor per_token = model_.forward(b.tokens, b.targets);
+    at::Tensor loss = per_token.sum() / tokens;
+    loss.backward();
+    loss_sum += loss.item<double>();
+  }
+  model_.finalize_grads();
+  reduce_gradients();
+  StepResult r;
+  r.grad_norm = opt_.step(&tp_);
+  r.lr = opt_.last_lr();
+  at::Tensor l = at::tensor({loss_sum}, at::kDouble);
+  dp_.all_reduce(l);
+  r.loss = l.item<double>();
+  r.tokens = static_cast<int64_t>(tokens);
+  return r;
+}
+
+// Sum (not average: each token's loss is already divided by the global count)
+// of every gradient over the data-parallel group, in fp32, as one flat buffer.
+void TrainStep::reduce_gradients() {
+  if (dp_.size() == 1) return;
+  std::vector<at::Tensor> grads;
+  for (auto& p : model_.params().params()) {
+    if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+    grads.push_back(p.tensor.grad());
+  }
+  std::vector<at::Tensor> flat_parts;
+  for (auto& g : grads) flat_parts.push_back(g.reshape({-1}).to(at::kFloat));
+  at::Tensor flat = at::cat(flat_parts);
+  dp_.all_reduce(flat);
+  int64_t offset = 0;
+  for (auto& g : grads) {
+    g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+}
+
+}  // namespace meshtrain
