@@ -6,7 +6,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all setup build test demo bench clean
+.PHONY: all setup build test demo labs bench clean
 all: build
 
 setup:
@@ -19,11 +19,19 @@ build: setup
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
-# Until the training engine lands, the demo is LLM Lab 01-06 on 4 local ranks
-# and a plan for Llama 2 70B.
-demo: build
-	for lab in 01 02 03 04 05 06; do ./$(BUILD)/meshtrain lab $$lab --nproc 4 || exit 1; done
+# The demo: tokenize the King James Bible, train a small GPT on 4 local ranks
+# (tp=2 x dp=2, sequence parallel), evaluate; then a plan for Llama 2 70B.
+demo: build data/kjv/train.bin
+	./$(BUILD)/meshtrain train configs/kjv-tiny.toml
 	./$(BUILD)/meshtrain plan --model llama2-70b --gpus 64 --gpu h100 --seq 4096 --global-batch 64
+
+data/kjv/train.bin: | build
+	mkdir -p data/kjv
+	bible -f Gen1:1-Rev22:21 | sed 's/^[^ ]* //' > data/kjv/kjv.txt
+	./$(BUILD)/meshtrain tokenize --input data/kjv/kjv.txt --out data/kjv --vocab-size 4096
+
+labs: build
+	for lab in 01 02 03 04 05 06; do ./$(BUILD)/meshtrain lab $$lab --nproc 4 || exit 1; done
 
 bench: build
 	./bench/comm.sh $(BUILD)

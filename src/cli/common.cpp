@@ -19,7 +19,7 @@ std::vector<std::string> g_argv;
 }
 
 const std::vector<std::string>& subcommand_names() {
-  static const std::vector<std::string> names{"bench", "lab", "mesh"};
+  static const std::vector<std::string> names{"bench", "lab", "mesh", "train"};
   return names;
 }
 

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
       // a broken environment is reported by the command itself
     }
   }
-  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, mesh, plan, bench, lab, tokenize)"};
+  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, train, tokenize, plan, mesh, bench, lab)"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, meshtrain::cli::Run>> commands;
   auto add = [&](auto adder) {
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_lab);
   add(meshtrain::cli::add_plan);
   add(meshtrain::cli::add_tokenize);
+  add(meshtrain::cli::add_train);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,31 @@
+// The training configuration: a TOML file plus `--set section.key=value`
+// overrides. Every key is checked: an unknown key or a wrong type is one error
+// naming it (and the file), before anything starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/plan/spec.h"
+
+namespace meshtrain {
+
+struct TrainConfig {
+  plan::ModelSpec model;          // [model]: preset = "...", then any field
+  std::vector<std::string> train_shards, val_shards;  // [data] train, val
+  int64_t steps = 100, micro_batch = 4, global_batch = 16, seq = 128;  // [train]
+  uint64_t seed = 1;
+  int64_t log_every = 10, eval_every = 50, eval_batches = 8;
+  std::string metrics;            // JSONL file, one object per step ("" = none)
+  AdamWOptions optim;             // [train] lr, warmup, schedule, weight_decay, clip, min_lr_ratio
+  int tp = 1;                     // [parallel] tp, sp, nproc
+  bool sp = false;
+  int nproc = 1;
+};
+
+// Throws std::invalid_argument naming the file, section.key and the problem.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace meshtrain

@@ -1,0 +1,161 @@
+// meshtrain train CONFIG.toml [--set section.key=value]... [--nproc N]
+// Without launcher variables and with a mesh of several ranks, it starts them itself.
+#include <CLI/CLI.hpp>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/data/loader.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/plan/count.h"
+#include "meshtrain/plan/memory.h"
+#include "meshtrain/runtime/mesh.h"
+#include "meshtrain/runtime/runtime.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/step.h"
+
+namespace meshtrain::cli {
+namespace {
+
+// fp32 GEMM peak of the whole 2-core machine (OpenBLAS, PLATFORM.md): ranks share it.
+constexpr double kMachinePeakFlops = 190e9;
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024;
+}
+
+double evaluate(Transformer& model, const TrainConfig& c, Comm& dp) {
+  at::NoGradGuard no_grad;
+  TokenLoader val(c.val_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
+  at::Tensor sums = at::zeros({2}, at::kDouble);
+  for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
+    Batch b = val.next();
+    sums[0] += model.forward(b.tokens, b.targets, false).sum().to(at::kDouble);
+    sums[1] += (b.targets >= 0).sum().to(at::kDouble);
+  }
+  dp.all_reduce(sums);
+  return sums[0].item<double>() / sums[1].item<double>();
+}
+
+uint32_t max_token(const std::vector<std::string>& shards) {
+  uint32_t m = 0;
+  for (const auto& s : shards) {
+    ShardReader r(s);
+    for (uint64_t i = 0; i < r.size(); ++i) m = std::max(m, r[i]);
+  }
+  return m;
+}
+
+int train(const TrainConfig& c) {
+  auto rt = start_runtime(300);
+  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}});
+  DeviceMesh mesh(*rt, layout);
+  Comm& tp = mesh.axis("tp");
+  Comm& dp = mesh.group({"dp", "cp"});
+  const bool lead = rt->rank() == 0;
+  const int64_t per_step = c.micro_batch * dp.size();
+  if (c.global_batch % per_step != 0) {
+    throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
+                                            c.global_batch, c.micro_batch, dp.size()));
+  }
+  const int64_t accumulation = c.global_batch / per_step;
+  const uint32_t top = max_token(c.train_shards);
+  if (top >= c.model.vocab) {
+    throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab to the "
+                                            "tokenizer's size",
+                                            c.model.vocab, top, c.train_shards[0]));
+  }
+  Transformer model(c.model, tp, c.sp, c.seed);
+  AdamW opt(model.params().params(), c.optim);
+  TrainStep step(model, opt, dp, tp);
+  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
+  const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
+  if (lead) {
+    fmt::print("{}", layout.table(rt->env().local_world_size));
+    plan::Strategy s;
+    s.tp = c.tp;
+    s.dp = dp.size();
+    s.sp = c.sp && c.tp > 1;
+    s.micro_batch = c.micro_batch;
+    s.global_batch = c.global_batch;
+    s.seq = c.seq;
+    s.precision = plan::Precision::Fp32;
+    const auto mem = plan::memory_ledger(c.model, s, plan::MemoryOptions{0, 0});
+    fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank (fp32, Adam)\n", c.model.name,
+               plan::count_params(c.model, 128 * c.tp).total, model.params().local_numel(),
+               plan::human_bytes(mem.peak().device_total()));
+    fmt::print("global batch {} x {} tokens = {} micro-batches of {} on {} data-parallel ranks x {} accumulation steps\n",
+               c.global_batch, c.seq, c.global_batch / c.micro_batch, c.micro_batch, dp.size(), accumulation);
+    fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (this machine's fp32 GEMM peak)\n",
+               flops_per_token, plan::flops_formula(plan::AttnFlops::Full), kMachinePeakFlops / 1e9);
+  }
+  std::ofstream metrics;
+  if (lead && !c.metrics.empty()) {
+    std::filesystem::path p(c.metrics);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    metrics.open(c.metrics, std::ios::app);
+    if (!metrics) throw std::runtime_error(fmt::format("cannot write metrics file {}", c.metrics));
+  }
+  for (int64_t s = 1; s <= c.steps; ++s) {
+    std::vector<Batch> micro;
+    for (int64_t i = 0; i < accumulation; ++i) micro.push_back(loader.next());
+    const auto t0 = std::chrono::steady_clock::now();
+    StepResult r = step.run(micro);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tokens_per_s = static_cast<double>(c.global_batch * c.seq) / dt;
+    const double mfu = flops_per_token * tokens_per_s / kMachinePeakFlops;
+    if (lead) {
+      if (s % c.log_every == 0 || s == 1 || s == c.steps) {
+        fmt::print("step {:>5} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}\n",
+                   s, r.loss, r.lr, r.grad_norm, tokens_per_s, 100 * mfu, plan::human_bytes(peak_rss_bytes()));
+      }
+      if (metrics.is_open()) {
+        nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
+                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
+                         {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
+        metrics << j.dump() << "\n" << std::flush;
+      }
+    }
+    if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == c.steps)) {
+      const double v = evaluate(model, c, dp);
+      if (lead) fmt::print("step {:>5} | validation loss {:.4f} | perplexity {:.2f}\n", s, v, std::exp(v));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Run add_train(CLI::App& app) {
+  struct Opts {
+    std::string config;
+    std::vector<std::string> sets;
+    int nproc = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  auto cmd = app.add_subcommand("train", "train a model from a TOML config (see configs/)");
+  cmd->add_option("config", o->config, "CONFIG.toml")->required();
+  cmd->add_option("--set", o->sets, "override: section.key=value (repeatable)");
+  cmd->add_option("--nproc", o->nproc, "ranks to start on this machine (default: [parallel] nproc)");
+  return [o]() {
+    TrainConfig c = load_train_config(o->config, o->sets);
+    if (int rc = relaunch_if_needed(o->nproc > 0 ? o->nproc : c.nproc); rc >= 0) return rc;
+    return train(c);
+  };
+}
+
+}  // namespace meshtrain::cli

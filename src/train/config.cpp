@@ -1,0 +1,140 @@
+#include "meshtrain/train/config.h"
+
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+namespace meshtrain {
+namespace {
+
+using Setter = void (*)(TrainConfig&, const toml::node&, const std::string&);
+
+[[noreturn]] void wrong_type(const std::string& key, const char* want) {
+  throw std::invalid_argument(fmt::format("config key {} must be {}", key, want));
+}
+int64_t as_int(const toml::node& n, const std::string& key) {
+  if (auto v = n.value_exact<int64_t>()) return *v;
+  wrong_type(key, "an integer");
+}
+double as_double(const toml::node& n, const std::string& key) {
+  if (auto v = n.value<double>(); v && (n.is_floating_point() || n.is_integer())) return *v;
+  wrong_type(key, "a number");
+}
+bool as_bool(const toml::node& n, const std::string& key) {
+  if (auto v = n.value_exact<bool>()) return *v;
+  wrong_type(key, "true or false");
+}
+std::string as_string(const toml::node& n, const std::string& key) {
+  if (auto v = n.value_exact<std::string>()) return *v;
+  wrong_type(key, "a string");
+}
+std::vector<std::string> as_strings(const toml::node& n, const std::string& key) {
+  if (n.is_string()) return {as_string(n, key)};
+  std::vector<std::string> out;
+  if (auto arr = n.as_array()) {
+    for (const auto& e : *arr) out.push_back(as_string(e, key));
+    return out;
+  }
+  wrong_type(key, "a string or a list of strings");
+}
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> s{
+      {"model.layers", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.layers = as_int(n, k); }},
+      {"model.hidden", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.hidden = as_int(n, k); }},
+      {"model.heads", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.heads = as_int(n, k); }},
+      {"model.kv_heads", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.kv_heads = as_int(n, k); }},
+      {"model.ffn", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.ffn = as_int(n, k); }},
+      {"model.vocab", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.vocab = as_int(n, k); }},
+      {"model.dropout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.dropout = as_double(n, k); }},
+      {"model.init_std", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.init_std = as_double(n, k); }},
+      {"model.tied", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.tied = as_bool(n, k); }},
+      {"data.train", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.train_shards = as_strings(n, k); }},
+      {"data.val", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.val_shards = as_strings(n, k); }},
+      {"train.steps", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.steps = as_int(n, k); }},
+      {"train.micro_batch", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.micro_batch = as_int(n, k); }},
+      {"train.global_batch", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.global_batch = as_int(n, k); }},
+      {"train.seq", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.seq = as_int(n, k); }},
+      {"train.seed", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.seed = static_cast<uint64_t>(as_int(n, k)); }},
+      {"train.log_every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.log_every = as_int(n, k); }},
+      {"train.eval_every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.eval_every = as_int(n, k); }},
+      {"train.eval_batches", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.eval_batches = as_int(n, k); }},
+      {"train.metrics", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.metrics = as_string(n, k); }},
+      {"train.lr", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.lr = as_double(n, k); }},
+      {"train.warmup", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.warmup_steps = as_int(n, k); }},
+      {"train.schedule", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.schedule = parse_lr_schedule(as_string(n, k)); }},
+      {"train.min_lr_ratio", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.min_lr_ratio = as_double(n, k); }},
+      {"train.weight_decay", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.weight_decay = as_double(n, k); }},
+      {"train.clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.clip_norm = as_double(n, k); }},
+      {"parallel.tp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.tp = static_cast<int>(as_int(n, k)); }},
+      {"parallel.sp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.sp = as_bool(n, k); }},
+      {"parallel.nproc", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.nproc = static_cast<int>(as_int(n, k)); }},
+  };
+  return s;
+}
+
+void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
+  for (const auto& [section, node] : t) {
+    const std::string sec(section.str());
+    const toml::table* tab = node.as_table();
+    if (!tab) throw std::invalid_argument(fmt::format("{}: top-level key '{}' must be a [section]", where, sec));
+    for (const auto& [key, value] : *tab) {
+      const std::string full = sec + "." + std::string(key.str());
+      if (full == "model.preset") continue;
+      auto it = setters().find(full);
+      if (it == setters().end()) {
+        std::string known;
+        for (const auto& [k, v] : setters())
+          if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
+        throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
+                                                known.empty() ? "; sections are model, data, train, parallel"
+                                                              : fmt::format("; known in [{}]: {}", sec, known)));
+      }
+      it->second(c, value, full);
+    }
+  }
+}
+
+}  // namespace
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw std::invalid_argument(fmt::format("{}: {} (line {})", path, e.description(), e.source().begin.line));
+  }
+  // --set section.key=value: parsed as TOML values ("3e-4", "true", "\"text\"").
+  for (const auto& o : overrides) {
+    const auto eq = o.find('='), dot = o.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+      throw std::invalid_argument(fmt::format("--set '{}' is not section.key=value", o));
+    }
+    const std::string sec = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
+    std::string value = o.substr(eq + 1);
+    toml::table one;
+    try {
+      one = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+      one = toml::parse("v = \"" + value + "\"");  // a bare word is a string
+    }
+    if (!t.contains(sec)) t.insert(sec, toml::table{});
+    if (auto* tab = t[sec].as_table()) tab->insert_or_assign(key, *one.get("v"));
+  }
+  TrainConfig c;
+  const std::string preset = t["model"]["preset"].value_or(std::string("gpt-tiny"));
+  c.model = plan::preset(preset);
+  apply(c, t, path);
+  c.model.seq = std::max(c.model.seq, c.seq);
+  if (c.train_shards.empty()) throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
+  if (c.steps < 1 || c.micro_batch < 1 || c.seq < 1) {
+    throw std::invalid_argument(fmt::format("{}: train.steps, micro_batch and seq must be positive", path));
+  }
+  c.optim.total_steps = c.steps;
+  return c;
+}
+
+}  // namespace meshtrain
