@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "meshtrain/data/loader.h"
+#include "tests/run_command.h"
 
 namespace meshtrain {
 namespace {
@@ -140,14 +141,9 @@ namespace meshtrain {
 namespace {
 
 std::string run_cmd(const std::string& cmd, int* code) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int st = pclose(p);
-  *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
+  auto r = test::run_command(cmd);
+  *code = r.code;
+  return r.output;
 }
 
 TEST(Tokenize, TrainsATokenizerAndWritesShards) {

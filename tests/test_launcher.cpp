@@ -14,27 +14,12 @@
 #include <fstream>
 #include <string>
 
+#include "tests/run_command.h"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-// Runs a shell command line; returns its exit code and stdout+stderr.
-Result run(const std::string& cmd) {
-  Result r;
-  auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
+using Result = meshtrain::test::CommandResult;
+Result run(const std::string& cmd) { return meshtrain::test::run_command(cmd); }
 
 const std::string kBin = MESHTRAIN_BIN;
 

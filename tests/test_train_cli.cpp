@@ -11,6 +11,7 @@
 
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
+#include "tests/run_command.h"
 
 namespace meshtrain {
 namespace {
@@ -69,13 +70,9 @@ TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
                                                 "\"\n[train]\nsteps = 4\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\n"
                                                 "lr = 1e-2\nlog_every = 1\neval_every = 2\nmetrics = \"" + metrics +
                                                 "\"\n[parallel]\ntp = 2\nsp = true\nnproc = 2\n");
-  FILE* p = popen((std::string(MESHTRAIN_BIN) + " train " + cfg + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+  const auto run = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg);
+  const std::string& out = run.output;
+  ASSERT_EQ(run.code, 0) << out;
   EXPECT_NE(out.find("validation loss"), std::string::npos) << out;
   std::ifstream f(metrics);
   std::string line;
