@@ -28,7 +28,7 @@ demo: build data/kjv/train.bin
 data/kjv/train.bin: | build
 	mkdir -p data/kjv
 	bible -f Gen1:1-Rev22:21 | sed 's/^[^ ]* //' > data/kjv/kjv.txt
-	./$(BUILD)/meshtrain tokenize --input data/kjv/kjv.txt --out data/kjv --vocab-size 4096
+	./$(BUILD)/meshtrain tokenize --input data/kjv/kjv.txt --out data/kjv --vocab-size 4096 --force
 
 labs: build
 	for lab in 01 02 03 04 05 06; do ./$(BUILD)/meshtrain lab $$lab --nproc 4 || exit 1; done

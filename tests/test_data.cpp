@@ -175,6 +175,12 @@ TEST(Tokenize, TrainsATokenizerAndWritesShards) {
                 &code);
   ASSERT_EQ(code, 0) << out;
   ShardReader again(d.file("tok2/train.bin"));
+  // An earlier tokenization is never overwritten by accident.
+  out = run_cmd(std::string(MESHTRAIN_BIN) + " tokenize --input " + d.file("corpus.txt") + " --out " + d.file("tok2") +
+                    " --tokenizer " + d.file("tok/tokenizer.model"),
+                &code);
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("train.bin already exists; pass --force"), std::string::npos) << out;
   ASSERT_EQ(again.size(), train.size());
   for (uint64_t i = 0; i < train.size(); ++i) ASSERT_EQ(again[i], train[i]);
 }

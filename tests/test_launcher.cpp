@@ -145,6 +145,11 @@ TEST(Launcher, MeshErrorsFromTheCli) {
   EXPECT_NE(r.output.find("world size 6 is not divisible"), std::string::npos) << r.output;
   r = run(kBin + " mesh --world 4 --mesh zp=2");
   EXPECT_NE(r.output.find("unknown mesh axis 'zp'"), std::string::npos) << r.output;
+  r = run(kBin + " bench block --iters 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--iters 0 must be positive"), std::string::npos) << r.output;
+  r = run(kBin + " plan --model llama2-7b --gpus 8 --achievable 1.5");
+  EXPECT_NE(r.output.find("--achievable 1.5 must be a fraction"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -51,6 +51,8 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of(d.write("f.toml", base), {"train.lr"}).find("is not section.key=value"), std::string::npos);
   EXPECT_NE(error_of(d.write("g.toml", base + "[train\n")).find("g.toml"), std::string::npos);
+  EXPECT_NE(error_of(d.write("i.toml", base + "[train]\neval_every = 0\n")).find("train.eval_every = 0 must be at least 1"),
+            std::string::npos);
   TrainConfig c = load_train_config(d.write("h.toml", base), {"train.lr=0.5", "model.layers=3", "train.schedule=linear"});
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
   EXPECT_EQ(c.model.layers, 3);

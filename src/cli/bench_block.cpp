@@ -61,6 +61,10 @@ void add_bench_block(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
   cmd->add_option("--iters", o->iters, "timed iterations of each");
   cmd->add_option("--warmup", o->warmup, "untimed iterations of each");
   runs.emplace_back(cmd, [o]() {
+    if (o->batch < 1 || o->seq < 1 || o->iters < 1 || o->warmup < 0) {
+      throw std::invalid_argument(fmt::format("--batch {}, --seq {} and --iters {} must be positive, --warmup {} >= 0",
+                                              o->batch, o->seq, o->iters, o->warmup));
+    }
     configure_threads(1);
     plan::ModelSpec spec = plan::preset(o->model);
     spec.layers = 1;

@@ -78,7 +78,12 @@ Run add_plan(CLI::App& app) {
     plan::SearchInput in;
     in.model = plan::preset(o->model);
     in.gpu = plan::gpu_preset(o->gpu);
+    if (o->per_node < 0) throw std::invalid_argument(fmt::format("--gpus-per-node {} must be positive", o->per_node));
     if (o->per_node > 0) in.gpu.per_node = o->per_node;
+    if (!(o->achievable > 0 && o->achievable <= 1)) {
+      throw std::invalid_argument(fmt::format("--achievable {} must be a fraction of peak in (0, 1]", o->achievable));
+    }
+    if (o->top < 1) throw std::invalid_argument(fmt::format("--top {} must be at least 1", o->top));
     in.gpus = o->gpus;
     in.seq = o->seq > 0 ? o->seq : in.model.seq;
     if (o->seq < 0) throw std::invalid_argument(fmt::format("--seq {} must be positive", o->seq));

@@ -86,6 +86,13 @@ TokenizeReport tokenize_corpus(const TokenizeOptions& o) {
   for (const auto& in : o.inputs) {
     if (!fs::is_regular_file(in)) throw std::invalid_argument(fmt::format("corpus file {} does not exist", in));
   }
+  for (const char* name : {"train.bin", "val.bin", "tokenizer.model"}) {
+    const fs::path existing = fs::path(o.out_dir) / name;
+    if (fs::exists(existing) && !o.force && !(o.tokenizer == existing.string())) {
+      throw std::invalid_argument(fmt::format("{} already exists; pass --force to replace it, or choose another --out",
+                                              existing.string()));
+    }
+  }
   fs::create_directories(o.out_dir);
   TokenizeReport r;
   r.tokenizer_path = o.tokenizer;

@@ -2,7 +2,7 @@
 // not share a process with libtorch). `meshtrain tokenize` runs it with the same
 // arguments:
 //   --input FILE (repeatable) --out DIR [--vocab-size N] [--tokenizer MODEL]
-//   [--val-fraction F] [--blank-line-documents]
+//   [--val-fraction F] [--blank-line-documents] [--force]
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
       else if (a == "--tokenizer") o.tokenizer = value();
       else if (a == "--val-fraction") o.val_fraction = number(value());
       else if (a == "--blank-line-documents") o.blank_line_documents = true;
+      else if (a == "--force") o.force = true;
       else throw std::invalid_argument(fmt::format("unknown option '{}'", a));
     }
     meshtrain::TokenizeReport r = meshtrain::tokenize_corpus(o);

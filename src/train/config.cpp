@@ -130,8 +130,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   apply(c, t, path);
   c.model.seq = std::max(c.model.seq, c.seq);
   if (c.train_shards.empty()) throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
-  if (c.steps < 1 || c.micro_batch < 1 || c.seq < 1) {
-    throw std::invalid_argument(fmt::format("{}: train.steps, micro_batch and seq must be positive", path));
+  for (auto [key, v] : {std::pair{"train.steps", c.steps}, {"train.micro_batch", c.micro_batch}, {"train.seq", c.seq},
+                         {"train.global_batch", c.global_batch}, {"train.log_every", c.log_every},
+                         {"train.eval_every", c.eval_every}, {"train.eval_batches", c.eval_batches},
+                         {"parallel.tp", static_cast<int64_t>(c.tp)}}) {
+    if (v < 1) throw std::invalid_argument(fmt::format("{}: {} = {} must be at least 1", path, key, v));
   }
   c.optim.total_steps = c.steps;
   return c;

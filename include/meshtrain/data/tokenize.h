@@ -20,6 +20,7 @@ struct TokenizeOptions {
   int vocab_size = 4096;
   double val_fraction = 0.005;
   bool blank_line_documents = false;
+  bool force = false;  // replace an earlier tokenization in out_dir
 };
 
 struct TokenizeReport {
