@@ -20,9 +20,13 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 # The demo: tokenize the King James Bible, train a small GPT on 4 local ranks
-# (tp=2 x dp=2, sequence parallel), evaluate; then a plan for Llama 2 70B.
+# (tp=2 x dp=2, sequence parallel) with evaluation and sharded checkpoints,
+# verify the checkpoint, sample from it in one process; then a plan for Llama 2 70B.
 demo: build data/kjv/train.bin
+	rm -rf runs/kjv-tiny
 	./$(BUILD)/meshtrain train configs/kjv-tiny.toml
+	./$(BUILD)/meshtrain ckpt verify runs/kjv-tiny/ckpt
+	./$(BUILD)/meshtrain sample runs/kjv-tiny/ckpt --prompt "And God said" --tokens 48 --samples 2 --top-k 40 --top-p 0.95
 	./$(BUILD)/meshtrain plan --model llama2-70b --gpus 64 --gpu h100 --seq 4096 --global-batch 64
 
 data/kjv/train.bin: | build

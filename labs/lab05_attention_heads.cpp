@@ -47,7 +47,7 @@ int lab05_attention_heads(Runtime& rt) {
   auto heads_out = [&](const Attn& m, const at::Tensor& in, int64_t hq, int64_t hkv) {
     auto split = [&](const at::Tensor& y, int64_t n) { return y.view({kS, kB, n, kD}).permute({1, 2, 0, 3}); };
     at::Tensor ctx = nn::causal_attention(split(m.q.forward_entered(in), hq), split(m.k.forward_entered(in), hkv),
-                                          split(m.v.forward_entered(in), hkv), 0.0, false);
+                                          split(m.v.forward_entered(in), hkv));
     return ctx.permute({2, 0, 1, 3}).reshape({kS, kB, hq * kD});
   };
   const int64_t hq = kHeads / t, hkv = kKv / t;

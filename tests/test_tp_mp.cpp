@@ -5,7 +5,8 @@
 // Tolerance (fp32): |tp - single| <= 1e-4 * max|single| + 1e-7 per tensor. The
 // two runs differ only in summation order (row-parallel partial sums are added
 // across ranks), which perturbs results by a few ulps times sqrt(fan-in).
-// Dropout is 0 here: dropout masks under tp need a model-parallel RNG (not yet).
+// Dropout is 0 in the parity tests (masks cannot match one process); the
+// dropout test checks what the model-parallel RNG must keep: replicas identical.
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -196,6 +197,39 @@ TEST(TensorParallel, GradNormAndAdamWStepMatchOneProcess) {
       }
       EXPECT_LE((w - w_ref).abs().max().item<double>(), 1e-3 * o.lr) << "sp=" << sp << " " << ps[i].name;
     }
+  }
+}
+
+// With dropout, every tp rank must still hold identical replicas: without
+// sequence parallelism the residual stream is replicated, so its masks must be
+// the same on every rank (or the replicated norm weights' gradients differ);
+// attention heads are split, so their masks must differ.
+TEST(TensorParallel, DropoutKeepsReplicasIdentical) {
+  Comm& tp = runtime().world();
+  if (tp.size() == 1 || 8 % tp.size() != 0) GTEST_SKIP() << "needs tp > 1";
+  for (bool sp : {false, true}) {
+    plan::ModelSpec spec = tiny(false, false, true);
+    spec.dropout = 0.2;
+    Transformer model(spec, tp, sp, 5);
+    Batch b = batch(spec);
+    at::Tensor loss = model.forward(b.tokens, b.targets).sum() / b.count;
+    loss.backward();
+    model.finalize_grads();
+    auto same_everywhere = [&](const at::Tensor& t) {
+      at::Tensor all = at::empty({tp.size() * t.numel()}, t.options());
+      tp.all_gather(all, t.reshape({-1}).contiguous());
+      at::Tensor rows = all.view({tp.size(), -1});
+      return at::equal(rows, rows[0].expand_as(rows));
+    };
+    EXPECT_TRUE(same_everywhere(loss.detach().reshape({1}))) << "sp=" << sp;
+    for (const auto& p : model.params().params()) {
+      if (p.tp_dim < 0) {
+        EXPECT_TRUE(same_everywhere(p.tensor.grad())) << "sp=" << sp << " " << p.name;
+      }
+    }
+    auto gens = model.dropout_generators();
+    EXPECT_TRUE(same_everywhere(gens[0]->get_state()));
+    EXPECT_FALSE(same_everywhere(gens[1]->get_state()));
   }
 }
 

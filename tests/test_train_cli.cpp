@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -87,6 +88,125 @@ TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
     }
   }
   EXPECT_EQ(lines, 4);
+}
+
+// Writes a synthetic token corpus and returns a config (2 ranks) over it.
+std::string tiny_config(const Dir& d, const std::string& name, const std::string& extra) {
+  if (!fs::exists(d.path / "train.bin")) {
+    std::vector<uint32_t> tokens(6000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7 + i / 13) % 50);
+    write_shard((d.path / "train.bin").string(), tokens, {0}, 2);
+  }
+  return d.write(name, "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.1\n"
+                       "[data]\ntrain = \"" + (d.path / "train.bin").string() +
+                           "\"\n[train]\nsteps = 6\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\nlr = 1e-2\n"
+                           "log_every = 1\n[parallel]\nnproc = 2\n" + extra);
+}
+
+// step -> the metrics line's "loss" and "grad_norm" as printed (JSON numbers
+// round-trip a double exactly).
+std::map<int, std::string> losses(const std::string& metrics) {
+  std::map<int, std::string> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const auto num = [&](const std::string& key) {
+      const size_t at = line.find("\"" + key + "\":") + key.size() + 3;
+      return line.substr(at, line.find_first_of(",}", at) - at);
+    };
+    out[std::stoi(num("step"))] = num("loss") + " " + num("grad_norm");
+  }
+  return out;
+}
+
+// Training 6 steps equals training 3, stopping, resuming and training 3 more:
+// bitwise, with dropout on (the RNG state is in the checkpoint). Also checks
+// every checkpoint verifies.
+TEST(TrainCli, ResumeIsExact) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string ref = tiny_config(d, "ref.toml", "");
+  auto run = test::run_command(bin + " train " + ref + " --set train.metrics='\"" + (d.path / "ref.metrics").string() + "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string ck = (d.path / "ck").string();
+  const std::string split = tiny_config(d, "split.toml", "[checkpoint]\ndir = \"" + ck + "\"\nkeep = 5\n");
+  const std::string metrics = " --set train.metrics='\"" + (d.path / "split.metrics").string() + "\"'";
+  run = test::run_command(bin + " train " + split + metrics + " --set train.stop_after=3");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("checkpoint " + ck + "/step_00000003 saved"), std::string::npos) << run.output;
+  run = test::run_command(bin + " train " + split + metrics);
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("resumed from " + ck + "/step_00000003 (step 3"), std::string::npos) << run.output;
+  const auto a = losses((d.path / "ref.metrics").string()), b = losses((d.path / "split.metrics").string());
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);
+  run = test::run_command(bin + " ckpt verify " + ck);
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("step_00000006: "), std::string::npos) << run.output;
+
+  // The same checkpoint on another mesh (tp 2 with sequence parallelism instead
+  // of dp 2), dropout off: the losses that follow equal those of the mesh that
+  // saved it, within fp32 rounding (relative 1e-5: other reduction orders).
+  const std::string step3 = " --set checkpoint.resume='\"" + ck + "/step_00000003\"' --set model.dropout=0.0";
+  run = test::run_command(bin + " train " + ref + step3 + " --set train.metrics='\"" + (d.path / "dp.metrics").string() + "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = test::run_command(bin + " train " + ref + step3 + " --set parallel.tp=2 --set parallel.sp=true --set train.metrics='\"" +
+                          (d.path / "tp.metrics").string() + "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("saved on tp=1 dp=2"), std::string::npos) << run.output;
+  const auto dp = losses((d.path / "dp.metrics").string()), tp = losses((d.path / "tp.metrics").string());
+  ASSERT_EQ(dp.size(), 3u);
+  ASSERT_EQ(tp.size(), 3u);
+  for (const auto& [step, v] : dp) {
+    const double x = std::stod(v), y = std::stod(tp.at(step));
+    EXPECT_NEAR(x, y, 1e-5 * x) << "step " << step;
+  }
+}
+
+// The user's path end to end: tokenize a corpus, train on 2 ranks (tp 2) with
+// a checkpoint, sample from it in one process, export the weights.
+TEST(TrainCli, SampleAndExportFromACheckpoint) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  {
+    std::ofstream f(d.path / "corpus.txt");
+    const char* words[] = {"the", "light", "was", "good", "and", "darkness", "upon", "face", "of", "deep", "waters"};
+    for (int line = 0; line < 400; ++line) {
+      for (int w = 0; w < 8; ++w) f << words[(line * 7 + w * 3) % 11] << (w < 7 ? " " : "\n");
+    }
+  }
+  auto run = test::run_command(bin + " tokenize --input " + (d.path / "corpus.txt").string() + " --out " +
+                               (d.path / "tok").string() + " --vocab-size 400");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string ck = (d.path / "ck").string();
+  const std::string cfg = d.write("s.toml", "[model]\npreset = \"llama-tiny\"\nlayers = 2\nvocab = 400\n[data]\ntrain = \"" +
+                                                (d.path / "tok/train.bin").string() +
+                                                "\"\n[train]\nsteps = 3\nmicro_batch = 2\nglobal_batch = 2\nseq = 32\n"
+                                                "[checkpoint]\ndir = \"" + ck + "\"\nasync = true\n"
+                                                "[parallel]\ntp = 2\nnproc = 2\n");
+  run = test::run_command(bin + " train " + cfg);
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = test::run_command(bin + " sample " + ck + " --prompt 'the light' --tokens 12 --samples 2 --top-k 5 --top-p 0.9");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("--- sample 2"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("\nthe light"), std::string::npos) << run.output;  // the prompt, decoded back
+  run = test::run_command(bin + " sample " + ck + " --top-p 2");
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("top-p in (0, 1] (got 2)"), std::string::npos) << run.output;
+  run = test::run_command(bin + " ckpt export " + ck + " --out " + (d.path / "m.safetensors").string());
+  ASSERT_EQ(run.code, 0) << run.output;
+}
+
+TEST(TrainCli, CheckpointConfigErrors) {
+  Dir d;
+  const std::string cfg = tiny_config(d, "c.toml", "[checkpoint]\nkeep = 0\n");
+  EXPECT_NE(error_of(cfg).find("checkpoint.keep (0) >= 1"), std::string::npos) << error_of(cfg);
+  EXPECT_NE(error_of(cfg, {"checkpoint.keep=1", "checkpoint.evry=3"}).find("unknown config key 'checkpoint.evry'"),
+            std::string::npos);
+  // Resuming from something that is not a checkpoint names it.
+  auto run = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + " --set checkpoint.keep=1 --nproc 1 " +
+                               "--set checkpoint.resume='\"" + d.path.string() + "\"'");
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("is neither a checkpoint"), std::string::npos) << run.output;
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ at::Tensor plain_block(const plan::ModelSpec& m, const Block& b, const at::Tenso
     q = nn::rope(q, m.rope_theta);
     k = nn::rope(k, m.rope_theta);
   }
-  at::Tensor ctx = nn::causal_attention(q, k, v, 0.0, false).permute({2, 0, 1, 3}).reshape({s, bs, m.heads * d});
+  at::Tensor ctx = nn::causal_attention(q, k, v).permute({2, 0, 1, 3}).reshape({s, bs, m.heads * d});
   at::Tensor y = x + at::linear(ctx, b.o.weight, b.o.bias);
   at::Tensor h2 = norm(y, b.norm2_w, b.norm2_b);
   at::Tensor f = m.activation == plan::Activation::SwiGLU

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/transformer.h"
@@ -24,6 +25,7 @@
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/state.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain::cli {
@@ -60,6 +62,63 @@ uint32_t max_token(const std::vector<std::string>& shards) {
   return m;
 }
 
+// Manifest fields besides the tensors (train/state.h).
+nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int tp, int dp) {
+  const LoaderState ls = loader.state();
+  return {{"config",
+           {{"model", spec_to_json(c.model)},
+            {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
+                       {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}}}}},
+          {"mesh", {{"tp", tp}, {"dp", dp}, {"sp", c.sp}}},
+          {"optimizer", {{"steps", opt.steps()}}},
+          {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
+}
+
+// Loads the newest checkpoint (or the one named) into model, optimizer,
+// loader and RNG; returns its step (0: nothing to resume).
+int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, TokenLoader& loader, int dp, int world_rank,
+               int world_size, bool lead) {
+  if (c.resume == "none") return 0;
+  std::string path;
+  if (c.resume == "auto") {
+    if (c.ckpt_dir.empty()) return 0;
+    auto l = ckpt::latest(c.ckpt_dir);
+    if (!l) return 0;
+    path = *l;
+  } else {
+    path = ckpt::resolve(c.resume);
+  }
+  ckpt::Reader r(path);
+  const auto& m = r.manifest();
+  const auto& t = m.at("config").at("train");
+  if (t.at("seq") != c.seq || t.at("seed") != c.seed || t.at("global_batch") != c.global_batch) {
+    throw std::runtime_error(fmt::format("checkpoint {} was trained with seq {}, seed {}, global batch {}; the config "
+                                         "has {}, {}, {} (they must match to resume the same run; use "
+                                         "checkpoint.resume = \"none\" to start afresh)",
+                                         path, t.at("seq").dump(), t.at("seed").dump(), t.at("global_batch").dump(),
+                                         c.seq, c.seed, c.global_batch));
+  }
+  load_model(r, model);
+  load_optimizer(r, model, opt);
+  const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
+  const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
+  if (windows % per_step != 0) {
+    throw std::runtime_error(fmt::format("checkpoint {}: {} windows consumed is not a whole number of micro-steps of "
+                                         "{} x {} ranks; resume with a micro-batch that divides it",
+                                         path, windows, c.micro_batch, dp));
+  }
+  loader.restore({m.at("loader").at("epoch").get<uint64_t>(), windows / per_step});
+  const bool same_world = m.at("world_size").get<int>() == world_size;
+  const bool same_mesh = same_world && m["mesh"]["tp"] == model.params().tp_size();
+  if (same_mesh) load_rng(r, model, world_rank);
+  const int64_t step = m.at("step").get<int64_t>();
+  if (lead) {
+    fmt::print("resumed from {} (step {}, saved on tp={} dp={}{})\n", path, step, m["mesh"]["tp"].dump(),
+               m["mesh"]["dp"].dump(), same_mesh ? "" : "; another mesh: dropout streams start afresh");
+  }
+  return step;
+}
+
 int train(const TrainConfig& c) {
   auto rt = start_runtime(300);
   auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}});
@@ -80,6 +139,7 @@ int train(const TrainConfig& c) {
                                             c.model.vocab, top, c.train_shards[0]));
   }
   Transformer model(c.model, tp, c.sp, c.seed);
+  model.set_dropout_seed(c.seed, dp.rank());
   AdamW opt(model.params().params(), c.optim);
   TrainStep step(model, opt, dp, tp);
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
@@ -103,6 +163,22 @@ int train(const TrainConfig& c) {
     fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (this machine's fp32 GEMM peak)\n",
                flops_per_token, plan::flops_formula(plan::AttnFlops::Full), kMachinePeakFlops / 1e9);
   }
+  const int64_t start = resume(c, model, opt, loader, dp.size(), rt->rank(), rt->world_size(), lead);
+  std::unique_ptr<ckpt::Checkpointer> saver;
+  if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
+      ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());
+  const int64_t last = c.stop_after > 0 ? std::min(c.stop_after, c.steps) : c.steps;
+  auto save = [&](int64_t s) {
+    if (!saver) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    saver->save(s, training_pieces(model, &opt, dp.rank(), rt->rank()),
+                checkpoint_fields(c, opt, loader, c.tp, dp.size()), nlohmann::json::object());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (lead) {
+      fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking)\n", s, c.ckpt_dir, ckpt::step_dir_name(s),
+                 c.ckpt_async ? "snapshot taken, writing in the background" : "saved", dt);
+    }
+  };
   std::ofstream metrics;
   if (lead && !c.metrics.empty()) {
     std::filesystem::path p(c.metrics);
@@ -110,7 +186,7 @@ int train(const TrainConfig& c) {
     metrics.open(c.metrics, std::ios::app);
     if (!metrics) throw std::runtime_error(fmt::format("cannot write metrics file {}", c.metrics));
   }
-  for (int64_t s = 1; s <= c.steps; ++s) {
+  for (int64_t s = start + 1; s <= last; ++s) {
     std::vector<Batch> micro;
     for (int64_t i = 0; i < accumulation; ++i) micro.push_back(loader.next());
     const auto t0 = std::chrono::steady_clock::now();
@@ -119,7 +195,7 @@ int train(const TrainConfig& c) {
     const double tokens_per_s = static_cast<double>(c.global_batch * c.seq) / dt;
     const double mfu = flops_per_token * tokens_per_s / kMachinePeakFlops;
     if (lead) {
-      if (s % c.log_every == 0 || s == 1 || s == c.steps) {
+      if (s % c.log_every == 0 || s == start + 1 || s == last) {
         fmt::print("step {:>5} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}\n",
                    s, r.loss, r.lr, r.grad_norm, tokens_per_s, 100 * mfu, plan::human_bytes(peak_rss_bytes()));
       }
@@ -130,10 +206,15 @@ int train(const TrainConfig& c) {
         metrics << j.dump() << "\n" << std::flush;
       }
     }
-    if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == c.steps)) {
+    if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) {
       const double v = evaluate(model, c, dp);
       if (lead) fmt::print("step {:>5} | validation loss {:.4f} | perplexity {:.2f}\n", s, v, std::exp(v));
     }
+    if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
+  }
+  if (saver) {
+    saver->wait();
+    mesh.world().barrier();
   }
   return 0;
 }

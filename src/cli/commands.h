@@ -23,11 +23,13 @@ Run add_launch(CLI::App& app);
 Run add_bench(CLI::App& app);
 // `bench block`, registered by add_bench under its `bench` command.
 void add_bench_block(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
+Run add_ckpt(CLI::App& app);
 Run add_lab(CLI::App& app);
 Run add_mesh(CLI::App& app);
 Run add_plan(CLI::App& app);
 Run add_tokenize(CLI::App& app);
 Run add_train(CLI::App& app);
+Run add_sample(CLI::App& app);
 
 // Names that `meshtrain launch NAME ...` runs as this binary's own subcommand.
 const std::vector<std::string>& subcommand_names();
@@ -41,6 +43,10 @@ std::string self_exe();
 // `nproc` copies of this very command line under the launcher and returns its
 // status; returns -1 when the caller should run as a rank itself.
 int relaunch_if_needed(int nproc);
+
+// Runs args[0] with args (no shell) and returns its standard output; throws
+// when it fails.
+std::string capture_output(const std::vector<std::string>& args);
 
 // Joins the job the environment describes, with a collective timeout in seconds.
 std::unique_ptr<Runtime> start_runtime(double timeout_s);

@@ -1,4 +1,8 @@
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 
 #include <chrono>
 #include <climits>
@@ -50,6 +54,43 @@ std::unique_ptr<Runtime> start_runtime(double timeout_s) {
   RuntimeOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   return Runtime::init(DistEnv::from_environment(), opts);
+}
+
+}  // namespace meshtrain::cli
+
+namespace meshtrain::cli {
+
+std::string capture_output(const std::vector<std::string>& args) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    std::fprintf(stderr, "cannot run %s\n", argv[0]);
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    throw std::runtime_error(fmt::format("{} failed (exit status {})", args[0], WEXITSTATUS(status)));
+  }
+  return out;
 }
 
 }  // namespace meshtrain::cli

@@ -18,14 +18,14 @@ int main(int argc, char** argv) {
   // malloc tunables before libraries load: re-exec once with them (threads.h).
   // The launcher itself computes nothing and does not need them.
   if (argc > 1 && std::strcmp(argv[1], "launch") != 0 && std::strcmp(argv[1], "mesh") != 0 &&
-      std::strcmp(argv[1], "plan") != 0) {
+      std::strcmp(argv[1], "plan") != 0 && std::strcmp(argv[1], "ckpt") != 0) {
     try {
       meshtrain::reexec_with_rank_environment(argv, meshtrain::DistEnv::from_environment().local_world_size);
     } catch (const std::exception&) {
       // a broken environment is reported by the command itself
     }
   }
-  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, train, tokenize, plan, mesh, bench, lab)"};
+  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, train, sample, ckpt, tokenize, plan, mesh, bench, lab)"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, meshtrain::cli::Run>> commands;
   auto add = [&](auto adder) {
@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_plan);
   add(meshtrain::cli::add_tokenize);
   add(meshtrain::cli::add_train);
+  add(meshtrain::cli::add_sample);
+  add(meshtrain::cli::add_ckpt);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,7 +1,9 @@
 #include "meshtrain/model/transformer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -68,6 +70,13 @@ Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_pa
   }
   norm_params("final_norm", final_w_, final_b_);
   if (!spec_.tied) head_ = ColumnParallelLinear(store_, "head", h, padded_vocab_, false, std, tp_);
+  set_dropout_seed(seed, 0);
+}
+
+void Transformer::set_dropout_seed(uint64_t seed, int dp_rank) {
+  const uint64_t base = stable_hash(fmt::format("dropout/{}/{}", seed, dp_rank));
+  rng_replicated_ = at::make_generator<at::CPUGeneratorImpl>(base);
+  rng_split_ = at::make_generator<at::CPUGeneratorImpl>(base + 2718 + static_cast<uint64_t>(tp_.rank()) + 1);
 }
 
 at::Tensor Transformer::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
@@ -75,7 +84,8 @@ at::Tensor Transformer::norm(const at::Tensor& x, const at::Tensor& w, const at:
                                              : nn::rms_norm(x, w, spec_.norm_eps);
 }
 
-at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool train) const {
+at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache,
+                                  int64_t layer) const {
   at::Tensor in = tp_.enter(x);  // [s, b, h]
   const int64_t s = in.size(0), b = in.size(1), d = spec_.head_dim();
   const int64_t hq = spec_.heads / tp_.size(), hkv = spec_.kv_heads / tp_.size();
@@ -84,11 +94,20 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   at::Tensor q = heads(blk.q.forward_entered(in), hq);
   at::Tensor k = heads(blk.k.forward_entered(in), hkv);
   at::Tensor v = heads(blk.v.forward_entered(in), hkv);
+  const int64_t past = cache ? cache->length : 0;
   if (spec_.position == plan::Position::RoPE) {
-    q = nn::rope(q, spec_.rope_theta);
-    k = nn::rope(k, spec_.rope_theta);
+    q = nn::rope(q, spec_.rope_theta, past);
+    k = nn::rope(k, spec_.rope_theta, past);
   }
-  at::Tensor ctx = nn::causal_attention(q, k, v, spec_.dropout, train);  // [b, hq, s, d]
+  if (cache) {
+    auto& ck = cache->k[layer];
+    auto& cv = cache->v[layer];
+    ck = ck.defined() ? at::cat({ck, k}, 2) : k.contiguous();
+    cv = cv.defined() ? at::cat({cv, v}, 2) : v.contiguous();
+    k = ck;
+    v = cv;
+  }
+  at::Tensor ctx = nn::causal_attention(q, k, v, train ? spec_.dropout : 0.0, &rng_split_);  // [b, hq, s, d]
   return blk.o.forward(ctx.permute({2, 0, 1, 3}).reshape({s, b, hq * d}));
 }
 
@@ -100,11 +119,12 @@ at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x) const {
   return blk.fc2.forward(hidden);
 }
 
-at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train) {
+at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache) {
   if (tokens.dim() != 2) throw std::invalid_argument("tokens must be [batch, seq]");
+  const int64_t past = cache ? cache->length : 0;
   const int64_t s = tokens.size(1);
-  if (s > spec_.seq) {
-    throw std::invalid_argument(fmt::format("sequence {} is longer than the model's maximum {}", s, spec_.seq));
+  if (past + s > spec_.seq) {
+    throw std::invalid_argument(fmt::format("sequence {} is longer than the model's maximum {}", past + s, spec_.seq));
   }
   if (tp_.sequence_parallel && s % tp_.size() != 0) {
     throw std::invalid_argument(
@@ -114,41 +134,57 @@ at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train) {
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   at::Tensor x = embed_.forward(tokens);  // [s(/tp), b, h]
   if (pos_.defined()) {
-    const int64_t rows = x.size(0), first = tp_.sequence_parallel ? tp_.rank() * rows : 0;
+    const int64_t rows = x.size(0), first = past + (tp_.sequence_parallel ? tp_.rank() * rows : 0);
     x = x + pos_.narrow(0, first, rows).unsqueeze(1);
   }
-  if (train && spec_.dropout > 0) x = at::dropout(x, spec_.dropout, true);
+  if (train && spec_.dropout > 0) x = nn::dropout(x, spec_.dropout, residual_rng());
   rest.reset();
-  for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) x = block_forward(i, x, train);
+  for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) x = run_block(i, x, train, cache);
+  if (cache) cache->length += s;
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   return norm(x, final_w_, final_b_);
 }
 
 at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool train) {
+  return run_block(i, input, train, nullptr);
+}
+
+at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train, KVCache* cache) {
   const Block& blk = blocks_.at(i);
   const double p = train ? spec_.dropout : 0.0;
   at::Tensor x = profiler_ ? profiler_->mark(input, static_cast<int>(i), false) : input;
   {
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward attention"});
-    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train);
-    x = x + (p > 0 ? at::dropout(a, p, true) : a);
+    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train, cache, i);
+    x = x + nn::dropout(a, p, residual_rng());
   }
   {
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward ffn"});
     at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
-    x = x + (p > 0 ? at::dropout(m, p, true) : m);
+    x = x + nn::dropout(m, p, residual_rng());
   }
   return profiler_ ? profiler_->mark(x, static_cast<int>(i), true) : x;
 }
 
-at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) {
-  at::Tensor h = hidden_states(tokens, train);
+at::Tensor Transformer::head(const at::Tensor& h) {
   std::optional<SegmentProfiler::Scope> t;
   if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   at::Tensor x = tp_.enter(h);
   return spec_.tied ? at::linear(x, embed_.weight) : head_.forward_entered(x);
+}
+
+at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) { return head(hidden_states(tokens, train)); }
+
+at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
+  if (tp_.sequence_parallel) throw std::invalid_argument("decoding with a KV cache needs sequence parallelism off");
+  at::NoGradGuard no_grad;
+  if (cache.k.empty()) {
+    cache.k.resize(blocks_.size());
+    cache.v.resize(blocks_.size());
+  }
+  return head(hidden_states(tokens, false, &cache));
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train) {

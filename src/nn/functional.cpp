@@ -17,12 +17,12 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 
-at::Tensor rope(const at::Tensor& x, double theta) {
+at::Tensor rope(const at::Tensor& x, double theta, int64_t start) {
   const int64_t s = x.size(2), d = x.size(3);
   auto opts = at::TensorOptions().dtype(at::kFloat).device(x.device());
   // inv_freq[i] = theta^(-2i/d); angle[p, i] = p * inv_freq[i]
   at::Tensor inv_freq = at::pow(theta, at::arange(0, d, 2, opts) / static_cast<double>(d)).reciprocal();
-  at::Tensor angles = at::outer(at::arange(s, opts), inv_freq);  // [s, d/2]
+  at::Tensor angles = at::outer(at::arange(start, start + s, opts), inv_freq);  // [s, d/2]
   at::Tensor cos = at::cat({angles.cos(), angles.cos()}, -1).to(x.scalar_type());
   at::Tensor sin = at::cat({angles.sin(), angles.sin()}, -1).to(x.scalar_type());
   at::Tensor x1 = x.narrow(-1, 0, d / 2), x2 = x.narrow(-1, d / 2, d / 2);
@@ -30,15 +30,22 @@ at::Tensor rope(const at::Tensor& x, double theta) {
   return x * cos + rotated * sin;
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout, bool train) {
+at::Tensor dropout(const at::Tensor& x, double p, at::Generator& gen) {
+  if (p <= 0) return x;
+  at::Tensor keep = at::empty_like(x).bernoulli_(1.0 - p, gen);
+  return x * keep * (1.0 / (1.0 - p));
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p,
+                            at::Generator* gen) {
   const int64_t groups = q.size(1) / k.size(1);
   at::Tensor kk = groups > 1 ? k.repeat_interleave(groups, 1) : k;
   at::Tensor vv = groups > 1 ? v.repeat_interleave(groups, 1) : v;
-  const int64_t s = q.size(2);
+  const int64_t s = q.size(2), t = k.size(2);
   at::Tensor scores = at::matmul(q, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(3))));
-  at::Tensor future = at::ones({s, s}, q.options().dtype(at::kBool)).triu(1);
+  at::Tensor future = at::ones({s, t}, q.options().dtype(at::kBool)).triu(1 + t - s);
   at::Tensor probs = at::softmax(scores.masked_fill(future, -INFINITY), -1, at::kFloat).to(q.scalar_type());
-  if (dropout > 0 && train) probs = at::dropout(probs, dropout, true);
+  if (p > 0 && gen) probs = dropout(probs, p, *gen);
   return at::matmul(probs, vv);
 }
 

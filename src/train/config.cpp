@@ -69,6 +69,12 @@ const std::map<std::string, Setter>& setters() {
       {"train.min_lr_ratio", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.min_lr_ratio = as_double(n, k); }},
       {"train.weight_decay", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.weight_decay = as_double(n, k); }},
       {"train.clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.clip_norm = as_double(n, k); }},
+      {"train.stop_after", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.stop_after = as_int(n, k); }},
+      {"checkpoint.dir", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_dir = as_string(n, k); }},
+      {"checkpoint.every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_every = as_int(n, k); }},
+      {"checkpoint.keep", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_keep = static_cast<int>(as_int(n, k)); }},
+      {"checkpoint.async", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_async = as_bool(n, k); }},
+      {"checkpoint.resume", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.resume = as_string(n, k); }},
       {"parallel.tp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.tp = static_cast<int>(as_int(n, k)); }},
       {"parallel.sp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.sp = as_bool(n, k); }},
       {"parallel.nproc", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.nproc = static_cast<int>(as_int(n, k)); }},
@@ -90,7 +96,7 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, parallel"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, parallel"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);
@@ -135,6 +141,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                          {"train.eval_every", c.eval_every}, {"train.eval_batches", c.eval_batches},
                          {"parallel.tp", static_cast<int64_t>(c.tp)}}) {
     if (v < 1) throw std::invalid_argument(fmt::format("{}: {} = {} must be at least 1", path, key, v));
+  }
+  if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
+    throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "
+                                            "checkpoint.keep ({}) >= 1",
+                                            path, c.stop_after, c.ckpt_every, c.ckpt_keep));
   }
   c.optim.total_steps = c.steps;
   return c;

@@ -16,11 +16,20 @@
 //   layers.{i}.norm2.{weight,bias}, layers.{i}.mlp.{fc1,fc2}.{weight,bias} (GELU)
 //   or layers.{i}.mlp.{gate,up,down}.weight (SwiGLU), final_norm.{weight,bias},
 //   head.weight [V_pad, h] (untied only). Biases exist when spec.bias is set.
+//
+// Dropout masks come from two generators (Megatron's model-parallel RNG,
+// arXiv 1909.08053 sec. 3): `replicated`, seeded alike on every tp rank, for
+// activations every tp rank holds whole (embedding and residual dropout
+// without sequence parallelism: the replicas must stay identical); `split`,
+// seeded per tp rank, for activations split across tp (attention heads, and
+// the residual stream's sequence shards with sequence parallelism). Both
+// differ across data-parallel ranks (set_dropout_seed).
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include "meshtrain/model/profiler.h"
@@ -40,6 +49,13 @@ struct Block {
   RowParallelLinear fc2;               // fc2 (GELU) or down (SwiGLU)
 };
 
+// Keys and values of the positions seen so far, per layer ([b, kv heads/tp,
+// length, head_dim]), for generation one token at a time.
+struct KVCache {
+  std::vector<at::Tensor> k, v;
+  int64_t length = 0;
+};
+
 class Transformer {
  public:
   // Throws std::invalid_argument when the spec does not divide by tp (heads, kv
@@ -51,9 +67,19 @@ class Transformer {
   // Logits of this rank's vocabulary slice, [s, b, V_pad/tp].
   at::Tensor logits(const at::Tensor& tokens, bool train = false);
 
+  // Generation: logits [t, b, V_pad/tp] of `tokens` [b, t], which continue the
+  // positions already in `cache` (empty: a prompt); appends their keys and
+  // values. No autograd, no dropout; not with sequence parallelism.
+  at::Tensor decode(const at::Tensor& tokens, KVCache& cache);
+
   // One block on hidden states [s(/tp), b, h] (for benchmarks and labs).
   at::Tensor block_forward(int64_t i, const at::Tensor& x, bool train);
   const Block& block(int64_t i) const { return blocks_.at(i); }
+
+  // Seeds both dropout generators from (seed, data-parallel rank, tp rank).
+  void set_dropout_seed(uint64_t seed, int dp_rank);
+  // Their states, for checkpoints: {replicated, split}.
+  std::vector<at::Generator*> dropout_generators() { return {&rng_replicated_, &rng_split_}; }
 
   // When set, forward records per-segment times (and backward, via markers).
   void set_profiler(SegmentProfiler* p) { profiler_ = p; }
@@ -69,9 +95,11 @@ class Transformer {
 
  private:
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
-  at::Tensor attention(const Block& blk, const at::Tensor& x, bool train) const;
+  at::Tensor attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache, int64_t layer) const;
+  at::Tensor run_block(int64_t i, const at::Tensor& x, bool train, KVCache* cache);
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
-  at::Tensor hidden_states(const at::Tensor& tokens, bool train);
+  at::Tensor hidden_states(const at::Tensor& tokens, bool train, KVCache* cache = nullptr);
+  at::Tensor head(const at::Tensor& h);
 
   plan::ModelSpec spec_;
   Comm& comm_;
@@ -84,6 +112,8 @@ class Transformer {
   at::Tensor final_w_, final_b_;
   ColumnParallelLinear head_;
   SegmentProfiler* profiler_ = nullptr;
+  mutable at::Generator rng_replicated_, rng_split_;
+  at::Generator& residual_rng() const { return tp_.sequence_parallel ? rng_split_ : rng_replicated_; }
 };
 
 }  // namespace meshtrain

@@ -23,6 +23,13 @@ struct TrainConfig {
   int tp = 1;                     // [parallel] tp, sp, nproc
   bool sp = false;
   int nproc = 1;
+  int64_t stop_after = 0;         // [train] stop_after: stop (and save) after this step; 0 = run all steps
+  // [checkpoint]
+  std::string ckpt_dir;           // dir: "" = no checkpoints
+  int64_t ckpt_every = 0;         // every N steps (0: only at the end / at stop_after)
+  int ckpt_keep = 2;              // keep: newest checkpoints kept
+  bool ckpt_async = false;        // async: write in a background thread
+  std::string resume = "auto";    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
 };
 
 // Throws std::invalid_argument naming the file, section.key and the problem.

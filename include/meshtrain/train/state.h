@@ -1,0 +1,44 @@
+// What a training checkpoint holds, and how it maps onto a model on any mesh.
+//
+// Tensors (global names; each rank saves the box of the global tensor it holds):
+//   model/<param>               the parameters (names: model/transformer.h)
+//   optim/exp_avg/<param>       AdamW first moment, fp32
+//   optim/exp_avg_sq/<param>    AdamW second moment, fp32
+//   rng/dropout_{replicated,split}/rank<r>  rank r's dropout generators (transformer.h)
+// Replicas are written by one rank only: data-parallel rank 0, and for
+// parameters replicated across tp, tp rank 0.
+// Manifest fields: config.model (the ModelSpec), config.train, mesh, optimizer
+// (steps), loader (epoch, windows of the epoch consumed: independent of the
+// data-parallel size, so a run resumes on another mesh at the same sample).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/plan/spec.h"
+
+namespace meshtrain {
+
+class AdamW;
+class Transformer;
+
+nlohmann::json spec_to_json(const plan::ModelSpec& m);
+// Throws std::invalid_argument naming a missing or wrong field.
+plan::ModelSpec spec_from_json(const nlohmann::json& j);
+
+// This rank's pieces of the model and optimizer state (and its RNG state).
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank);
+
+// Loads the parameters (and, when `opt` is given, the moments) of this rank's
+// shards, whatever mesh wrote them. The checkpoint's model must equal the
+// model's spec up to vocabulary padding (std::runtime_error names the field).
+void load_model(ckpt::Reader& r, Transformer& model);
+void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt);
+// Restores this rank's dropout generators when the checkpoint has them
+// (saved by the same world rank: meaningful on the same mesh only).
+bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank);
+
+}  // namespace meshtrain

@@ -1,0 +1,16 @@
+// Small file-system helpers of the checkpoint code (internal).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace meshtrain::ckpt {
+
+// Writes `text` to path.tmp, fsyncs, renames onto `path`.
+void write_file_atomic(const std::string& path, const std::string& text);
+std::string read_file(const std::string& path);
+void fsync_dir(const std::string& dir);
+// "step_00000100" -> 100; false for any other name.
+bool parse_step_dir(const std::string& name, int64_t& step);
+
+}  // namespace meshtrain::ckpt

@@ -1,0 +1,216 @@
+// Loading a sharded checkpoint onto any mesh (see checkpoint.h).
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "ckpt/files.h"
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::ckpt {
+
+struct Reader::Files {
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> open;
+  std::set<std::pair<std::string, std::string>> verified;  // (file, tensor)
+};
+
+std::optional<std::string> latest(const std::string& dir) {
+  if (!fs::is_directory(dir)) return std::nullopt;
+  int64_t best = -1;
+  std::string path;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    int64_t s = 0;
+    if (parse_step_dir(e.path().filename().string(), s) && s > best && fs::exists(e.path() / "manifest.json")) {
+      best = s;
+      path = e.path().string();
+    }
+  }
+  if (best < 0) return std::nullopt;
+  return path;
+}
+
+std::string resolve(const std::string& path) {
+  if (fs::exists(fs::path(path) / "manifest.json")) return path;
+  if (auto l = latest(path)) return *l;
+  throw std::runtime_error(fmt::format("{} is neither a checkpoint (no manifest.json) nor a directory of complete "
+                                       "checkpoints (step_NNNNNNNN/manifest.json)",
+                                       path));
+}
+
+Reader::Reader(const std::string& step_dir) : dir_(step_dir), files_(std::make_unique<Files>()) {
+  const fs::path m = fs::path(step_dir) / "manifest.json";
+  if (!fs::exists(m)) {
+    throw std::runtime_error(fmt::format("{} has no manifest.json: not a complete checkpoint", step_dir));
+  }
+  try {
+    manifest_ = nlohmann::json::parse(read_file(m.string()));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("{} is not valid JSON: {}", m.string(), e.what()));
+  }
+  if (manifest_.value("format", "") != "meshtrain-checkpoint") {
+    throw std::runtime_error(fmt::format("{} is not a meshtrain checkpoint manifest", m.string()));
+  }
+  // Open every shard file now: a missing or truncated file is an error before
+  // anything is loaded.
+  for (const auto& [name, t] : manifest_["tensors"].items()) {
+    for (const auto& s : t["shards"]) {
+      const std::string file = s["file"];
+      if (files_->open.count(file)) continue;
+      const fs::path p = fs::path(step_dir) / file;
+      if (!fs::exists(p)) {
+        throw std::runtime_error(fmt::format("checkpoint {} is missing {} (holding '{}' among others)", step_dir,
+                                             file, name));
+      }
+      files_->open[file] = std::make_unique<SafetensorsFile>(p.string());
+    }
+  }
+}
+
+Reader::~Reader() = default;
+
+bool Reader::has(const std::string& name) const { return manifest_["tensors"].contains(name); }
+
+std::vector<int64_t> Reader::global_shape(const std::string& name) const {
+  if (!has(name)) throw std::runtime_error(fmt::format("checkpoint {} holds no tensor '{}'", dir_, name));
+  return manifest_["tensors"][name]["shape"].get<std::vector<int64_t>>();
+}
+
+void Reader::read(const std::string& name, const at::Tensor& dst, const std::vector<int64_t>& offsets,
+                  const std::vector<int64_t>& global_shape) {
+  const auto stored = this->global_shape(name);
+  const size_t nd = stored.size();
+  bool shape_ok = nd == global_shape.size() && nd == static_cast<size_t>(dst.dim()) && offsets.size() == nd;
+  for (size_t d = 1; shape_ok && d < nd; ++d) shape_ok = stored[d] == global_shape[d];
+  if (!shape_ok) {
+    throw std::runtime_error(fmt::format("checkpoint tensor '{}' has shape [{}], the model expects [{}]", name,
+                                         fmt::join(stored, ", "), fmt::join(global_shape, ", ")));
+  }
+  // Elements of dst inside the stored extent must all be covered by shards.
+  int64_t want = 1, got = 0;
+  for (size_t d = 0; d < nd; ++d) want *= std::max<int64_t>(0, std::min(offsets[d] + dst.size(d), stored[d]) - offsets[d]);
+  if (want != dst.numel()) dst.zero_();  // rows beyond the stored vocabulary padding
+  for (const auto& s : manifest_["tensors"][name]["shards"]) {
+    const auto so = s["offsets"].get<std::vector<int64_t>>();
+    const auto ss = s["shape"].get<std::vector<int64_t>>();
+    std::vector<int64_t> lo(nd), len(nd);
+    bool empty = false;
+    for (size_t d = 0; d < nd; ++d) {
+      lo[d] = std::max(offsets[d], so[d]);
+      len[d] = std::min(offsets[d] + dst.size(d), so[d] + ss[d]) - lo[d];
+      empty |= len[d] <= 0;
+    }
+    if (empty) continue;
+    const std::string file = s["file"];
+    SafetensorsFile& f = *files_->open.at(file);
+    std::string_view bytes = f.bytes(name);
+    if (files_->verified.insert({file, name}).second) {
+      if (xxh64_hex(bytes.data(), bytes.size()) != s["xxh64"].get<std::string>()) {
+        throw std::runtime_error(fmt::format("checkpoint {}: tensor '{}' in {} fails its checksum (corrupted); "
+                                             "run `meshtrain ckpt verify {}`",
+                                             dir_, name, file, dir_));
+      }
+    }
+    const auto& e = f.entries().at(name);
+    at::Tensor src = at::from_blob(const_cast<char*>(bytes.data()), e.shape, at::TensorOptions().dtype(e.dtype));
+    at::Tensor from = src, to = dst;
+    for (size_t d = 0; d < nd; ++d) {
+      from = from.narrow(static_cast<int64_t>(d), lo[d] - so[d], len[d]);
+      to = to.narrow(static_cast<int64_t>(d), lo[d] - offsets[d], len[d]);
+    }
+    to.copy_(from);
+    got += from.numel();
+  }
+  if (got != want) {
+    throw std::runtime_error(fmt::format("checkpoint tensor '{}': shards cover {} of the {} elements asked for", name,
+                                         got, want));
+  }
+}
+
+at::Tensor Reader::read_full(const std::string& name) {
+  const auto shape = global_shape(name);
+  const auto& t = manifest_["tensors"][name];
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype_from_name(t["dtype"].get<std::string>())));
+  read(name, out, std::vector<int64_t>(shape.size(), 0), shape);
+  return out;
+}
+
+VerifyReport verify(const std::string& step_dir) {
+  VerifyReport r;
+  nlohmann::json manifest;
+  const fs::path m = fs::path(step_dir) / "manifest.json";
+  try {
+    manifest = nlohmann::json::parse(read_file(m.string()));
+  } catch (const std::exception& e) {
+    r.problems.push_back(fmt::format("{}: {}", m.string(), e.what()));
+    return r;
+  }
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  std::set<std::string> broken;
+  for (const auto& [name, t] : manifest["tensors"].items()) {
+    ++r.tensors;
+    for (const auto& s : t["shards"]) {
+      ++r.shards;
+      const std::string file = s["file"];
+      if (broken.count(file)) {
+        r.problems.push_back(fmt::format("{}: '{}' unreadable (file broken, above)", file, name));
+        continue;
+      }
+      if (!files.count(file)) {
+        try {
+          files[file] = std::make_unique<SafetensorsFile>((fs::path(step_dir) / file).string());
+        } catch (const std::exception& e) {
+          broken.insert(file);
+          r.problems.push_back(e.what());
+          r.problems.push_back(fmt::format("{}: '{}' unreadable", file, name));
+          continue;
+        }
+      }
+      const SafetensorsFile& f = *files[file];
+      if (!f.has(name)) {
+        r.problems.push_back(fmt::format("{}: tensor '{}' missing", file, name));
+        continue;
+      }
+      std::string_view b = f.bytes(name);
+      r.bytes += static_cast<int64_t>(b.size());
+      const std::string sum = xxh64_hex(b.data(), b.size());
+      if (sum != s["xxh64"].get<std::string>()) {
+        r.problems.push_back(fmt::format("{}: tensor '{}' checksum {} != {} in the manifest (corrupted)", file, name,
+                                         sum, s["xxh64"].get<std::string>()));
+      }
+    }
+  }
+  return r;
+}
+
+void export_model(const std::string& step_dir, const std::string& out, bool force) {
+  if (fs::exists(out) && !force) {
+    throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out));
+  }
+  Reader reader(step_dir);
+  const auto& m = reader.manifest();
+  const int64_t vocab = m.contains("config") ? m["config"]["model"].value("vocab", int64_t{0}) : 0;
+  std::vector<NamedTensor> tensors;
+  for (const auto& [name, t] : m["tensors"].items()) {
+    if (name.rfind("model/", 0) != 0) continue;
+    at::Tensor full = reader.read_full(name);
+    const std::string plain = name.substr(6);
+    if ((plain == "embed.weight" || plain == "head.weight") && vocab > 0 && full.size(0) > vocab) {
+      full = full.narrow(0, 0, vocab);  // vocabulary padding is not part of the model
+    }
+    tensors.push_back({plain, full});
+  }
+  std::map<std::string, std::string> meta{{"format", "pt"}, {"producer", "meshtrain"},
+                                          {"step", std::to_string(m.value("step", int64_t{0}))}};
+  if (m.contains("config")) meta["model"] = m["config"]["model"].dump();
+  const std::string tmp = out + ".tmp";
+  write_safetensors(tmp, tensors, meta);
+  fs::rename(tmp, out);
+}
+
+}  // namespace meshtrain::ckpt

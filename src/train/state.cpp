@@ -1,0 +1,151 @@
+#include "meshtrain/train/state.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <mutex>
+#include <stdexcept>
+
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+
+namespace meshtrain {
+namespace {
+
+template <class E>
+struct Names {
+  const char* name;
+  E value;
+};
+constexpr Names<plan::Norm> kNorms[] = {{"layernorm", plan::Norm::LayerNorm}, {"rmsnorm", plan::Norm::RMSNorm}};
+constexpr Names<plan::Position> kPositions[] = {{"learned", plan::Position::Learned}, {"rope", plan::Position::RoPE}};
+constexpr Names<plan::Activation> kActs[] = {{"gelu", plan::Activation::GELU}, {"swiglu", plan::Activation::SwiGLU}};
+
+template <class E, size_t N>
+const char* name_of(const Names<E> (&table)[N], E v) {
+  for (const auto& n : table)
+    if (n.value == v) return n.name;
+  return "?";
+}
+template <class E, size_t N>
+E value_of(const Names<E> (&table)[N], const std::string& s, const char* field) {
+  for (const auto& n : table)
+    if (s == n.name) return n.value;
+  throw std::invalid_argument(fmt::format("model.{} '{}' unknown", field, s));
+}
+
+std::vector<int64_t> offsets_of(const Param& p, int tp_rank) {
+  std::vector<int64_t> off(p.full_shape.size(), 0);
+  if (p.tp_dim >= 0) off[p.tp_dim] = tp_rank * p.tensor.size(p.tp_dim);
+  return off;
+}
+
+}  // namespace
+
+nlohmann::json spec_to_json(const plan::ModelSpec& m) {
+  return {{"name", m.name},         {"vocab", m.vocab},         {"seq", m.seq},
+          {"layers", m.layers},     {"hidden", m.hidden},       {"heads", m.heads},
+          {"kv_heads", m.kv_heads}, {"ffn", m.ffn},             {"norm", name_of(kNorms, m.norm)},
+          {"position", name_of(kPositions, m.position)},        {"activation", name_of(kActs, m.activation)},
+          {"tied", m.tied},         {"bias", m.bias},           {"dropout", m.dropout},
+          {"init_std", m.init_std}, {"norm_eps", m.norm_eps},   {"rope_theta", m.rope_theta},
+          {"experts", m.experts},   {"top_k", m.top_k}};
+}
+
+plan::ModelSpec spec_from_json(const nlohmann::json& j) {
+  plan::ModelSpec m;
+  try {
+    m.name = j.at("name");
+    m.vocab = j.at("vocab");
+    m.seq = j.at("seq");
+    m.layers = j.at("layers");
+    m.hidden = j.at("hidden");
+    m.heads = j.at("heads");
+    m.kv_heads = j.at("kv_heads");
+    m.ffn = j.at("ffn");
+    m.norm = value_of(kNorms, j.at("norm").get<std::string>(), "norm");
+    m.position = value_of(kPositions, j.at("position").get<std::string>(), "position");
+    m.activation = value_of(kActs, j.at("activation").get<std::string>(), "activation");
+    m.tied = j.at("tied");
+    m.bias = j.at("bias");
+    m.dropout = j.at("dropout");
+    m.init_std = j.at("init_std");
+    m.norm_eps = j.at("norm_eps");
+    m.rope_theta = j.at("rope_theta");
+    m.experts = j.value("experts", int64_t{0});
+    m.top_k = j.value("top_k", int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(fmt::format("model description in the checkpoint is incomplete: {}", e.what()));
+  }
+  return m;
+}
+
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank) {
+  const int tp_rank = model.params().tp_rank();
+  std::vector<ckpt::Piece> out;
+  auto& params = model.params().params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    const bool owner = dp_rank == 0 && (p.tp_dim >= 0 || tp_rank == 0);
+    const auto off = offsets_of(p, tp_rank);
+    out.push_back({"model/" + p.name, p.tensor.detach(), p.full_shape, off, owner});
+    if (opt) {
+      auto& o = const_cast<AdamW&>(*opt);
+      out.push_back({"optim/exp_avg/" + p.name, o.exp_avg()[i], p.full_shape, off, owner});
+      out.push_back({"optim/exp_avg_sq/" + p.name, o.exp_avg_sq()[i], p.full_shape, off, owner});
+    }
+  }
+  const char* names[] = {"replicated", "split"};
+  auto gens = model.dropout_generators();
+  for (size_t i = 0; i < gens.size(); ++i) {
+    at::Tensor state = gens[i]->get_state();
+    out.push_back({fmt::format("rng/dropout_{}/rank{}", names[i], world_rank), state, state.sizes().vec(), {0}, true});
+  }
+  return out;
+}
+
+void load_model(ckpt::Reader& r, Transformer& model) {
+  const auto& m = r.manifest();
+  if (m.contains("config") && m["config"].contains("model")) {
+    const plan::ModelSpec saved = spec_from_json(m["config"]["model"]);
+    const plan::ModelSpec& now = model.spec();
+    for (auto [field, a, b] : {std::tuple{"layers", saved.layers, now.layers}, {"hidden", saved.hidden, now.hidden},
+                               {"heads", saved.heads, now.heads}, {"kv_heads", saved.kv_heads, now.kv_heads},
+                               {"ffn", saved.ffn, now.ffn}, {"vocab", saved.vocab, now.vocab}}) {
+      if (a != b) {
+        throw std::runtime_error(fmt::format("checkpoint {} has model.{} = {}, the config asks for {}; load it with the "
+                                             "model it was trained with",
+                                             r.dir(), field, a, b));
+      }
+    }
+  }
+  at::NoGradGuard no_grad;
+  const int tp_rank = model.params().tp_rank();
+  for (auto& p : model.params().params()) r.read("model/" + p.name, p.tensor.detach(), offsets_of(p, tp_rank), p.full_shape);
+}
+
+void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt) {
+  const int tp_rank = model.params().tp_rank();
+  auto& params = model.params().params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto off = offsets_of(params[i], tp_rank);
+    r.read("optim/exp_avg/" + params[i].name, opt.exp_avg()[i], off, params[i].full_shape);
+    r.read("optim/exp_avg_sq/" + params[i].name, opt.exp_avg_sq()[i], off, params[i].full_shape);
+  }
+  opt.set_steps(r.manifest().at("optimizer").at("steps").get<int64_t>());
+}
+
+bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank) {
+  const char* names[] = {"replicated", "split"};
+  auto gens = model.dropout_generators();
+  for (size_t i = 0; i < gens.size(); ++i) {
+    const std::string name = fmt::format("rng/dropout_{}/rank{}", names[i], world_rank);
+    if (!r.has(name)) return false;
+    std::lock_guard<std::mutex> lock(gens[i]->mutex());
+    gens[i]->set_state(r.read_full(name));
+  }
+  return true;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,244 @@
+// Checkpoints in one process: the safetensors format, checksums and
+// corruption, truncated and missing shards, a save that fails midway, keep-K,
+// async saves, reading a box of a tensor written in shards, export.
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/comm/comm.h"
+
+namespace meshtrain::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("meshtrain_ckpt_" + std::to_string(getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Two shards of one tensor "model/w" at offsets 0 and 3 (the layout two tp ranks write).
+std::vector<Piece> sharded(float base) {
+  at::Tensor w = at::arange(24, at::kFloat).view({6, 4}) + base;
+  return {{"model/w", w.narrow(0, 0, 3), {6, 4}, {0, 0}, true}, {"model/b", at::full({4}, base), {4}, {0}, true}};
+}
+
+TEST(Safetensors, RoundTripAndBadFiles) {
+  TempDir d;
+  at::Tensor a = at::randn({3, 5}), b = at::arange(7, at::kLong), c = at::randn({2, 2}).to(at::kBFloat16);
+  const auto sums = write_safetensors(d / "x.safetensors", {{"a", a}, {"b", b}, {"c", c}}, {{"k", "v"}});
+  ASSERT_EQ(sums.size(), 3u);
+  SafetensorsFile f(d / "x.safetensors");
+  EXPECT_TRUE(at::equal(f.get("a"), a));
+  EXPECT_TRUE(at::equal(f.get("b"), b));
+  EXPECT_TRUE(at::equal(f.get("c"), c));
+  EXPECT_EQ(f.metadata().at("k"), "v");
+  auto bytes = f.bytes("a");
+  EXPECT_EQ(xxh64_hex(bytes.data(), bytes.size()), sums[0]);
+  // The header is 8-byte aligned, so data starts aligned (the format's rule).
+  std::ifstream in(d / "x.safetensors", std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  EXPECT_EQ(n % 8, 0u);
+  // Truncated: the last tensor runs past the end.
+  fs::copy_file(d / "x.safetensors", d / "t.safetensors");
+  fs::resize_file(d / "t.safetensors", fs::file_size(d / "x.safetensors") - 3);
+  EXPECT_NE(error_of([&] { SafetensorsFile t(d / "t.safetensors"); }).find("truncated"), std::string::npos);
+  std::ofstream(d / "garbage.safetensors") << "not a safetensors file at all";
+  EXPECT_NE(error_of([&] { SafetensorsFile t(d / "garbage.safetensors"); }).find("not a valid safetensors file"),
+            std::string::npos);
+}
+
+TEST(Checkpoint, ShardsAreAssembledIntoAnyBox) {
+  TempDir d;
+  Comm world("world", 0);
+  // One tensor written whole, read back in the boxes a rank of another mesh
+  // asks for (shards from several ranks: the multi-rank tests).
+  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  at::Tensor w = at::arange(24, at::kFloat).view({6, 4});
+  saver.save(1, {{"model/w", w, {6, 4}, {0, 0}, true}}, {{"note", "x"}}, {{"rank", 0}});
+  Reader r(*latest(d.path.string()));
+  EXPECT_EQ(r.manifest()["note"], "x");
+  EXPECT_EQ(r.manifest()["step"], 1);
+  at::Tensor box = at::empty({2, 4});
+  r.read("model/w", box, {4, 0}, {6, 4});
+  EXPECT_TRUE(at::equal(box, w.narrow(0, 4, 2)));
+  // A bigger global dim 0 (more vocabulary padding at another tp): rows beyond
+  // the stored 6 are zero.
+  at::Tensor padded = at::full({8, 4}, 7.0f);
+  r.read("model/w", padded, {0, 0}, {8, 4});
+  EXPECT_TRUE(at::equal(padded.narrow(0, 0, 6), w));
+  EXPECT_EQ(padded.narrow(0, 6, 2).abs().sum().item<float>(), 0.0f);
+  // Any other mismatch is an error naming both shapes.
+  at::Tensor wrong = at::empty({6, 5});
+  EXPECT_NE(error_of([&] { r.read("model/w", wrong, {0, 0}, {6, 5}); }).find("has shape [6, 4], the model expects [6, 5]"),
+            std::string::npos);
+}
+
+TEST(Checkpoint, IncompleteTilingIsRefusedAtSave) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  // Only half of the rows: the manifest would describe a tensor nobody wrote.
+  const std::string e = error_of([&] { saver.save(1, sharded(0), {}, {}); });
+  EXPECT_NE(e.find("shards cover 12 of 24 elements"), std::string::npos) << e;
+  EXPECT_FALSE(latest(d.path.string()).has_value());
+}
+
+TEST(Checkpoint, CorruptionIsFoundAndRefused) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  at::Tensor w = at::randn({16, 16}), b = at::randn({16});
+  saver.save(5, {{"model/w", w, {16, 16}, {0, 0}, true}, {"model/b", b, {16}, {0}, true}}, {}, {});
+  const std::string dir = *latest(d.path.string());
+  EXPECT_TRUE(verify(dir).problems.empty());
+  // Flip one byte inside the tensor "model/b".
+  const std::string file = dir + "/rank_00000.safetensors";
+  std::string all;
+  {
+    std::ifstream in(file, std::ios::binary);
+    all.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  uint64_t header = 0;
+  std::memcpy(&header, all.data(), 8);
+  const uint64_t b_begin = SafetensorsFile(file).entries().at("model/b").begin;
+  all[8 + header + b_begin + 5] ^= 0x40;
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << all;
+  const VerifyReport rep = verify(dir);
+  ASSERT_EQ(rep.problems.size(), 1u);
+  EXPECT_NE(rep.problems[0].find("'model/b'"), std::string::npos) << rep.problems[0];
+  Reader r(dir);
+  at::Tensor into = at::empty({16});
+  const std::string e = error_of([&] { r.read("model/b", into, {0}, {16}); });
+  EXPECT_NE(e.find("'model/b'"), std::string::npos) << e;
+  EXPECT_NE(e.find("checksum"), std::string::npos) << e;
+  at::Tensor ok = at::empty({16, 16});
+  r.read("model/w", ok, {0, 0}, {16, 16});  // the intact tensor still loads
+  EXPECT_TRUE(at::equal(ok, w));
+}
+
+TEST(Checkpoint, TruncatedOrMissingShardIsAClearError) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  saver.save(3, {{"model/w", at::randn({64}), {64}, {0}, true}}, {}, {});
+  const std::string dir = *latest(d.path.string());
+  const std::string file = dir + "/rank_00000.safetensors";
+  fs::resize_file(file, fs::file_size(file) - 10);
+  std::string e = error_of([&] { Reader r(dir); });
+  EXPECT_NE(e.find("rank_00000.safetensors"), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  EXPECT_FALSE(verify(dir).problems.empty());
+  fs::remove(file);
+  e = error_of([&] { Reader r(dir); });
+  EXPECT_NE(e.find("missing rank_00000.safetensors"), std::string::npos) << e;
+  fs::remove(dir + "/manifest.json");
+  e = error_of([&] { Reader r(dir); });
+  EXPECT_NE(e.find("no manifest.json"), std::string::npos) << e;
+}
+
+// A save that fails midway (here: the file size limit, as a full disk would)
+// leaves the previous checkpoint intact and no new directory that looks whole.
+TEST(Checkpoint, FailedSaveLeavesThePreviousIntact) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  at::Tensor small = at::randn({100});
+  saver.save(1, {{"model/w", small, {100}, {0}, true}}, {}, {});
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGXFSZ, &ignore, &old);
+  rlimit before{};
+  getrlimit(RLIMIT_FSIZE, &before);
+  rlimit limited = before;
+  limited.rlim_cur = 64 * 1024;  // the new file stops growing at 64 KiB
+  setrlimit(RLIMIT_FSIZE, &limited);
+  const std::string e = error_of([&] { saver.save(2, {{"model/w", at::randn({100000}), {100000}, {0}, true}}, {}, {}); });
+  setrlimit(RLIMIT_FSIZE, &before);
+  sigaction(SIGXFSZ, &old, nullptr);
+  EXPECT_NE(e.find("checkpoint step 2 not saved"), std::string::npos) << e;
+  EXPECT_NE(e.find("File too large"), std::string::npos) << e;
+  const auto l = latest(d.path.string());
+  ASSERT_TRUE(l.has_value());
+  EXPECT_EQ(fs::path(*l).filename(), "step_00000001");
+  EXPECT_FALSE(fs::exists(d.path / "step_00000002"));
+  EXPECT_TRUE(verify(*l).problems.empty());
+  Reader r(*l);
+  EXPECT_TRUE(at::equal(r.read_full("model/w"), small));
+  // The next successful save cleans the failed attempt's leftovers.
+  saver.save(3, {{"model/w", small, {100}, {0}, true}}, {}, {});
+  for (const auto& e2 : fs::directory_iterator(d.path)) {
+    EXPECT_EQ(e2.path().filename().string().rfind(".tmp", 0), std::string::npos) << e2.path();
+  }
+}
+
+TEST(Checkpoint, KeepsTheNewestKAndAsyncSnapshots) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, true, 10}, world);
+  at::Tensor w = at::zeros({1000});
+  for (int step = 1; step <= 4; ++step) {
+    w.fill_(static_cast<float>(step));
+    saver.save(step, {{"model/w", w, {1000}, {0}, true}}, {}, {});
+    w.fill_(-1.0f);  // training moves on at once: the snapshot must hold `step`
+  }
+  saver.wait();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(d.path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"step_00000003", "step_00000004"}));
+  for (int step : {3, 4}) {
+    Reader r((d.path / step_dir_name(step)).string());
+    EXPECT_TRUE(at::equal(r.read_full("model/w"), at::full({1000}, static_cast<float>(step))));
+  }
+}
+
+TEST(Checkpoint, ExportWritesFullWeightsWithoutPadding) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  at::Tensor embed = at::randn({8, 4});  // vocab 5 padded to 8
+  embed.narrow(0, 5, 3).zero_();
+  saver.save(7, {{"model/embed.weight", embed, {8, 4}, {0, 0}, true},
+                 {"optim/exp_avg/embed.weight", embed, {8, 4}, {0, 0}, true}},
+             {{"config", {{"model", {{"vocab", 5}}}}}}, {});
+  const std::string out = d / "model.safetensors";
+  export_model(*latest(d.path.string()), out, false);
+  SafetensorsFile f(out);
+  EXPECT_EQ(f.entries().size(), 1u);  // the model only, no optimizer state
+  EXPECT_TRUE(at::equal(f.get("embed.weight"), embed.narrow(0, 0, 5)));
+  EXPECT_EQ(f.metadata().at("step"), "7");
+  EXPECT_NE(error_of([&] { export_model(*latest(d.path.string()), out, false); }).find("pass --force"),
+            std::string::npos);
+  export_model(*latest(d.path.string()), out, true);
+}
+
+}  // namespace
+}  // namespace meshtrain::ckpt
