@@ -20,11 +20,13 @@
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/step.h"
 
@@ -46,6 +48,7 @@ double evaluate(Transformer& model, const TrainConfig& c, Comm& dp) {
   at::Tensor sums = at::zeros({2}, at::kDouble);
   for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
     Batch b = val.next();
+    AutocastGuard precision(parse_train_precision(c.precision));
     sums[0] += model.forward(b.tokens, b.targets, false).sum().to(at::kDouble);
     sums[1] += (b.targets >= 0).sum().to(at::kDouble);
   }
@@ -63,9 +66,17 @@ uint32_t max_token(const std::vector<std::string>& shards) {
 }
 
 // Manifest fields besides the tensors (train/state.h).
-nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int tp, int dp) {
+nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int tp, int dp,
+                                 const LossScaler* scaler) {
   const LoaderState ls = loader.state();
-  return {{"config",
+  nlohmann::json scaler_state = nullptr;
+  if (scaler) {
+    scaler_state = {{"scale", scaler->state().scale}, {"good_steps", scaler->state().good_steps},
+                    {"skipped", scaler->state().skipped}};
+  }
+  return {{"scaler", scaler_state},
+          {"precision", c.precision},
+          {"config",
            {{"model", spec_to_json(c.model)},
             {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
                        {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}}}}},
@@ -76,8 +87,8 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
 
 // Loads the newest checkpoint (or the one named) into model, optimizer,
 // loader and RNG; returns its step (0: nothing to resume).
-int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, TokenLoader& loader, int dp, int world_rank,
-               int world_size, bool lead) {
+int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, TokenLoader& loader, LossScaler* scaler, int dp,
+               int world_rank, int world_size, bool lead) {
   if (c.resume == "none") return 0;
   std::string path;
   if (c.resume == "auto") {
@@ -108,6 +119,10 @@ int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, TokenLoader
                                          path, windows, c.micro_batch, dp));
   }
   loader.restore({m.at("loader").at("epoch").get<uint64_t>(), windows / per_step});
+  if (scaler && m.contains("scaler") && !m["scaler"].is_null()) {
+    scaler->restore({m["scaler"].at("scale").get<double>(), m["scaler"].at("good_steps").get<int64_t>(),
+                     m["scaler"].at("skipped").get<int64_t>()});
+  }
   const bool same_world = m.at("world_size").get<int>() == world_size;
   const bool same_mesh = same_world && m["mesh"]["tp"] == model.params().tp_size();
   if (same_mesh) load_rng(r, model, world_rank);
@@ -140,8 +155,13 @@ int train(const TrainConfig& c) {
   }
   Transformer model(c.model, tp, c.sp, c.seed);
   model.set_dropout_seed(c.seed, dp.rank());
+  model.set_recompute(plan::parse_recompute(c.recompute));
   AdamW opt(model.params().params(), c.optim);
-  TrainStep step(model, opt, dp, tp);
+  const Precision precision = parse_train_precision(c.precision);
+  check_precision_supported(precision, "cpu");
+  std::unique_ptr<LossScaler> scaler;
+  if (precision == Precision::Fp16) scaler = std::make_unique<LossScaler>();
+  TrainStep step(model, opt, dp, tp, {precision, scaler.get()});
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   if (lead) {
@@ -153,17 +173,18 @@ int train(const TrainConfig& c) {
     s.micro_batch = c.micro_batch;
     s.global_batch = c.global_batch;
     s.seq = c.seq;
-    s.precision = plan::Precision::Fp32;
+    s.precision = c.precision == "fp32" ? plan::Precision::Fp32 : plan::Precision::Bf16;
+    s.recompute = plan::parse_recompute(c.recompute);
     const auto mem = plan::memory_ledger(c.model, s, plan::MemoryOptions{0, 0});
-    fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank (fp32, Adam)\n", c.model.name,
+    fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank ({}, Adam)\n", c.model.name,
                plan::count_params(c.model, 128 * c.tp).total, model.params().local_numel(),
-               plan::human_bytes(mem.peak().device_total()));
+               plan::human_bytes(mem.peak().device_total()), c.precision);
     fmt::print("global batch {} x {} tokens = {} micro-batches of {} on {} data-parallel ranks x {} accumulation steps\n",
                c.global_batch, c.seq, c.global_batch / c.micro_batch, c.micro_batch, dp.size(), accumulation);
     fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (this machine's fp32 GEMM peak)\n",
                flops_per_token, plan::flops_formula(plan::AttnFlops::Full), kMachinePeakFlops / 1e9);
   }
-  const int64_t start = resume(c, model, opt, loader, dp.size(), rt->rank(), rt->world_size(), lead);
+  const int64_t start = resume(c, model, opt, loader, scaler.get(), dp.size(), rt->rank(), rt->world_size(), lead);
   std::unique_ptr<ckpt::Checkpointer> saver;
   if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
       ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());
@@ -172,7 +193,7 @@ int train(const TrainConfig& c) {
     if (!saver) return;
     const auto t0 = std::chrono::steady_clock::now();
     saver->save(s, training_pieces(model, &opt, dp.rank(), rt->rank()),
-                checkpoint_fields(c, opt, loader, c.tp, dp.size()), nlohmann::json::object());
+                checkpoint_fields(c, opt, loader, c.tp, dp.size(), scaler.get()), nlohmann::json::object());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking)\n", s, c.ckpt_dir, ckpt::step_dir_name(s),
@@ -203,6 +224,10 @@ int train(const TrainConfig& c) {
         nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
                          {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
+        if (scaler) {
+          j["loss_scale"] = r.loss_scale;
+          j["skipped"] = r.skipped;
+        }
         metrics << j.dump() << "\n" << std::flush;
       }
     }

@@ -107,7 +107,17 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
     k = ck;
     v = cv;
   }
-  at::Tensor ctx = nn::causal_attention(q, k, v, train ? spec_.dropout : 0.0, &rng_split_);  // [b, hq, s, d]
+  const double p = train ? spec_.dropout : 0.0;
+  at::Generator* gen = &rng_split_;
+  at::Tensor ctx;  // [b, hq, s, d]
+  if (recompute_ == nn::Recompute::Selective && train) {
+    auto core = [p, gen](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{nn::causal_attention(in[0], in[1], in[2], p, gen)};
+    };
+    ctx = nn::checkpoint(core, {q, k, v}, {gen})[0];
+  } else {
+    ctx = nn::causal_attention(q, k, v, p, gen);
+  }
   return blk.o.forward(ctx.permute({2, 0, 1, 3}).reshape({s, b, hq * d}));
 }
 
@@ -139,7 +149,16 @@ at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCa
   }
   if (train && spec_.dropout > 0) x = nn::dropout(x, spec_.dropout, residual_rng());
   rest.reset();
-  for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) x = run_block(i, x, train, cache);
+  for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) {
+    if (recompute_ == nn::Recompute::Full && train && !cache) {
+      auto blk = [this, i](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{run_block(i, in[0], true, nullptr)};
+      };
+      x = nn::checkpoint(blk, {x}, {&rng_replicated_, &rng_split_})[0];
+    } else {
+      x = run_block(i, x, train, cache);
+    }
+  }
   if (cache) cache->length += s;
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   return norm(x, final_w_, final_b_);

@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "meshtrain/plan/strategy.h"
+#include "meshtrain/train/precision.h"
+
 namespace meshtrain {
 namespace {
 
@@ -69,6 +72,8 @@ const std::map<std::string, Setter>& setters() {
       {"train.min_lr_ratio", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.min_lr_ratio = as_double(n, k); }},
       {"train.weight_decay", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.weight_decay = as_double(n, k); }},
       {"train.clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.clip_norm = as_double(n, k); }},
+      {"train.recompute", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.recompute = as_string(n, k); }},
+      {"train.precision", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.precision = as_string(n, k); }},
       {"train.stop_after", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.stop_after = as_int(n, k); }},
       {"checkpoint.dir", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_dir = as_string(n, k); }},
       {"checkpoint.every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_every = as_int(n, k); }},
@@ -146,6 +151,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "
                                             "checkpoint.keep ({}) >= 1",
                                             path, c.stop_after, c.ckpt_every, c.ckpt_keep));
+  }
+  try {
+    plan::parse_recompute(c.recompute);
+    parse_train_precision(c.precision);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: train.{}", path, e.what()));
   }
   c.optim.total_steps = c.steps;
   return c;

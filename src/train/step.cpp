@@ -4,13 +4,22 @@
 #include <ATen/TensorOperators.h>
 #include <fmt/format.h>
 
+#include <limits>
 #include <stdexcept>
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/loss_scaler.h"
 
 namespace meshtrain {
+
+TrainStep::TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOptions o)
+    : model_(model), opt_(opt), dp_(dp), tp_(tp), o_(o) {
+  if (o_.precision == Precision::Fp16 && !o_.scaler) {
+    throw std::invalid_argument("fp16 training needs a loss scaler (its gradients underflow without one)");
+  }
+}
 
 StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   if (micro_batches.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
@@ -23,16 +32,29 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   const double tokens = count.item<double>();
   if (tokens == 0) throw std::invalid_argument("the global batch has no target tokens (all ignored)");
   double loss_sum = 0;
+  const double scale = o_.scaler ? o_.scaler->scale() : 1.0;
   for (const auto& b : micro_batches) {
-    at::Tensor per_token = model_.forward(b.tokens, b.targets);
+    at::Tensor per_token;
+    {
+      AutocastGuard precision(o_.precision);
+      per_token = model_.forward(b.tokens, b.targets);
+    }
     at::Tensor loss = per_token.sum() / tokens;
-    loss.backward();
+    (o_.scaler ? loss * scale : loss).backward();
     loss_sum += loss.item<double>();
   }
   model_.finalize_grads();
   reduce_gradients();
   StepResult r;
-  r.grad_norm = opt_.step(&tp_);
+  r.loss_scale = scale;
+  const bool finite = !o_.scaler || o_.scaler->unscale(model_.params().params(), {&tp_, &dp_});
+  if (o_.scaler) o_.scaler->update(finite);
+  if (finite) {
+    r.grad_norm = opt_.step(&tp_);
+  } else {
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  }
   r.lr = opt_.last_lr();
   at::Tensor l = at::tensor({loss_sum}, at::kDouble);
   dp_.all_reduce(l);

@@ -34,6 +34,7 @@
 
 #include "meshtrain/model/profiler.h"
 #include "meshtrain/nn/params.h"
+#include "meshtrain/nn/recompute.h"
 #include "meshtrain/parallel/tensor/layers.h"
 #include "meshtrain/plan/spec.h"
 
@@ -81,6 +82,10 @@ class Transformer {
   // Their states, for checkpoints: {replicated, split}.
   std::vector<at::Generator*> dropout_generators() { return {&rng_replicated_, &rng_split_}; }
 
+  // Activation recomputation in training forward passes (nn/recompute.h).
+  void set_recompute(nn::Recompute r) { recompute_ = r; }
+  nn::Recompute recompute() const { return recompute_; }
+
   // When set, forward records per-segment times (and backward, via markers).
   void set_profiler(SegmentProfiler* p) { profiler_ = p; }
 
@@ -113,6 +118,7 @@ class Transformer {
   ColumnParallelLinear head_;
   SegmentProfiler* profiler_ = nullptr;
   mutable at::Generator rng_replicated_, rng_split_;
+  nn::Recompute recompute_ = nn::Recompute::None;
   at::Generator& residual_rng() const { return tp_.sequence_parallel ? rng_split_ : rng_replicated_; }
 };
 

@@ -23,6 +23,8 @@ struct TrainConfig {
   int tp = 1;                     // [parallel] tp, sp, nproc
   bool sp = false;
   int nproc = 1;
+  std::string recompute = "none";  // [train] recompute: none | selective | full
+  std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
   int64_t stop_after = 0;         // [train] stop_after: stop (and save) after this step; 0 = run all steps
   // [checkpoint]
   std::string ckpt_dir;           // dir: "" = no checkpoints

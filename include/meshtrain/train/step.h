@@ -14,10 +14,12 @@
 #include <vector>
 
 #include "meshtrain/data/loader.h"
+#include "meshtrain/train/precision.h"
 
 namespace meshtrain {
 
 class AdamW;
+class LossScaler;
 class Comm;
 class Transformer;
 
@@ -26,13 +28,20 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   double lr = 0;
   int64_t tokens = 0;    // target tokens in the global batch
+  bool skipped = false;  // the loss scaler found inf/NaN gradients: no update
+  double loss_scale = 1;
+};
+
+struct StepOptions {
+  Precision precision = Precision::Fp32;  // forward under autocast for bf16/fp16
+  LossScaler* scaler = nullptr;           // required for fp16, optional otherwise
 };
 
 class TrainStep {
  public:
   // `dp`: the group gradients are reduced over (data parallel x context
   // parallel); `tp`: the model's tensor-parallel group.
-  TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp) : model_(model), opt_(opt), dp_(dp), tp_(tp) {}
+  TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOptions o = {});
   // This rank's micro-batches of the step.
   StepResult run(const std::vector<Batch>& micro_batches);
 
@@ -42,6 +51,7 @@ class TrainStep {
   AdamW& opt_;
   Comm& dp_;
   Comm& tp_;
+  StepOptions o_;
 };
 
 }  // namespace meshtrain

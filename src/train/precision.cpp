@@ -1,0 +1,62 @@
+#include "meshtrain/train/precision.h"
+
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace meshtrain {
+
+Precision parse_train_precision(const std::string& s) {
+  if (s == "fp32") return Precision::Fp32;
+  if (s == "bf16") return Precision::Bf16;
+  if (s == "fp16") return Precision::Fp16;
+  throw std::invalid_argument(fmt::format("precision '{}' unknown; use fp32, bf16 or fp16", s));
+}
+
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp16: return "fp16";
+  }
+  return "?";
+}
+
+c10::ScalarType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::Bf16: return c10::ScalarType::BFloat16;
+    case Precision::Fp16: return c10::ScalarType::Half;
+    default: return c10::ScalarType::Float;
+  }
+}
+
+void check_precision_supported(Precision p, const std::string& device) {
+  if (p == Precision::Fp16 && device == "cpu") {
+    throw std::invalid_argument(
+        "precision fp16 needs a GPU: libtorch has no fp16 matmul, layer_norm or softmax on CPU; use bf16 (same "
+        "memory, no loss scaling) or fp32");
+  }
+}
+
+// CPU autocast (libtorch 1.13 spelling; 2.4+ also has set_autocast_enabled(device, ...)).
+// CUDA tensors would need the GPU autocast switch as well: added with the CUDA build.
+AutocastGuard::AutocastGuard(Precision p) {
+  if (p == Precision::Fp32) return;
+  if (p == Precision::Fp16) check_precision_supported(p, "cpu");
+  active_ = true;
+  was_enabled_ = at::autocast::is_cpu_enabled();
+  was_dtype_ = at::autocast::get_autocast_cpu_dtype();
+  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_autocast_cpu_dtype(compute_dtype(p));
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_cpu_enabled(was_enabled_);
+  at::autocast::set_autocast_cpu_dtype(was_dtype_);
+}
+
+}  // namespace meshtrain
