@@ -40,6 +40,7 @@ labs: build
 bench: build
 	./bench/comm.sh $(BUILD)
 	./bench/tp_block.sh $(BUILD)
+	./bench/train.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

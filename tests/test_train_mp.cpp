@@ -18,6 +18,7 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/data/ddp.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/train/step.h"
 #include "tests/mp.h"
@@ -56,7 +57,10 @@ std::vector<Batch> split(const Batch& b, int64_t first, int64_t count, int64_t m
   return out;
 }
 
-void check(int tp_size) {
+// How gradients cross the data-parallel group.
+enum class Reduce { Flat, DdpOverlapped, DdpAfterBackward };
+
+void check(int tp_size, Reduce reduce = Reduce::Flat) {
   Runtime& rt = runtime();
   DeviceMesh mesh(rt, MeshLayout::create(rt.world_size(), {{"tp", tp_size}}));
   Comm& tp = mesh.axis("tp");
@@ -68,8 +72,20 @@ void check(int tp_size) {
   o.lr = 1e-2;
   o.warmup_steps = 1;
   o.total_steps = 3;
+  std::unique_ptr<DataParallel> ddp;
+  if (reduce != Reduce::Flat) {
+    // Replicas that start apart: DDP's broadcast from rank 0 must align them.
+    if (dp.rank() != 0) {
+      at::NoGradGuard no_grad;
+      for (auto& p : model.params().params()) p.tensor.add_(0.01);
+    }
+    // Small buckets: many of them, launched in order while backward runs.
+    ddp = std::make_unique<DataParallel>(model.params().params(), dp,
+                                         DdpOptions{16 << 10, reduce == Reduce::DdpOverlapped, false});
+    EXPECT_GT(ddp->buckets(), 4u);
+  }
   AdamW opt(model.params().params(), o), opt1(single.params().params(), o);
-  TrainStep step(model, opt, dp, tp), step1(single, opt1, solo_dp, solo_tp);
+  TrainStep step(model, opt, dp, tp, {Precision::Fp32, nullptr, ddp.get()}), step1(single, opt1, solo_dp, solo_tp);
   std::vector<at::Tensor> init;
   for (const auto& p : single.params().params()) init.push_back(p.tensor.detach().clone());
   const int64_t per_rank = kGlobal / dp.size();
@@ -104,6 +120,72 @@ TEST(Train, DataParallelMatchesOneProcess) {
 TEST(Train, DataTimesTensorParallelMatchesOneProcess) {
   if (runtime().world_size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
   check(2);
+}
+
+TEST(Ddp, MatchesOneProcess) {
+  if (kGlobal % runtime().world_size() != 0) GTEST_SKIP() << "the global batch of 8 needs dp dividing 8";
+  check(1, Reduce::DdpOverlapped);
+  check(1, Reduce::DdpAfterBackward);
+}
+
+TEST(Ddp, TimesTensorParallelMatchesOneProcess) {
+  if (runtime().world_size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  check(2, Reduce::DdpOverlapped);
+}
+
+// Per step, each rank all-reduces its whole gradient once: nccl-tests "size"
+// bytes = 4 x parameters (plus the two 8-byte scalars every step reduces: the
+// token count and the loss); the ring moves 2 (n - 1) / n of that per rank.
+TEST(Ddp, CommBytesMatchTheFormula) {
+  Comm& dp = runtime().world();
+  if (dp.size() == 1) GTEST_SKIP();
+  const plan::ModelSpec spec = model_spec();
+  Comm solo("solo", runtime().rank());
+  Transformer model(spec, solo, false, 5);
+  DataParallel ddp(model.params().params(), dp, DdpOptions{64 << 10, true, false});
+  AdamW opt(model.params().params(), AdamWOptions{});
+  TrainStep step(model, opt, dp, solo, {Precision::Fp32, nullptr, &ddp});
+  Batch g = global_batch(spec, 0);
+  const int64_t per_rank = kGlobal / dp.size();
+  step.run(split(g, dp.rank() * per_rank, per_rank, 1));  // several micro-batches: one reduction only
+  const OpStats before = dp.stats().at("all_reduce");
+  step.run(split(g, dp.rank() * per_rank, per_rank, 1));
+  const OpStats after = dp.stats().at("all_reduce");
+  const double psi = static_cast<double>(model.params().local_numel());
+  const double n = dp.size();
+  EXPECT_EQ(after.bytes - before.bytes, static_cast<uint64_t>(4 * psi + 16));
+  EXPECT_EQ(after.calls - before.calls, ddp.buckets() + 2);
+  EXPECT_NEAR(static_cast<double>(after.wire_bytes - before.wire_bytes), 2 * (n - 1) / n * (4 * psi + 16),
+              static_cast<double>(ddp.buckets() + 2));
+}
+
+TEST(Ddp, BucketsFollowReverseOrderAndUnusedParametersAreNamed) {
+  Comm& dp = runtime().world();
+  ParamStore store(1, 0, 1);
+  at::Tensor a = store.create("a.weight", {64}, Init::Normal, 1.0, -1);
+  at::Tensor b = store.create("b.weight", {64}, Init::Normal, 1.0, -1);
+  at::Tensor c = store.create("c.weight", {64}, Init::Normal, 1.0, -1);
+  {
+    DataParallel ddp(store.params(), dp, DdpOptions{256, true, false});  // one parameter per bucket
+    EXPECT_EQ(ddp.bucket_names(), (std::vector<std::vector<std::string>>{{"c.weight"}, {"b.weight"}, {"a.weight"}}));
+    ddp.set_sync(true);
+    (a * c).sum().backward();  // b unused
+    try {
+      ddp.finish();
+      ADD_FAILURE() << "an unused parameter went unnoticed";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("b.weight"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("ddp.find_unused"), std::string::npos) << e.what();
+    }
+  }
+  for (auto& p : store.params()) p.tensor.mutable_grad() = at::Tensor();
+  DataParallel ddp(store.params(), dp, DdpOptions{256, true, true});
+  ddp.set_sync(true);
+  (a * c * static_cast<double>(dp.rank() + 1)).sum().backward();
+  ddp.finish();
+  const double n = dp.size();
+  EXPECT_EQ(b.grad().abs().sum().item<float>(), 0.0f);
+  EXPECT_TRUE(at::allclose(a.grad(), c.detach() * (n * (n + 1) / 2)));
 }
 
 }  // namespace

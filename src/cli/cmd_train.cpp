@@ -21,6 +21,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/parallel/data/ddp.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/runtime/mesh.h"
@@ -161,7 +162,16 @@ int train(const TrainConfig& c) {
   check_precision_supported(precision, "cpu");
   std::unique_ptr<LossScaler> scaler;
   if (precision == Precision::Fp16) scaler = std::make_unique<LossScaler>();
-  TrainStep step(model, opt, dp, tp, {precision, scaler.get()});
+  std::unique_ptr<DataParallel> ddp;
+  if (dp.size() > 1) {
+    ddp = std::make_unique<DataParallel>(model.params().params(), dp,
+                                         DdpOptions{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused});
+    if (lead) {
+      fmt::print("data parallel over {} ranks: DDP, {} bucket(s) of <= {} MiB, all-reduce {}\n", dp.size(),
+                 ddp->buckets(), c.ddp_bucket_mb, c.ddp_overlap ? "overlapped with backward" : "after backward");
+    }
+  }
+  TrainStep step(model, opt, dp, tp, {precision, scaler.get(), ddp.get()});
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   if (lead) {

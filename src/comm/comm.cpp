@@ -125,6 +125,8 @@ ScatterAlgo parse_scatter_algo(const std::string& s) {
 
 // ---------------------------------------------------------------- CommWork
 
+CommWork::CommWork() = default;
+
 CommWork::CommWork(CommWork&& o) noexcept
     : works_(std::move(o.works_)), finish_(std::move(o.finish_)), what_(std::move(o.what_)), done_(o.done_) {
   o.done_ = true;

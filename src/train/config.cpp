@@ -74,6 +74,9 @@ const std::map<std::string, Setter>& setters() {
       {"train.clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.clip_norm = as_double(n, k); }},
       {"train.recompute", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.recompute = as_string(n, k); }},
       {"train.precision", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.precision = as_string(n, k); }},
+      {"ddp.bucket_mb", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_bucket_mb = as_int(n, k); }},
+      {"ddp.overlap", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_overlap = as_bool(n, k); }},
+      {"ddp.find_unused", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_find_unused = as_bool(n, k); }},
       {"train.stop_after", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.stop_after = as_int(n, k); }},
       {"checkpoint.dir", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_dir = as_string(n, k); }},
       {"checkpoint.every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_every = as_int(n, k); }},
@@ -101,7 +104,7 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, parallel"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);
@@ -144,7 +147,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   for (auto [key, v] : {std::pair{"train.steps", c.steps}, {"train.micro_batch", c.micro_batch}, {"train.seq", c.seq},
                          {"train.global_batch", c.global_batch}, {"train.log_every", c.log_every},
                          {"train.eval_every", c.eval_every}, {"train.eval_batches", c.eval_batches},
-                         {"parallel.tp", static_cast<int64_t>(c.tp)}}) {
+                         {"ddp.bucket_mb", c.ddp_bucket_mb}, {"parallel.tp", static_cast<int64_t>(c.tp)}}) {
     if (v < 1) throw std::invalid_argument(fmt::format("{}: {} = {} must be at least 1", path, key, v));
   }
   if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {

@@ -11,6 +11,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/parallel/data/ddp.h"
 
 namespace meshtrain {
 
@@ -33,7 +34,9 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   if (tokens == 0) throw std::invalid_argument("the global batch has no target tokens (all ignored)");
   double loss_sum = 0;
   const double scale = o_.scaler ? o_.scaler->scale() : 1.0;
-  for (const auto& b : micro_batches) {
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const Batch& b = micro_batches[i];
+    if (o_.ddp) o_.ddp->set_sync(i + 1 == micro_batches.size());  // reduce in the last backward only
     at::Tensor per_token;
     {
       AutocastGuard precision(o_.precision);
@@ -43,8 +46,15 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
     (o_.scaler ? loss * scale : loss).backward();
     loss_sum += loss.item<double>();
   }
+  // Data-parallel sum, then the tensor-parallel sums of sequence-partial
+  // gradients (sums commute; but DDP's finish() writes whole gradients back,
+  // so it must come first or it would undo the tp sums).
+  if (o_.ddp) {
+    o_.ddp->finish();
+  } else {
+    reduce_gradients();
+  }
   model_.finalize_grads();
-  reduce_gradients();
   StepResult r;
   r.loss_scale = scale;
   const bool finite = !o_.scaler || o_.scaler->unscale(model_.params().params(), {&tp_, &dp_});

@@ -79,7 +79,7 @@ class CommError : public std::runtime_error {
 // (division for AVG, the local sum of a reduce-scatter, copying back bf16).
 class CommWork {
  public:
-  CommWork() = default;
+  CommWork();  // out of line: c10d::Work is incomplete here
   CommWork(CommWork&&) noexcept;
   CommWork& operator=(CommWork&&) noexcept;
   ~CommWork();  // waits if the caller did not (errors are then only logged)

@@ -25,6 +25,10 @@ struct TrainConfig {
   int nproc = 1;
   std::string recompute = "none";  // [train] recompute: none | selective | full
   std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
+  // [ddp] (used when the data-parallel group has more than one rank)
+  int64_t ddp_bucket_mb = 25;
+  bool ddp_overlap = true;
+  bool ddp_find_unused = false;
   int64_t stop_after = 0;         // [train] stop_after: stop (and save) after this step; 0 = run all steps
   // [checkpoint]
   std::string ckpt_dir;           // dir: "" = no checkpoints

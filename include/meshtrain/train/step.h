@@ -19,6 +19,7 @@
 namespace meshtrain {
 
 class AdamW;
+class DataParallel;
 class LossScaler;
 class Comm;
 class Transformer;
@@ -35,6 +36,7 @@ struct StepResult {
 struct StepOptions {
   Precision precision = Precision::Fp32;  // forward under autocast for bf16/fp16
   LossScaler* scaler = nullptr;           // required for fp16, optional otherwise
+  DataParallel* ddp = nullptr;            // bucketed, overlapped reduction; null: one flat all-reduce after backward
 };
 
 class TrainStep {

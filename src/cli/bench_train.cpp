@@ -1,0 +1,137 @@
+// meshtrain bench train: single-process training steps through the trainer
+// (TokenLoader + TrainStep + meshtrain's AdamW) against a bare libtorch loop
+// over the same model (random tokens already in memory, loss.mean(),
+// backward, torch::optim::AdamW), interleaved in the same run.
+#include <CLI/CLI.hpp>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <torch/optim/adamw.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/data/shard.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/runtime/threads.h"
+#include "meshtrain/train/step.h"
+
+namespace meshtrain::cli {
+
+void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
+  struct Opts {
+    std::string model = "gpt2-124m", precision = "fp32", recompute = "none";
+    int64_t micro_batch = 4, seq = 256;
+    int steps = 2, rounds = 3, warmup = 1;
+  };
+  auto o = std::make_shared<Opts>();
+  auto cmd = bench->add_subcommand("train", "training steps: the trainer vs a bare libtorch loop on the same model");
+  cmd->add_option("--model", o->model, "model preset")->capture_default_str();
+  cmd->add_option("--micro-batch", o->micro_batch, "sequences per step")->capture_default_str();
+  cmd->add_option("--seq", o->seq, "sequence length")->capture_default_str();
+  cmd->add_option("--precision", o->precision, "fp32 | bf16")->capture_default_str();
+  cmd->add_option("--recompute", o->recompute, "none | selective | full (both sides)")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "timed steps per round and side")->capture_default_str();
+  cmd->add_option("--rounds", o->rounds, "rounds (sides alternate who goes first)")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed steps per side")->capture_default_str();
+  runs.emplace_back(cmd, [o]() {
+    if (o->micro_batch < 1 || o->seq < 1 || o->steps < 1 || o->rounds < 1 || o->warmup < 0) {
+      throw std::invalid_argument("--micro-batch, --seq, --steps and --rounds must be positive, --warmup >= 0");
+    }
+    const Precision precision = parse_train_precision(o->precision);
+    check_precision_supported(precision, "cpu");
+    configure_threads(1);
+    plan::ModelSpec spec = plan::preset(o->model);
+    spec.dropout = 0;
+    spec.seq = std::max(spec.seq, o->seq);
+    Comm solo("solo", 0);
+    // Data: random tokens, as a shard for the trainer and as tensors for the bare loop.
+    const std::string shard = (std::filesystem::temp_directory_path() /
+                               fmt::format("meshtrain_bench_train_{}.bin", getpid())).string();
+    const int64_t windows = 64 * o->micro_batch;
+    at::Tensor all = at::randint(spec.vocab, {windows * o->seq + 1}, at::make_generator<at::CPUGeneratorImpl>(1), at::kLong);
+    {
+      std::vector<uint32_t> tokens(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+      write_shard(shard, tokens, {0}, spec.vocab < 65536 ? 2 : 4);
+    }
+    struct Cleanup {
+      std::string path;
+      ~Cleanup() { std::filesystem::remove(path); }
+    } cleanup{shard};
+    AdamWOptions ao;
+    ao.lr = 1e-4;
+    ao.schedule = LrSchedule::Constant;
+    ao.clip_norm = 0;  // the bare loop does not clip
+    // The trainer.
+    Transformer model(spec, solo, false, 1);
+    model.set_recompute(plan::parse_recompute(o->recompute));
+    AdamW opt(model.params().params(), ao);
+    TrainStep trainer(model, opt, solo, solo, {precision, nullptr});
+    TokenLoader loader({shard}, o->seq, o->micro_batch, 0, 1, 1);
+    // The bare loop over an identical model.
+    Transformer bare(spec, solo, false, 1);
+    bare.set_recompute(plan::parse_recompute(o->recompute));
+    std::vector<at::Tensor> bare_params;
+    for (auto& p : bare.params().params()) bare_params.push_back(p.tensor);
+    torch::optim::AdamW bare_opt(bare_params, torch::optim::AdamWOptions(ao.lr).betas({ao.beta1, ao.beta2}).eps(ao.eps).weight_decay(ao.weight_decay));
+    int64_t cursor = 0;
+    auto bare_step = [&]() {
+      const int64_t n = o->micro_batch * o->seq;
+      at::Tensor window = all.narrow(0, (cursor % 64) * n, n + 1);
+      ++cursor;
+      at::Tensor tokens = window.narrow(0, 0, n).view({o->micro_batch, o->seq});
+      at::Tensor targets = window.narrow(0, 1, n).view({o->micro_batch, o->seq});
+      bare_opt.zero_grad();
+      at::Tensor loss;
+      if (precision == Precision::Bf16) {
+        at::autocast::set_cpu_enabled(true);
+        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+        at::autocast::increment_nesting();
+      }
+      loss = bare.forward(tokens, targets).mean();
+      if (precision == Precision::Bf16) {
+        at::autocast::decrement_nesting();
+        at::autocast::clear_cache();
+        at::autocast::set_cpu_enabled(false);
+      }
+      loss.backward();
+      bare_opt.step();
+    };
+    auto trainer_step = [&]() { trainer.run({loader.next()}); };
+    for (int i = 0; i < o->warmup; ++i) trainer_step(), bare_step();
+    std::vector<double> t_trainer, t_bare;
+    for (int r = 0; r < o->rounds; ++r) {
+      for (bool ours : {r % 2 == 0, r % 2 != 0}) {
+        for (int i = 0; i < o->steps; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          ours ? trainer_step() : bare_step();
+          (ours ? t_trainer : t_bare).push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double tokens = static_cast<double>(o->micro_batch * o->seq);
+    const double a = median(t_trainer), b = median(t_bare);
+    fmt::print("{} ({} parameters), micro-batch {} x seq {}, {}, recompute {}, {} threads; {} rounds x {} steps each\n",
+               spec.name, model.params().local_numel(), o->micro_batch, o->seq, o->precision, o->recompute,
+               threads_per_rank(1), o->rounds, o->steps);
+    fmt::print("{:<36} {:>14} {:>12}\n", "loop", "s/step (median)", "tokens/s");
+    fmt::print("{:<36} {:>14.3f} {:>12.0f}\n", "bare libtorch (torch::optim::AdamW)", b, tokens / b);
+    fmt::print("{:<36} {:>14.3f} {:>12.0f}\n", "meshtrain trainer", a, tokens / a);
+    fmt::print("trainer overhead: {:+.1f}% (time ratio {:.3f})\n", 100 * (a / b - 1), a / b);
+    return 0;
+  });
+}
+
+}  // namespace meshtrain::cli

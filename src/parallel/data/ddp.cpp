@@ -1,0 +1,198 @@
+#include "meshtrain/parallel/data/ddp.h"
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <stdexcept>
+
+#include "meshtrain/comm/comm.h"
+
+namespace meshtrain {
+namespace {
+
+// The accumulator's pointer type changes across libtorch versions (PLATFORM.md).
+using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
+
+struct Bucket {
+  std::vector<size_t> params;   // indices into the parameter list
+  std::vector<int64_t> offsets; // of each in `flat`
+  at::Tensor flat;              // fp32
+  size_t pending = 0;           // parameters not ready yet
+  bool launched = false;
+  CommWork work;
+};
+
+}  // namespace
+
+struct DataParallel::State {
+  std::vector<Param>& params;
+  Comm& dp;
+  DdpOptions o;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of, slot_of;
+  std::vector<bool> ready;
+  std::vector<Accumulator> accumulators;  // the tensors hold them weakly: keep them alive
+  bool sync = true, saw_backward = false;
+  size_t next_launch = 0;
+
+  State(std::vector<Param>& p, Comm& d, DdpOptions opt) : params(p), dp(d), o(opt) {}
+
+  void reset() {
+    for (auto& b : buckets) {
+      b.pending = b.params.size();
+      b.launched = false;
+    }
+    ready.assign(params.size(), false);
+    next_launch = 0;
+    saw_backward = false;
+  }
+
+  void launch(Bucket& b) {
+    b.work = dp.all_reduce_async(b.flat);
+    b.launched = true;
+  }
+
+  // Launches, in index order, every bucket whose predecessors are launched.
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
+  }
+
+  void mark_ready(size_t i) {
+    if (!sync) return;
+    saw_backward = true;
+    if (ready[i]) return;  // a second accumulation in the same backward: already counted
+    ready[i] = true;
+    Bucket& b = buckets[bucket_of[i]];
+    const at::Tensor& g = params[i].tensor.grad();
+    b.flat.narrow(0, b.offsets[slot_of[i]], g.numel()).copy_(g.reshape({-1}));
+    b.pending -= 1;
+    if (o.overlap) launch_ready();
+  }
+};
+
+namespace {
+
+struct ReadyHook : torch::autograd::FunctionPostHook {
+  DataParallel::State* s;
+  size_t index;
+  ReadyHook(DataParallel::State* state, size_t i) : s(state), index(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    s->mark_ready(index);
+    return outputs;
+  }
+};
+
+}  // namespace
+
+DataParallel::DataParallel(std::vector<Param>& params, Comm& dp, DdpOptions o)
+    : s_(std::make_unique<State>(params, dp, o)) {
+  if (o.bucket_bytes < 1) throw std::invalid_argument(fmt::format("ddp bucket size {} must be positive", o.bucket_bytes));
+  const size_t n = params.size();
+  s_->bucket_of.assign(n, 0);
+  s_->slot_of.assign(n, 0);
+  // Reverse registration order: backward produces the last layers' gradients first.
+  int64_t bytes = 0;
+  for (size_t k = n; k-- > 0;) {
+    const Param& p = params[k];
+    if (p.tensor.scalar_type() != at::kFloat) {
+      throw std::invalid_argument(fmt::format("ddp: parameter {} is {}, expected fp32 (master weights)", p.name,
+                                              c10::toString(p.tensor.scalar_type())));
+    }
+    const int64_t b = p.tensor.numel() * 4;
+    if (s_->buckets.empty() || (bytes > 0 && bytes + b > o.bucket_bytes)) {
+      s_->buckets.emplace_back();
+      bytes = 0;
+    }
+    Bucket& bucket = s_->buckets.back();
+    s_->bucket_of[k] = s_->buckets.size() - 1;
+    s_->slot_of[k] = bucket.params.size();
+    bucket.offsets.push_back(bytes / 4);
+    bucket.params.push_back(k);
+    bytes += b;
+  }
+  for (auto& b : s_->buckets) {
+    int64_t numel = 0;
+    for (size_t k : b.params) numel += params[k].tensor.numel();
+    b.flat = at::zeros({numel}, at::kFloat);
+  }
+  s_->reset();
+  // Every replica starts from rank 0's weights.
+  at::NoGradGuard no_grad;
+  for (auto& b : s_->buckets) {
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const at::Tensor& t = params[b.params[j]].tensor;
+      b.flat.narrow(0, b.offsets[j], t.numel()).copy_(t.detach().reshape({-1}));
+    }
+    dp.broadcast(b.flat, 0);
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      at::Tensor t = params[b.params[j]].tensor.detach();
+      t.copy_(b.flat.narrow(0, b.offsets[j], t.numel()).view_as(t));
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {
+    auto acc = torch::autograd::impl::grad_accumulator(params[k].tensor);
+    if (!acc) throw std::invalid_argument(fmt::format("ddp: parameter {} does not require grad", params[k].name));
+    acc->add_post_hook(std::make_unique<ReadyHook>(s_.get(), k));
+    s_->accumulators.push_back(std::move(acc));
+  }
+}
+
+DataParallel::~DataParallel() = default;
+
+void DataParallel::set_sync(bool sync) { s_->sync = sync; }
+
+void DataParallel::finish() {
+  State& s = *s_;
+  if (!s.sync) throw std::logic_error("ddp: finish() after a backward without sync");
+  // Parameters that got no gradient: an error, or zeros when allowed.
+  std::vector<std::string> unused;
+  for (size_t k = 0; k < s.params.size(); ++k) {
+    if (s.ready[k]) continue;
+    if (!s.o.find_unused) {
+      unused.push_back(s.params[k].name);
+      continue;
+    }
+    Bucket& b = s.buckets[s.bucket_of[k]];
+    b.flat.narrow(0, b.offsets[s.slot_of[k]], s.params[k].tensor.numel()).zero_();
+    b.pending -= 1;
+    s.ready[k] = true;
+  }
+  if (!unused.empty()) {
+    for (auto& b : s.buckets) {
+      if (b.launched) b.work.wait();
+    }
+    s.reset();
+    if (unused.size() > 3) unused.resize(3), unused.push_back("...");
+    throw std::runtime_error(fmt::format("ddp: parameters got no gradient in this step: {}; if the model really leaves "
+                                         "them unused, set ddp.find_unused = true",
+                                         fmt::join(unused, ", ")));
+  }
+  s.launch_ready();
+  for (auto& b : s.buckets) {
+    b.work.wait();
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      Param& p = s.params[b.params[j]];
+      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+      at::Tensor g = p.tensor.mutable_grad();
+      g.copy_(b.flat.narrow(0, b.offsets[j], g.numel()).view_as(g));
+    }
+  }
+  s.reset();
+}
+
+size_t DataParallel::buckets() const { return s_->buckets.size(); }
+
+std::vector<std::vector<std::string>> DataParallel::bucket_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : s_->buckets) {
+    out.emplace_back();
+    for (size_t k : b.params) out.back().push_back(s_->params[k].name);
+  }
+  return out;
+}
+
+}  // namespace meshtrain
