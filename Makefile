@@ -41,6 +41,7 @@ bench: build
 	./bench/comm.sh $(BUILD)
 	./bench/tp_block.sh $(BUILD)
 	./bench/train.sh $(BUILD)
+	./bench/dp.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -2,8 +2,10 @@
 // own rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "meshtrain/plan/schedule.h"
 #include "meshtrain/plan/search.h"
 
 namespace meshtrain::plan {
@@ -237,6 +239,91 @@ TEST(PostTraining, RlhfHoldsFourModels) {
   // KV cache: 2 x 32 layers x 32 kv heads x 128 x 2 B / tp 8 per token x 8 x 1024 tokens.
   EXPECT_DOUBLE_EQ(l.line("rollout KV cache").bytes, 2.0 * 32 * 32 * 128 * 2 / 8 * 8 * 1024);
   EXPECT_THROW(lora_params(preset("llama2-7b"), LoraOptions{0}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
+
+// ---------------------------------------------------------------- pipeline schedules
+namespace meshtrain::plan {
+namespace {
+
+TEST(Schedule, BubblesMatchTheFormulas) {
+  for (int p : {2, 4}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      SCOPED_TRACE(::testing::Message() << "pp " << p << " m " << m);
+      // GPipe and 1F1B (F = 1, B = 2): bubble (p - 1) / (m + p - 1).
+      for (Schedule k : {Schedule::GPipe, Schedule::OneFOneB}) {
+        const SimulationResult r = simulate(build_schedule(k, p, m));
+        EXPECT_NEAR(r.bubble_fraction, (p - 1.0) / (m + p - 1.0), 1e-12) << to_string(k);
+        for (int rank = 0; rank < p; ++rank) {
+          EXPECT_EQ(r.peak_in_flight[rank], k == Schedule::GPipe ? m : std::min(p - rank, m)) << to_string(k);
+        }
+      }
+      // Interleaved, v = 2 (each virtual stage half a rank's layers): (p - 1) / (v m + p - 1)
+      // (Narayanan et al. 2021, sec. 2.2); rank 0 holds (p-1)*2 + (v-1)*p + 1 units of activations.
+      const SimulationResult iv = simulate(build_schedule(Schedule::Interleaved, p, m, 2));
+      EXPECT_NEAR(iv.bubble_fraction, (p - 1.0) / (2.0 * m + p - 1.0), 1e-12);
+      EXPECT_EQ(iv.peak_in_flight[0], std::min((p - 1) * 2 + p + 1, 2 * m));
+      // ZB-H1 with F = B = W = 1: bubble time (p - 1) x 1 instead of 1F1B's (p - 1) x 3
+      // (Qi et al. 2024, sec. 3); activation memory as 1F1B's.
+      ActionCosts unit;
+      unit.backward = 2;
+      const SimulationResult zb = simulate(build_schedule(Schedule::ZBH1, p, m), unit);
+      EXPECT_NEAR(zb.bubble_fraction, (p - 1.0) / (3.0 * m + p - 1.0), 1e-12);
+      for (int rank = 0; rank < p; ++rank) EXPECT_LE(zb.peak_in_flight[rank], std::min(p - rank, m));
+    }
+  }
+}
+
+std::string error_of(const PipelineSchedule& s) {
+  try {
+    simulate(s);
+  } catch (const ScheduleError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Schedule, CheckerRejectsBrokenSchedules) {
+  // A receive removed: the send has no partner.
+  PipelineSchedule s = build_schedule(Schedule::OneFOneB, 2, 2);
+  auto& r1 = s.ranks[1];
+  r1.erase(std::find(r1.begin(), r1.end(), Action{Op::RecvAct, 1, 0, 0}));
+  std::string e = error_of(s);
+  EXPECT_NE(e.find("rank 0: send act m1 s0 -> rank 1 has no matching receive on rank 1"), std::string::npos) << e;
+  // The receive moved after the forward that needs it.
+  s = build_schedule(Schedule::OneFOneB, 2, 2);
+  auto& q = s.ranks[1];
+  auto recv = std::find(q.begin(), q.end(), Action{Op::RecvAct, 0, 0, 0});
+  std::iter_swap(recv, recv + 1);
+  e = error_of(s);
+  EXPECT_NE(e.find("rank 1: F m0 s1 needs the activation of m0 s0"), std::string::npos) << e;
+  // A cycle: rank 0 waits for m0's gradient before running m0's forward.
+  s = build_schedule(Schedule::OneFOneB, 2, 2);
+  auto& z = s.ranks[0];
+  const Action grad{Op::RecvGrad, 0, 1, 1};
+  z.erase(std::find(z.begin(), z.end(), grad));
+  z.insert(z.begin(), grad);
+  e = error_of(s);
+  EXPECT_NE(e.find("deadlock"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 0 waits at recv grad m0 s1 <- rank 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1 waits at recv act m0 s0 <- rank 0"), std::string::npos) << e;
+  // A compute action dropped.
+  s = build_schedule(Schedule::GPipe, 2, 2);
+  s.ranks[0].erase(std::find(s.ranks[0].begin(), s.ranks[0].end(), Action{Op::Backward, 1, 0, -1}));
+  e = error_of(s);
+  EXPECT_NE(e.find("rank 0: B m1 s0 is missing"), std::string::npos) << e;
+}
+
+TEST(Schedule, BadSizesAreClearErrors) {
+  EXPECT_THROW(build_schedule(Schedule::Interleaved, 4, 6, 2), std::invalid_argument);  // 6 % 4
+  EXPECT_THROW(build_schedule(Schedule::Interleaved, 4, 8, 1), std::invalid_argument);
+  EXPECT_THROW(build_schedule(Schedule::OneFOneB, 4, 8, 2), std::invalid_argument);
+  EXPECT_THROW(build_schedule(Schedule::GPipe, 0, 8), std::invalid_argument);
+  const std::string t = timeline(build_schedule(Schedule::OneFOneB, 2, 2), simulate(build_schedule(Schedule::OneFOneB, 2, 2)));
+  EXPECT_NE(t.find("rank  0 |F0 F1  .  . B0 B0  . B1 B1 |"), std::string::npos) << t;
+  EXPECT_NE(t.find("rank  1 | . F0 B0 B0 F1 B1 B1  .  . |"), std::string::npos) << t;
 }
 
 }  // namespace

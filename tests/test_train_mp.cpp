@@ -60,7 +60,7 @@ std::vector<Batch> split(const Batch& b, int64_t first, int64_t count, int64_t m
 // How gradients cross the data-parallel group.
 enum class Reduce { Flat, DdpOverlapped, DdpAfterBackward };
 
-void check(int tp_size, Reduce reduce = Reduce::Flat) {
+void check(int tp_size, Reduce reduce = Reduce::Flat, plan::Recompute recompute = plan::Recompute::None) {
   Runtime& rt = runtime();
   DeviceMesh mesh(rt, MeshLayout::create(rt.world_size(), {{"tp", tp_size}}));
   Comm& tp = mesh.axis("tp");
@@ -72,6 +72,7 @@ void check(int tp_size, Reduce reduce = Reduce::Flat) {
   o.lr = 1e-2;
   o.warmup_steps = 1;
   o.total_steps = 3;
+  model.set_recompute(recompute);  // reentrant backward: DDP's hooks fire inside it
   std::unique_ptr<DataParallel> ddp;
   if (reduce != Reduce::Flat) {
     // Replicas that start apart: DDP's broadcast from rank 0 must align them.
@@ -126,6 +127,7 @@ TEST(Ddp, MatchesOneProcess) {
   if (kGlobal % runtime().world_size() != 0) GTEST_SKIP() << "the global batch of 8 needs dp dividing 8";
   check(1, Reduce::DdpOverlapped);
   check(1, Reduce::DdpAfterBackward);
+  check(1, Reduce::DdpOverlapped, plan::Recompute::Full);
 }
 
 TEST(Ddp, TimesTensorParallelMatchesOneProcess) {

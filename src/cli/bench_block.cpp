@@ -93,10 +93,6 @@ void add_bench_block(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
         (which ? ours : plain).push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
     const double tokens = static_cast<double>(o->batch * o->seq);
     const double t_ours = median(ours), t_plain = median(plain);
     fmt::print("block of {} (h={}, heads={}, ffn={}), batch {} x seq {}, fp32, {} threads, {} iterations each\n",

@@ -89,10 +89,6 @@ void add_bench_dp(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs)
       }
     }
     if (rt->rank() == 0) {
-      auto median = [](std::vector<double> t) {
-        std::sort(t.begin(), t.end());
-        return t[t.size() / 2];
-      };
       fmt::print("{} ({} parameters, {} MiB of fp32 gradients), {} ranks, micro-batch {} x seq {} per rank, {} "
                  "bucket(s) of <= {} MiB, {} threads per rank; {} rounds x {} steps\n",
                  spec.name, model.params().local_numel(), model.params().local_numel() * 4 >> 20, dp.size(),

@@ -117,10 +117,6 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
         }
       }
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
     const double tokens = static_cast<double>(o->micro_batch * o->seq);
     const double a = median(t_trainer), b = median(t_bare);
     fmt::print("{} ({} parameters), micro-batch {} x seq {}, {}, recompute {}, {} threads; {} rounds x {} steps each\n",

@@ -5,6 +5,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <sstream>
+
+#include "meshtrain/plan/schedule.h"
+
 #include <memory>
 
 #include "cli/commands.h"
@@ -53,7 +58,19 @@ Run add_plan(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("plan", "memory ledger, communication, step time and a strategy search");
-  cmd->add_option("--model", o->model, "preset name (see the error for the list)")->required();
+  cmd->add_option("--model", o->model, "preset name (see the error for the list)");
+  // meshtrain plan schedule --pp P --microbatches M --schedule S [--virtual V]
+  struct Sched {
+    int pp = 4, micro = 8, v = 1;
+    std::string schedule = "1f1b", costs = "1,2";
+  };
+  auto so = std::make_shared<Sched>();
+  auto sched = cmd->add_subcommand("schedule", "a pipeline schedule: checked, simulated, printed as a timeline");
+  sched->add_option("--pp", so->pp, "pipeline ranks")->capture_default_str();
+  sched->add_option("--microbatches", so->micro, "micro-batches per step")->capture_default_str();
+  sched->add_option("--schedule", so->schedule, "gpipe 1f1b interleaved zb-h1")->capture_default_str();
+  sched->add_option("--virtual", so->v, "virtual stages per rank (interleaved)")->capture_default_str();
+  sched->add_option("--costs", so->costs, "F,B (or F,B,W for zb-h1) in units of time")->capture_default_str();
   cmd->add_option("--gpus", o->gpus, "number of GPUs");
   cmd->add_option("--gpu", o->gpu, "h100 h200 a100 a100-40g v100 b200 cpu");
   cmd->add_option("--gpus-per-node", o->per_node, "GPUs per node (default: the GPU preset's)");
@@ -74,7 +91,32 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo");
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank");
   cmd->add_option("--lora-targets", o->lora_targets, "qv or all");
-  return [o]() {
+  return [o, so, sched]() {
+    if (sched->parsed()) {
+      const plan::Schedule kind = plan::parse_schedule(so->schedule);
+      plan::PipelineSchedule s = plan::build_schedule(kind, so->pp, so->micro, so->v);
+      plan::ActionCosts c;
+      std::vector<double> v;
+      std::stringstream in(so->costs);
+      for (std::string part; std::getline(in, part, ',');) {
+        try {
+          v.push_back(std::stod(part));
+        } catch (const std::exception&) {
+          throw std::invalid_argument(fmt::format("--costs '{}' is not a list of numbers", so->costs));
+        }
+      }
+      if (v.size() < 2 || v.size() > 3 || *std::min_element(v.begin(), v.end()) <= 0) {
+        throw std::invalid_argument(fmt::format("--costs '{}' must be F,B or F,B,W, all positive", so->costs));
+      }
+      c.forward = v[0];
+      c.backward = v[1] + (v.size() == 3 ? v[2] : 0);
+      c.backward_input = v.size() == 3 ? v[1] : v[1] / 2;
+      c.backward_weight = v.size() == 3 ? v[2] : v[1] / 2;
+      const plan::SimulationResult r = plan::simulate(s, c);
+      fmt::print("{}", plan::timeline(s, r, c));
+      return 0;
+    }
+    if (o->model.empty()) throw std::invalid_argument("plan needs --model NAME (or the subcommand `schedule`)");
     plan::SearchInput in;
     in.model = plan::preset(o->model);
     in.gpu = plan::gpu_preset(o->gpu);

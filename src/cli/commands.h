@@ -50,6 +50,9 @@ int relaunch_if_needed(int nproc);
 // when it fails.
 std::string capture_output(const std::vector<std::string>& args);
 
+// The median of benchmark samples (the upper one of an even count).
+double median(std::vector<double> samples);
+
 // Joins the job the environment describes, with a collective timeout in seconds.
 std::unique_ptr<Runtime> start_runtime(double timeout_s);
 

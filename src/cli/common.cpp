@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <stdexcept>
@@ -59,6 +60,12 @@ std::unique_ptr<Runtime> start_runtime(double timeout_s) {
 }  // namespace meshtrain::cli
 
 namespace meshtrain::cli {
+
+double median(std::vector<double> samples) {
+  if (samples.empty()) throw std::invalid_argument("median of no samples");
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
 
 std::string capture_output(const std::vector<std::string>& args) {
   int fds[2];
