@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/plan/partition.h"
 #include "meshtrain/plan/schedule.h"
 #include "meshtrain/plan/search.h"
 
@@ -324,6 +325,53 @@ TEST(Schedule, BadSizesAreClearErrors) {
   const std::string t = timeline(build_schedule(Schedule::OneFOneB, 2, 2), simulate(build_schedule(Schedule::OneFOneB, 2, 2)));
   EXPECT_NE(t.find("rank  0 |F0 F1  .  . B0 B0  . B1 B1 |"), std::string::npos) << t;
   EXPECT_NE(t.find("rank  1 | . F0 B0 B0 F1 B1 B1  .  . |"), std::string::npos) << t;
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+TEST(Partition, BalancesParametersAndChecksLists) {
+  // Uniform layers, no embedding weight to speak of: an even split.
+  ModelSpec m = preset("llama2-7b");
+  auto even = partition_layers(m, 4);
+  ASSERT_EQ(even.size(), 4u);
+  EXPECT_EQ(even[0].first, 0);
+  EXPECT_EQ(even[3].last, 32);
+  for (size_t s = 1; s < even.size(); ++s) EXPECT_EQ(even[s].first, even[s - 1].last);
+  // The embedding and head (32000 x 4096 each, ~0.65 of a layer's 202M) push
+  // layers off the first and last stages only when it lowers the maximum.
+  const int64_t max_stage = std::max_element(even.begin(), even.end(), [](auto& a, auto& b) { return a.params < b.params; })->params;
+  const ParamCount c = count_params(m);
+  EXPECT_LE(max_stage, 9 * c.layer.total() + c.embedding);
+  // gpt2-124m on 4 stages: the tied 50257 x 768 embedding (38.6M, ~5 layers of 7.1M)
+  // sits on stage 0 and again on the last: those stages get fewer layers.
+  ModelSpec g = preset("gpt2-124m");
+  auto gs = partition_layers(g, 4);
+  EXPECT_LT(gs[0].last - gs[0].first, gs[1].last - gs[1].first);
+  EXPECT_LT(gs[3].last - gs[3].first, gs[2].last - gs[2].first);
+  // Every stage non-empty, all layers assigned.
+  int64_t total = 0;
+  for (const auto& s : gs) {
+    EXPECT_GE(s.last - s.first, 1);
+    total += s.last - s.first;
+  }
+  EXPECT_EQ(total, g.layers);
+  // A user list is taken as given, and checked.
+  auto user = partition_layers(g, 3, {2, 5, 5});
+  EXPECT_EQ(user[1].first, 2);
+  EXPECT_EQ(user[2].last, 12);
+  EXPECT_THROW(partition_layers(g, 3, {2, 5, 4}), std::invalid_argument);  // sums to 11
+  EXPECT_THROW(partition_layers(g, 3, {0, 6, 6}), std::invalid_argument);
+  EXPECT_THROW(partition_layers(g, 4, {4, 4, 4}), std::invalid_argument);
+  try {
+    partition_layers(g, 16);
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("12 layers, too few for 16 pipeline stages"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
