@@ -31,8 +31,9 @@ void check_divisible(const plan::ModelSpec& m, int tp) {
 
 }  // namespace
 
-Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed)
+Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed, StagePart part)
     : spec_(spec),
+      part_(part),
       comm_(tp),
       tp_{&tp, sequence_parallel && tp.size() > 1},
       store_(seed, tp.rank(), tp.size()),
@@ -47,9 +48,18 @@ Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_pa
     w = store_.create(name + ".weight", {h}, Init::Ones, 0, -1, sp);
     if (ln) b = store_.create(name + ".bias", {h}, Init::Zeros, 0, -1, sp);
   };
-  embed_ = VocabParallelEmbedding(store_, "embed", spec_.vocab, padded_vocab_, h, std, tp_);
-  if (spec_.position == plan::Position::Learned) pos_ = store_.create("pos.weight", {spec_.seq, h}, Init::Normal, std, -1, sp);
-  for (int64_t i = 0; i < L; ++i) {
+  if (part_.last < 0) part_.last = L;
+  if (part_.first < 0 || part_.first >= part_.last || part_.last > L) {
+    throw std::invalid_argument(fmt::format("stage layers [{}, {}) outside the model's {} layers", part_.first,
+                                            part_.last, L));
+  }
+  if (part_.embedding || (part_.head && spec_.tied)) {
+    embed_ = VocabParallelEmbedding(store_, "embed", spec_.vocab, padded_vocab_, h, std, tp_);
+  }
+  if (part_.embedding && spec_.position == plan::Position::Learned) {
+    pos_ = store_.create("pos.weight", {spec_.seq, h}, Init::Normal, std, -1, sp);
+  }
+  for (int64_t i = part_.first; i < part_.last; ++i) {
     const std::string p = fmt::format("layers.{}.", i);
     Block blk;
     norm_params(p + "norm1", blk.norm1_w, blk.norm1_b);
@@ -68,8 +78,10 @@ Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_pa
     }
     blocks_.push_back(std::move(blk));
   }
-  norm_params("final_norm", final_w_, final_b_);
-  if (!spec_.tied) head_ = ColumnParallelLinear(store_, "head", h, padded_vocab_, false, std, tp_);
+  if (part_.head) {
+    norm_params("final_norm", final_w_, final_b_);
+    if (!spec_.tied) head_ = ColumnParallelLinear(store_, "head", h, padded_vocab_, false, std, tp_);
+  }
   set_dropout_seed(seed, 0);
 }
 
@@ -130,6 +142,14 @@ at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x) const {
 }
 
 at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache) {
+  if (!part_.embedding || !part_.head) throw std::logic_error("a pipeline stage runs stage_forward, not the whole model");
+  at::Tensor x = run_blocks(embed_tokens(tokens, train, cache), train, cache);
+  std::optional<SegmentProfiler::Scope> rest;
+  if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
+  return norm(x, final_w_, final_b_);
+}
+
+at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache) {
   if (tokens.dim() != 2) throw std::invalid_argument("tokens must be [batch, seq]");
   const int64_t past = cache ? cache->length : 0;
   const int64_t s = tokens.size(1);
@@ -148,7 +168,11 @@ at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCa
     x = x + pos_.narrow(0, first, rows).unsqueeze(1);
   }
   if (train && spec_.dropout > 0) x = nn::dropout(x, spec_.dropout, residual_rng());
-  rest.reset();
+  return x;
+}
+
+at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache) {
+  const int64_t s = x.size(0) * (tp_.sequence_parallel ? tp_.size() : 1);
   for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) {
     if (recompute_ == nn::Recompute::Full && train && !cache) {
       auto blk = [this, i](const std::vector<at::Tensor>& in) {
@@ -160,8 +184,16 @@ at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCa
     }
   }
   if (cache) cache->length += s;
-  if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
-  return norm(x, final_w_, final_b_);
+  return x;
+}
+
+at::Tensor Transformer::stage_forward(const at::Tensor& x, const at::Tensor& targets, bool train) {
+  at::Tensor h = part_.embedding ? embed_tokens(x, train, nullptr) : x;
+  h = run_blocks(h, train, nullptr);
+  if (!part_.head) return h;
+  if (targets.dim() != 2) throw std::invalid_argument("targets must be [batch, seq]");
+  at::Tensor l = head(norm(h, final_w_, final_b_));
+  return vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab);
 }
 
 at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool train) {

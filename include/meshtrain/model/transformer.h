@@ -57,11 +57,26 @@ struct KVCache {
   int64_t length = 0;
 };
 
+// The part of the model a pipeline stage holds: layers [first, last) (global
+// indices, so names and initial weights equal the whole model's), the
+// embedding (first stage) and the final norm + head (last stage; with tied
+// embeddings it holds its own copy of embed.weight).
+struct StagePart {
+  int64_t first = 0, last = -1;  // -1: through the last layer
+  bool embedding = true, head = true;
+};
+
 class Transformer {
  public:
   // Throws std::invalid_argument when the spec does not divide by tp (heads, kv
   // heads, ffn; the sequence with sequence parallelism).
-  Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed);
+  Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed, StagePart part = {});
+
+  // A pipeline stage's forward: `x` is tokens [b, s] when the stage has the
+  // embedding, else hidden states [s(/tp), b, h]. Returns hidden states, or on
+  // the stage with the head, the per-token loss [s, b] of `targets`.
+  at::Tensor stage_forward(const at::Tensor& x, const at::Tensor& targets, bool train = true);
+  const StagePart& part() const { return part_; }
 
   // Per-token loss [s, b] (fp32, the same on every tp rank). targets < 0 are ignored.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets, bool train = true);
@@ -104,9 +119,12 @@ class Transformer {
   at::Tensor run_block(int64_t i, const at::Tensor& x, bool train, KVCache* cache);
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
   at::Tensor hidden_states(const at::Tensor& tokens, bool train, KVCache* cache = nullptr);
+  at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache);
+  at::Tensor run_blocks(at::Tensor x, bool train, KVCache* cache);
   at::Tensor head(const at::Tensor& h);
 
   plan::ModelSpec spec_;
+  StagePart part_;
   Comm& comm_;
   TensorParallel tp_;
   ParamStore store_;

@@ -1,0 +1,55 @@
+// Runs a pipeline schedule (plan/schedule.h) on real ranks: point-to-point
+// activations and gradients, autograd per (micro-batch, stage).
+//
+// - Activation shapes are known from the config ([s(/tp), b, h]): no shape
+//   handshake per step.
+// - Sends are asynchronous (isend) and waited for at the end of the step, as
+//   the schedule checker assumes; receives block until the data is there.
+//   Each message has a tag made of (kind, micro-batch, stage), so messages of
+//   both directions and kinds between two ranks never get confused.
+// - The loss of every micro-batch is divided by the global number of target
+//   tokens before backward (train/step.h), so gradients accumulate over the
+//   micro-batches to the gradient of the global mean loss.
+// - Tied embeddings: the first and last stage each hold embed.weight; after
+//   the step their gradients are summed over `embedding_group` (the ranks of
+//   stage 0 and stage S-1), so both copies stay identical (Megatron-LM does
+//   the same).
+// The split backward of ZB-H1 (B and W separately) is not executed yet.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "meshtrain/data/loader.h"
+#include "meshtrain/plan/schedule.h"
+
+namespace meshtrain {
+
+class Comm;
+class Transformer;
+
+class PipelineExecutor {
+ public:
+  // chunks[c]: this rank's virtual stage c * pp + rank (v chunks). `pp`: the
+  // pipeline group, rank i = pipeline rank i. `activation`: [s(/tp), b, h].
+  PipelineExecutor(const plan::PipelineSchedule& schedule, std::vector<Transformer*> chunks, Comm& pp,
+                   std::vector<int64_t> activation, Comm* embedding_group = nullptr);
+
+  // One step over `micro` (all M micro-batches; every rank gets the same list:
+  // the first stage reads tokens, the last targets). `tokens`: the global
+  // number of target tokens. Returns the summed loss (global mean), on every rank.
+  double run(const std::vector<Batch>& micro, double tokens);
+
+  // Seconds this rank spent waiting in receives during the last run (the bubble, measured).
+  double last_wait_seconds() const { return wait_s_; }
+
+ private:
+  plan::PipelineSchedule s_;
+  std::vector<Transformer*> chunks_;
+  Comm& pp_;
+  std::vector<int64_t> shape_;
+  Comm* embed_group_;
+  double wait_s_ = 0;
+};
+
+}  // namespace meshtrain

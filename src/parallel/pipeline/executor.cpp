@@ -1,0 +1,114 @@
+#include "meshtrain/parallel/pipeline/executor.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <map>
+#include <stdexcept>
+
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+
+PipelineExecutor::PipelineExecutor(const plan::PipelineSchedule& schedule, std::vector<Transformer*> chunks, Comm& pp,
+                                   std::vector<int64_t> activation, Comm* embedding_group)
+    : s_(schedule), chunks_(std::move(chunks)), pp_(pp), shape_(std::move(activation)), embed_group_(embedding_group) {
+  if (pp.size() != s_.pp) {
+    throw std::invalid_argument(fmt::format("pipeline group has {} ranks, the schedule {}", pp.size(), s_.pp));
+  }
+  if (static_cast<int>(chunks_.size()) != s_.virtual_stages) {
+    throw std::invalid_argument(fmt::format("{} model chunks on this rank, the schedule has {} virtual stages",
+                                            chunks_.size(), s_.virtual_stages));
+  }
+  if (s_.split_backward) throw std::invalid_argument("the executor runs B and W together; ZB-H1 is simulated only for now");
+  plan::simulate(s_);  // refuse a broken schedule before any rank sends anything
+}
+
+double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
+  if (static_cast<int>(micro.size()) != s_.micro) {
+    throw std::invalid_argument(fmt::format("{} micro-batches given, the schedule has {}", micro.size(), s_.micro));
+  }
+  const int rank = pp_.rank(), S = s_.stages();
+  auto tag = [&](int kind, int m, int stage) { return (stage * s_.micro + m) * 2 + kind; };
+  using Key = std::pair<int, int>;  // (micro, stage)
+  std::map<Key, at::Tensor> inputs, outputs, acts, grads;
+  std::vector<CommWork> sends;
+  std::vector<at::Tensor> in_flight;  // tensors being sent stay alive until their send completes
+  double loss = 0;
+  wait_s_ = 0;
+  for (const plan::Action& a : s_.ranks[rank]) {
+    const Key key{a.micro, a.stage};
+    switch (a.op) {
+      case plan::Op::RecvAct:
+      case plan::Op::RecvGrad: {
+        at::Tensor buf = at::empty(shape_, at::kFloat);
+        const auto t0 = std::chrono::steady_clock::now();
+        pp_.recv(buf, a.peer, tag(a.op == plan::Op::RecvAct ? 0 : 1, a.micro, a.stage));
+        wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        // An activation of stage s feeds stage s + 1; a gradient of stage s + 1 feeds stage s.
+        if (a.op == plan::Op::RecvAct) acts[{a.micro, a.stage + 1}] = buf;
+        else grads[{a.micro, a.stage - 1}] = buf;
+        break;
+      }
+      case plan::Op::Forward: {
+        Transformer& chunk = *chunks_.at(a.stage / s_.pp);
+        at::Tensor in = a.stage == 0 ? micro[a.micro].tokens : acts.at(key).requires_grad_(true);
+        acts.erase(key);
+        at::Tensor out = chunk.stage_forward(in, micro[a.micro].targets);
+        if (a.stage == S - 1) {
+          out = out.sum() / tokens;
+          loss += out.item<double>();
+        }
+        inputs[key] = in;
+        outputs[key] = out;
+        break;
+      }
+      case plan::Op::SendAct: {
+        at::Tensor out = outputs.at(key).detach().contiguous();
+        in_flight.push_back(out);
+        sends.push_back(pp_.isend(out, a.peer, tag(0, a.micro, a.stage)));
+        break;
+      }
+      case plan::Op::Backward: {
+        at::Tensor out = outputs.at(key);
+        if (a.stage == S - 1) {
+          out.backward();
+        } else {
+          out.backward(grads.at(key));
+          grads.erase(key);
+        }
+        outputs.erase(key);
+        if (a.stage == 0) inputs.erase(key);
+        break;
+      }
+      case plan::Op::SendGrad: {
+        at::Tensor g = inputs.at(key).grad().contiguous();
+        inputs.erase(key);
+        in_flight.push_back(g);
+        sends.push_back(pp_.isend(g, a.peer, tag(1, a.micro, a.stage)));
+        break;
+      }
+      case plan::Op::BackwardWeight:
+        throw std::logic_error("split backward is not executed");
+    }
+  }
+  for (auto& w : sends) w.wait();
+  for (Transformer* c : chunks_) c->finalize_grads();
+  if (embed_group_ && embed_group_->size() > 1) {
+    for (Transformer* c : chunks_) {
+      for (auto& p : c->params().params()) {
+        if (p.name != "embed.weight") continue;
+        if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
+        embed_group_->all_reduce(p.tensor.mutable_grad());
+      }
+    }
+  }
+  at::Tensor l = at::tensor({loss}, at::kDouble);
+  pp_.all_reduce(l);  // only the last stage has a nonzero loss
+  return l.item<double>();
+}
+
+}  // namespace meshtrain
