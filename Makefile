@@ -42,6 +42,7 @@ bench: build
 	./bench/tp_block.sh $(BUILD)
 	./bench/train.sh $(BUILD)
 	./bench/dp.sh $(BUILD)
+	./bench/pipeline.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

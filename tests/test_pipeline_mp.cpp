@@ -17,7 +17,6 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/parallel/pipeline/executor.h"
-#include "meshtrain/plan/partition.h"
 #include "tests/mp.h"
 
 namespace meshtrain::test {
@@ -71,15 +70,9 @@ void check(plan::Schedule kind, int m, int v, bool tied) {
   std::map<std::string, at::Tensor> ref;
   for (const auto& p : whole.params().params()) ref[p.name] = p.tensor.grad();
   // The pipeline: this rank's v chunks.
-  const auto ranges = plan::partition_layers(sp, P * v);
-  std::vector<std::unique_ptr<Transformer>> chunks;
+  auto chunks = build_stages(sp, solo, false, 9, rt.rank(), P, v);
   std::vector<Transformer*> raw;
-  for (int c = 0; c < v; ++c) {
-    const int stage = c * P + rt.rank();
-    StagePart part{ranges[stage].first, ranges[stage].last, stage == 0, stage == P * v - 1};
-    chunks.push_back(std::make_unique<Transformer>(sp, solo, false, 9, part));
-    raw.push_back(chunks.back().get());
-  }
+  for (auto& c : chunks) raw.push_back(c.get());
   std::unique_ptr<Comm> embed;
   if (tied && P > 1 && (rt.rank() == 0 || rt.rank() == P - 1)) embed = rt.new_group({0, P - 1}, "embed");
   PipelineExecutor exec(plan::build_schedule(kind, P, m, v), raw, pp, {sp.seq, mb, sp.hidden}, embed.get());

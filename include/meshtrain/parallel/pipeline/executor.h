@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "meshtrain/data/loader.h"
@@ -27,6 +28,12 @@ namespace meshtrain {
 
 class Comm;
 class Transformer;
+
+// This pipeline rank's model chunks: virtual stages rank, rank + pp, ... of
+// pp x v stages partitioned by plan::partition_layers (balanced, or the list).
+std::vector<std::unique_ptr<Transformer>> build_stages(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel,
+                                                       uint64_t seed, int pp_rank, int pp, int v,
+                                                       const std::vector<int64_t>& layers_per_stage = {});
 
 class PipelineExecutor {
  public:
