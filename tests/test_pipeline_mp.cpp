@@ -1,5 +1,5 @@
-// Pipeline parallelism against one process: every schedule the executor runs
-// (GPipe, 1F1B, interleaved 1F1B) on pp = world ranks, with M = p and 2p
+// Pipeline parallelism against one process: every schedule (GPipe, 1F1B,
+// interleaved 1F1B, ZB-H1 with its split backward) on pp = world ranks, with M = p and 2p
 // micro-batches: the loss and every parameter's gradient equal those of the
 // whole model run on the same global batch in one process.
 //
@@ -96,6 +96,7 @@ TEST(Pipeline, EveryScheduleMatchesOneProcess) {
       check(plan::Schedule::GPipe, m, 1, tied);
       check(plan::Schedule::OneFOneB, m, 1, tied);
       check(plan::Schedule::Interleaved, m, 2, tied);
+      check(plan::Schedule::ZBH1, m, 1, tied);
     }
   }
 }

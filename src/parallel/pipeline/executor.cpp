@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <chrono>
 #include <map>
@@ -38,7 +39,14 @@ PipelineExecutor::PipelineExecutor(const plan::PipelineSchedule& schedule, std::
     throw std::invalid_argument(fmt::format("{} model chunks on this rank, the schedule has {} virtual stages",
                                             chunks_.size(), s_.virtual_stages));
   }
-  if (s_.split_backward) throw std::invalid_argument("the executor runs B and W together; ZB-H1 is simulated only for now");
+  if (s_.split_backward) {
+    for (Transformer* c : chunks_) {
+      if (c->recompute() != plan::Recompute::None) {
+        // The re-run inside backward accumulates weight gradients during B: W would count them twice.
+        throw std::invalid_argument("a split-backward schedule (zb-h1) cannot run with activation recomputation");
+      }
+    }
+  }
   plan::simulate(s_);  // refuse a broken schedule before any rank sends anything
 }
 
@@ -89,12 +97,30 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
       }
       case plan::Op::Backward: {
         at::Tensor out = outputs.at(key);
-        if (a.stage == S - 1) {
-          out.backward();
-        } else {
-          out.backward(grads.at(key));
-          grads.erase(key);
+        at::Tensor g = a.stage == S - 1 ? at::Tensor() : grads.at(key);
+        if (s_.split_backward) {
+          // B: the input gradient only (the graph stays for W). The first stage has no input to differentiate.
+          if (a.stage > 0) {
+            at::Tensor in = inputs.at(key);
+            in.mutable_grad() = torch::autograd::grad({out}, {in}, {g}, /*retain_graph=*/true)[0];
+          }
+          break;
         }
+        torch::autograd::backward({out}, {g});
+        grads.erase(key);
+        outputs.erase(key);
+        if (a.stage == 0) inputs.erase(key);
+        break;
+      }
+      case plan::Op::BackwardWeight: {
+        // W: the weight gradients of this (micro-batch, stage), accumulated into
+        // the parameters only. (It walks the stage's graph again: correct, but
+        // without ZB's saving until linears split dW = x^T dy themselves.)
+        at::Tensor g = a.stage == S - 1 ? at::Tensor() : grads.at(key);
+        std::vector<at::Tensor> weights;
+        for (auto& p : chunks_.at(a.stage / s_.pp)->params().params()) weights.push_back(p.tensor);
+        torch::autograd::backward({outputs.at(key)}, {g}, /*retain_graph=*/false, false, weights);
+        grads.erase(key);
         outputs.erase(key);
         if (a.stage == 0) inputs.erase(key);
         break;
@@ -106,8 +132,6 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
         sends.push_back(pp_.isend(g, a.peer, tag(1, a.micro, a.stage)));
         break;
       }
-      case plan::Op::BackwardWeight:
-        throw std::logic_error("split backward is not executed");
     }
   }
   for (auto& w : sends) w.wait();

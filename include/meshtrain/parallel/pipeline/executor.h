@@ -14,7 +14,10 @@
 //   the step their gradients are summed over `embedding_group` (the ranks of
 //   stage 0 and stage S-1), so both copies stay identical (Megatron-LM does
 //   the same).
-// The split backward of ZB-H1 (B and W separately) is not executed yet.
+// - Split backward (ZB-H1): B computes the stage input's gradient only and
+//   keeps the graph; W then accumulates the weight gradients. W walks the
+//   graph again, so the schedule is exact but does not yet save time (that
+//   needs dW = x^T dy split inside the linear layers). Not with recomputation.
 #pragma once
 
 #include <cstdint>
