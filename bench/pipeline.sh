@@ -15,7 +15,8 @@ OUT=docs/bench-pipeline.md
   echo "Gloo over loopback. Predicted: the schedule simulated with forward = 1 and backward = 2 per stage. Measured:"
   echo "the largest share of the step any rank spent blocked in receives (median of the timed steps). ZB-H1 runs"
   echo "with exact gradients but its W pass re-walks the graph (no time saving yet), so it is not timed here."
-  for args in "--nproc 2 --model gpt2-124m --seq 128 --steps 3" "--nproc 4 --model gpt2-124m --seq 64 --steps 2"; do
+  for args in "--nproc 2 --model gpt2-124m --seq 128 --steps 3" "--nproc 2 --model gpt2-124m --seq 128 --steps 3 --balance compute" \
+              "--nproc 4 --model gpt2-124m --seq 64 --steps 2"; do
     echo
     echo "\`$BUILD/meshtrain bench pipeline $args\`"
     echo

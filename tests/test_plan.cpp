@@ -359,6 +359,12 @@ TEST(Partition, BalancesParametersAndChecksLists) {
     total += s.last - s.first;
   }
   EXPECT_EQ(total, g.layers);
+  // Balanced by compute, the embedding lookup is free: stage 0 gets more layers
+  // than the last stage, which multiplies by the 50257 x 768 head.
+  auto gc = partition_layers(g, 2, {}, Balance::Compute);
+  EXPECT_GT(gc[0].last - gc[0].first, gc[1].last - gc[1].first);
+  auto gp = partition_layers(g, 2);
+  EXPECT_EQ(gp[0].last - gp[0].first, gp[1].last - gp[1].first);  // parameters: symmetric (tied copy on both ends)
   // A user list is taken as given, and checked.
   auto user = partition_layers(g, 3, {2, 5, 5});
   EXPECT_EQ(user[1].first, 2);

@@ -24,6 +24,7 @@ void add_bench_pipeline(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>&
     std::string model = "gpt2-124m";
     int64_t micro_batch = 1, seq = 128;
     int micro = 0, steps = 3, nproc = 2, layers = 0;
+    std::string balance = "parameters";
   };
   auto o = std::make_shared<Opts>();
   auto cmd = bench->add_subcommand("pipeline", "pipeline schedules: step time, predicted and measured bubble");
@@ -34,10 +35,15 @@ void add_bench_pipeline(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>&
   cmd->add_option("--microbatches", o->micro, "micro-batches per step (default 4 x ranks)");
   cmd->add_option("--steps", o->steps, "timed steps per schedule")->capture_default_str();
   cmd->add_option("--nproc", o->nproc, "pipeline ranks to start on this machine")->capture_default_str();
+  cmd->add_option("--balance", o->balance, "stage balance: parameters | compute")->capture_default_str();
   runs.emplace_back(cmd, [o]() {
     if (o->micro_batch < 1 || o->seq < 1 || o->steps < 1 || o->micro < 0) {
       throw std::invalid_argument("--micro-batch, --seq and --steps must be positive");
     }
+    if (o->balance != "parameters" && o->balance != "compute") {
+      throw std::invalid_argument(fmt::format("--balance '{}' must be parameters or compute", o->balance));
+    }
+    const plan::Balance balance = o->balance == "compute" ? plan::Balance::Compute : plan::Balance::Parameters;
     if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
     auto rt = start_runtime(600);
     Comm& pp = rt->world();
@@ -63,12 +69,13 @@ void add_bench_pipeline(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>&
     std::vector<Variant> variants{{plan::Schedule::GPipe, 1}, {plan::Schedule::OneFOneB, 1}};
     if (P > 1 && M % P == 0 && spec.layers >= 2 * P) variants.push_back({plan::Schedule::Interleaved, 2});
     if (rt->rank() == 0) {
-      fmt::print("{} ({} layers), {} pipeline ranks, {} micro-batches of {} x {}; {} timed steps each\n", spec.name,
-                 spec.layers, P, M, o->micro_batch, o->seq, o->steps);
+      fmt::print("{} ({} layers), {} pipeline ranks, {} micro-batches of {} x {}, stages balanced by {}; {} timed "
+                 "steps each\n",
+                 spec.name, spec.layers, P, M, o->micro_batch, o->seq, o->balance, o->steps);
       fmt::print("{:<14} {:>12} {:>18} {:>26}\n", "schedule", "step s", "predicted bubble", "measured wait (max rank)");
     }
     for (const Variant& var : variants) {
-      auto chunks = build_stages(spec, solo, false, 1, rt->rank(), P, var.v);
+      auto chunks = build_stages(spec, solo, false, 1, rt->rank(), P, var.v, {}, balance);
       std::vector<Transformer*> raw;
       for (auto& c : chunks) raw.push_back(c.get());
       const plan::PipelineSchedule sched = plan::build_schedule(var.kind, P, M, var.v);

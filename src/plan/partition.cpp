@@ -11,7 +11,8 @@
 
 namespace meshtrain::plan {
 
-std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const std::vector<int64_t>& per_stage) {
+std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const std::vector<int64_t>& per_stage,
+                                         Balance balance) {
   const int64_t L = m.layers;
   if (stages < 1) throw std::invalid_argument(fmt::format("pipeline stages {} must be at least 1", stages));
   if (L < stages) {
@@ -26,6 +27,13 @@ std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const s
   auto stage_params = [&](int s, int64_t layers) {
     return layers * layer + (s == 0 ? first_extra : 0) + (s == stages - 1 ? last_extra : 0);
   };
+  // Matmul work per token in units of one multiply-add per weight: a layer's
+  // weights, the head's V x h; the embedding lookup and positions are free.
+  const int64_t head_cost = m.tied ? c.embedding : c.head;
+  auto stage_cost = [&](int s, int64_t layers) {
+    if (balance == Balance::Parameters) return stage_params(s, layers);
+    return layers * layer + (s == stages - 1 ? head_cost : 0);
+  };
   std::vector<int64_t> counts(per_stage);
   if (counts.empty()) {
     // Minimise the largest stage: dp[s][l] = best max over stages 0..s-1 holding l layers.
@@ -37,7 +45,7 @@ std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const s
       for (int64_t l = s; l <= L - (stages - s); ++l) {
         for (int64_t k = 1; k <= l - (s - 1); ++k) {
           if (best[s - 1][l - k] == kInf) continue;
-          const int64_t v = std::max(best[s - 1][l - k], stage_params(s - 1, k));
+          const int64_t v = std::max(best[s - 1][l - k], stage_cost(s - 1, k));
           // Ties: prefer the later stages lighter (fewer layers last), deterministic.
           if (v < best[s][l]) {
             best[s][l] = v;

@@ -15,6 +15,13 @@
 
 namespace meshtrain::plan {
 
+// What "balanced" balances. Parameters: every stage's parameter count (the
+// default; memory). Compute: matmul work per token, where the embedding
+// lookup costs nothing and the head (or tied embedding used as the head)
+// costs its V x h multiply — measured on gpt2-124m pp=2, parameter balance
+// leaves stage 0 light and the last stage heavy (docs/bench-pipeline.md).
+enum class Balance { Parameters, Compute };
+
 struct StageRange {
   int64_t first = 0, last = 0;  // layers [first, last)
   int64_t params = 0;           // parameters of the stage (embedding / head included)
@@ -24,6 +31,7 @@ struct StageRange {
 // per stage. Throws std::invalid_argument naming the numbers when there are
 // fewer layers than stages, or the list's length or sum is wrong, or a count is < 1.
 std::vector<StageRange> partition_layers(const ModelSpec& m, int stages,
-                                         const std::vector<int64_t>& layers_per_stage = {});
+                                         const std::vector<int64_t>& layers_per_stage = {},
+                                         Balance balance = Balance::Parameters);
 
 }  // namespace meshtrain::plan

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "meshtrain/data/loader.h"
+#include "meshtrain/plan/partition.h"
 #include "meshtrain/plan/schedule.h"
 
 namespace meshtrain {
@@ -36,7 +37,8 @@ class Transformer;
 // pp x v stages partitioned by plan::partition_layers (balanced, or the list).
 std::vector<std::unique_ptr<Transformer>> build_stages(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel,
                                                        uint64_t seed, int pp_rank, int pp, int v,
-                                                       const std::vector<int64_t>& layers_per_stage = {});
+                                                       const std::vector<int64_t>& layers_per_stage = {},
+                                                       plan::Balance balance = plan::Balance::Parameters);
 
 class PipelineExecutor {
  public:
