@@ -20,6 +20,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data/ddp.h"
 #include "meshtrain/runtime/mesh.h"
+#include "meshtrain/train/memory.h"
 #include "meshtrain/train/step.h"
 #include "tests/mp.h"
 
@@ -159,6 +160,29 @@ TEST(Ddp, CommBytesMatchTheFormula) {
   EXPECT_EQ(after.calls - before.calls, ddp.buckets() + 2);
   EXPECT_NEAR(static_cast<double>(after.wire_bytes - before.wire_bytes), 2 * (n - 1) / n * (4 * psi + 16),
               static_cast<double>(ddp.buckets() + 2));
+}
+
+// After a step, every rank holds 4Ψ of fp32 weights, 4Ψ of gradients and 8Ψ
+// of Adam moments (the 16Ψ of the formula table), plus 4Ψ of DDP buckets.
+TEST(Ddp, MeasuredMemoryMatchesTheFormula) {
+  Comm& dp = runtime().world();
+  const plan::ModelSpec spec = model_spec();
+  Comm solo("solo", runtime().rank());
+  Transformer model(spec, solo, false, 5);
+  DataParallel ddp(model.params().params(), dp, DdpOptions{64 << 10, true, false});
+  AdamW opt(model.params().params(), AdamWOptions{});
+  TrainStep step(model, opt, dp, solo, {Precision::Fp32, nullptr, &ddp});
+  Batch g = global_batch(spec, 0);
+  const int64_t per_rank = kGlobal / dp.size();
+  step.run(split(g, dp.rank() * per_rank, per_rank, per_rank));
+  const MemoryUse m = measure_memory(model.params().params(), opt, &ddp);
+  const double psi = static_cast<double>(model.params().local_numel());
+  EXPECT_NEAR(static_cast<double>(m.state()), 16 * psi, 0.05 * 16 * psi);
+  EXPECT_EQ(m.params, static_cast<int64_t>(4 * psi));
+  EXPECT_EQ(m.optimizer, static_cast<int64_t>(8 * psi));
+  EXPECT_EQ(m.buffers, static_cast<int64_t>(4 * psi));
+  const std::string table = memory_table(model.params().local_numel(), dp.size(), m, "DDP fp32");
+  EXPECT_NE(table.find("ZeRO-3: 16P/N"), std::string::npos) << table;
 }
 
 TEST(Ddp, BucketsFollowReverseOrderAndUnusedParametersAreNamed) {

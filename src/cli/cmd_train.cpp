@@ -27,6 +27,7 @@
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/memory.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/step.h"
@@ -246,6 +247,11 @@ int train(const TrainConfig& c) {
       if (lead) fmt::print("step {:>5} | validation loss {:.4f} | perplexity {:.2f}\n", s, v, std::exp(v));
     }
     if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
+    if (s == start + 1 && lead) {
+      fmt::print("{}", memory_table(model.params().local_numel(), dp.size(),
+                                    measure_memory(model.params().params(), opt, ddp.get()),
+                                    fmt::format("{} {}", ddp ? "DDP" : "one replica", c.precision)));
+    }
   }
   if (saver) {
     saver->wait();

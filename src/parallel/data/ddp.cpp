@@ -186,6 +186,12 @@ void DataParallel::finish() {
 
 size_t DataParallel::buckets() const { return s_->buckets.size(); }
 
+int64_t DataParallel::buffer_bytes() const {
+  int64_t b = 0;
+  for (const auto& bucket : s_->buckets) b += bucket.flat.numel() * 4;
+  return b;
+}
+
 std::vector<std::vector<std::string>> DataParallel::bucket_names() const {
   std::vector<std::vector<std::string>> out;
   for (const auto& b : s_->buckets) {

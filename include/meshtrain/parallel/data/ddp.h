@@ -51,6 +51,7 @@ class DataParallel {
   void finish();
 
   size_t buckets() const;
+  int64_t buffer_bytes() const;  // the buckets' flat fp32 buffers
   // Parameter names per bucket, in launch order (for tests and the log).
   std::vector<std::vector<std::string>> bucket_names() const;
 

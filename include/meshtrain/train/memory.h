@@ -1,0 +1,37 @@
+// Per-rank memory of training state, measured from the live tensors, beside
+// the ZeRO paper's formulas (Rajbhandari et al., arXiv 1910.02054 sec. 3, with
+// K = 12 bytes of optimizer state per parameter for mixed-precision Adam).
+//
+//   per rank, Ψ parameters, N data-parallel ranks   mixed precision   fp32 (meshtrain's fp32 mode)
+//   DDP (no sharding)                               16Ψ = 2+2+12      16Ψ = 4+4+8
+//   ZeRO-1 (optimizer states sharded)               4Ψ + 12Ψ/N        8Ψ + 8Ψ/N
+//   ZeRO-2 (+ gradients)                            2Ψ + 14Ψ/N        4Ψ + 12Ψ/N
+//   ZeRO-3 (+ parameters)                           16Ψ/N             16Ψ/N
+// DDP's gradient buckets add 4Ψ (fp32) of communication buffers, listed apart.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/params.h"
+
+namespace meshtrain {
+
+class AdamW;
+class DataParallel;
+
+struct MemoryUse {
+  int64_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes
+  int64_t state() const { return params + grads + optimizer; }
+};
+
+// Bytes held by this rank's parameters, their gradients (where allocated),
+// the optimizer's moments and DDP's buckets (when given).
+MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp);
+
+// The formula table above for `psi` parameters on `n` ranks, with the
+// measured row for this run (`mode`: e.g. "DDP fp32").
+std::string memory_table(int64_t psi, int n, const MemoryUse& measured, const std::string& mode);
+
+}  // namespace meshtrain
