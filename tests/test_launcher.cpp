@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -31,6 +32,22 @@ TEST(Launcher, SetsTheRankVariables) {
   EXPECT_NE(r.output.find("[rank 2] R=2 L=0 W=4 LW=2 A=127.0.0.1 P=29999 OMP=PASSIVE"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("[rank 3] R=3 L=1 W=4 LW=2"), std::string::npos) << r.output;
+}
+
+// A command that starts its own ranks (here `bench dp --nproc 2`) first
+// re-executes itself with one process's thread count (all cores); its ranks
+// must still get cores / ranks each, not inherit that. A user's own
+// OMP_NUM_THREADS is kept.
+TEST(Launcher, SelfLaunchedRanksGetTheirShareOfCores) {
+  const std::string clean = "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MESHTRAIN_AUTO_ENV -u MESHTRAIN_NO_REEXEC ";
+  const std::string cmd = kBin + " bench dp --nproc 2 --model gpt-tiny --seq 16 --micro-batch 1 --steps 1 --rounds 1";
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  Result r = run(clean + cmd);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(std::to_string(std::max(1L, cores / 2)) + " threads per rank"), std::string::npos) << r.output;
+  r = run(clean + "OMP_NUM_THREADS=3 " + cmd);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("3 threads per rank"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, PrefixesEveryLineIncludingStderrAndUnterminated) {

@@ -21,10 +21,22 @@ bool env_set(const char* name) {
   return v != nullptr && *v != '\0';
 }
 
+// Set by the user, not by meshtrain's own re-exec for one process (which lists
+// what it set in MESHTRAIN_AUTO_ENV): a command that re-executed itself with
+// the thread counts of one process and then launches N ranks must give them
+// the counts of N ranks, not all the cores each.
+bool user_set(const char* name) {
+  if (!env_set(name)) return false;
+  const char* ours = std::getenv("MESHTRAIN_AUTO_ENV");
+  if (ours == nullptr) return true;
+  const std::string list = std::string(",") + ours + ",";
+  return list.find(std::string(",") + name + ",") == std::string::npos;
+}
+
 }  // namespace
 
 int threads_per_rank(int local_world_size) {
-  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && *v) {
+  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && *v && user_set("OMP_NUM_THREADS")) {
     int n = std::atoi(v);
     if (n > 0) return n;
   }
@@ -52,8 +64,8 @@ std::vector<std::pair<std::string, std::string>> missing_rank_environment(int lo
   std::vector<std::pair<std::string, std::string>> out;
   const std::string n = std::to_string(threads_per_rank(local_world_size));
   if (!env_set("OMP_WAIT_POLICY")) out.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
-  if (!env_set("OMP_NUM_THREADS")) out.emplace_back("OMP_NUM_THREADS", n);
-  if (!env_set("OPENBLAS_NUM_THREADS")) out.emplace_back("OPENBLAS_NUM_THREADS", n);
+  if (!user_set("OMP_NUM_THREADS")) out.emplace_back("OMP_NUM_THREADS", n);
+  if (!user_set("OPENBLAS_NUM_THREADS")) out.emplace_back("OPENBLAS_NUM_THREADS", n);
   if (!env_set("GLIBC_TUNABLES")) out.emplace_back("GLIBC_TUNABLES", kMallocTunables);
   return out;
 }
@@ -62,7 +74,12 @@ void reexec_with_rank_environment(char** argv, int local_world_size) {
   if (env_set("MESHTRAIN_NO_REEXEC")) return;
   auto missing = missing_rank_environment(local_world_size);
   if (missing.empty()) return;
-  for (auto& [k, v] : missing) setenv(k.c_str(), v.c_str(), 1);
+  std::string auto_env;
+  for (auto& [k, v] : missing) {
+    if (!env_set(k.c_str())) auto_env += (auto_env.empty() ? "" : ",") + k;
+    setenv(k.c_str(), v.c_str(), 1);
+  }
+  setenv("MESHTRAIN_AUTO_ENV", auto_env.c_str(), 1);
   setenv("MESHTRAIN_NO_REEXEC", "1", 1);  // once only, whatever happens
   execv("/proc/self/exe", argv);
 }
