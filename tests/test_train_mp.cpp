@@ -136,52 +136,54 @@ TEST(Ddp, TimesTensorParallelMatchesOneProcess) {
   check(2, Reduce::DdpOverlapped);
 }
 
+// One replica of the test model under DDP over the world (64 KiB buckets).
+struct DdpReplica {
+  plan::ModelSpec spec = model_spec();
+  Comm solo{"solo", runtime().rank()};
+  Transformer model{spec, solo, false, 5};
+  DataParallel ddp{model.params().params(), runtime().world(), DdpOptions{64 << 10, true, false}};
+  AdamW opt{model.params().params(), AdamWOptions{}};
+  TrainStep step{model, opt, runtime().world(), solo, {Precision::Fp32, nullptr, &ddp}};
+  // This rank's share of the global batch of step 0, as micro-batches of `micro`.
+  StepResult run(int64_t micro) {
+    Comm& dp = runtime().world();
+    const int64_t per_rank = kGlobal / dp.size();
+    return step.run(split(global_batch(spec, 0), dp.rank() * per_rank, per_rank, micro));
+  }
+  double psi() { return static_cast<double>(model.params().local_numel()); }
+};
+
 // Per step, each rank all-reduces its whole gradient once: nccl-tests "size"
 // bytes = 4 x parameters (plus the two 8-byte scalars every step reduces: the
 // token count and the loss); the ring moves 2 (n - 1) / n of that per rank.
 TEST(Ddp, CommBytesMatchTheFormula) {
   Comm& dp = runtime().world();
   if (dp.size() == 1) GTEST_SKIP();
-  const plan::ModelSpec spec = model_spec();
-  Comm solo("solo", runtime().rank());
-  Transformer model(spec, solo, false, 5);
-  DataParallel ddp(model.params().params(), dp, DdpOptions{64 << 10, true, false});
-  AdamW opt(model.params().params(), AdamWOptions{});
-  TrainStep step(model, opt, dp, solo, {Precision::Fp32, nullptr, &ddp});
-  Batch g = global_batch(spec, 0);
-  const int64_t per_rank = kGlobal / dp.size();
-  step.run(split(g, dp.rank() * per_rank, per_rank, 1));  // several micro-batches: one reduction only
+  DdpReplica r;
+  r.run(1);  // several micro-batches: one reduction only
   const OpStats before = dp.stats().at("all_reduce");
-  step.run(split(g, dp.rank() * per_rank, per_rank, 1));
+  r.run(1);
   const OpStats after = dp.stats().at("all_reduce");
-  const double psi = static_cast<double>(model.params().local_numel());
+  const double psi = r.psi();
   const double n = dp.size();
   EXPECT_EQ(after.bytes - before.bytes, static_cast<uint64_t>(4 * psi + 16));
-  EXPECT_EQ(after.calls - before.calls, ddp.buckets() + 2);
+  EXPECT_EQ(after.calls - before.calls, r.ddp.buckets() + 2);
   EXPECT_NEAR(static_cast<double>(after.wire_bytes - before.wire_bytes), 2 * (n - 1) / n * (4 * psi + 16),
-              static_cast<double>(ddp.buckets() + 2));
+              static_cast<double>(r.ddp.buckets() + 2));
 }
 
 // After a step, every rank holds 4Ψ of fp32 weights, 4Ψ of gradients and 8Ψ
 // of Adam moments (the 16Ψ of the formula table), plus 4Ψ of DDP buckets.
 TEST(Ddp, MeasuredMemoryMatchesTheFormula) {
-  Comm& dp = runtime().world();
-  const plan::ModelSpec spec = model_spec();
-  Comm solo("solo", runtime().rank());
-  Transformer model(spec, solo, false, 5);
-  DataParallel ddp(model.params().params(), dp, DdpOptions{64 << 10, true, false});
-  AdamW opt(model.params().params(), AdamWOptions{});
-  TrainStep step(model, opt, dp, solo, {Precision::Fp32, nullptr, &ddp});
-  Batch g = global_batch(spec, 0);
-  const int64_t per_rank = kGlobal / dp.size();
-  step.run(split(g, dp.rank() * per_rank, per_rank, per_rank));
-  const MemoryUse m = measure_memory(model.params().params(), opt, &ddp);
-  const double psi = static_cast<double>(model.params().local_numel());
+  DdpReplica r;
+  r.run(kGlobal / runtime().world_size());
+  const MemoryUse m = measure_memory(r.model.params().params(), r.opt, &r.ddp);
+  const double psi = r.psi();
   EXPECT_NEAR(static_cast<double>(m.state()), 16 * psi, 0.05 * 16 * psi);
   EXPECT_EQ(m.params, static_cast<int64_t>(4 * psi));
   EXPECT_EQ(m.optimizer, static_cast<int64_t>(8 * psi));
   EXPECT_EQ(m.buffers, static_cast<int64_t>(4 * psi));
-  const std::string table = memory_table(model.params().local_numel(), dp.size(), m, "DDP fp32");
+  const std::string table = memory_table(r.model.params().local_numel(), runtime().world_size(), m, "DDP fp32");
   EXPECT_NE(table.find("ZeRO-3: 16P/N"), std::string::npos) << table;
 }
 
