@@ -174,6 +174,8 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
 at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache) {
   const int64_t s = x.size(0) * (tp_.sequence_parallel ? tp_.size() : 1);
   for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) {
+    const int64_t unit = part_.first + i + 1;
+    if (hooks_) hooks_->before_unit(unit);
     if (recompute_ == nn::Recompute::Full && train && !cache) {
       auto blk = [this, i](const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{run_block(i, in[0], true, nullptr)};
@@ -182,18 +184,20 @@ at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache) {
     } else {
       x = run_block(i, x, train, cache);
     }
+    if (hooks_) x = hooks_->after_unit(unit, x);
   }
   if (cache) cache->length += s;
   return x;
 }
 
 at::Tensor Transformer::stage_forward(const at::Tensor& x, const at::Tensor& targets, bool train) {
+  enter_root();
   at::Tensor h = part_.embedding ? embed_tokens(x, train, nullptr) : x;
   h = run_blocks(h, train, nullptr);
-  if (!part_.head) return h;
+  if (!part_.head) return leave_root(h);
   if (targets.dim() != 2) throw std::invalid_argument("targets must be [batch, seq]");
   at::Tensor l = head(norm(h, final_w_, final_b_));
-  return vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab);
+  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab));
 }
 
 at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool train) {
@@ -226,7 +230,10 @@ at::Tensor Transformer::head(const at::Tensor& h) {
   return spec_.tied ? at::linear(x, embed_.weight) : head_.forward_entered(x);
 }
 
-at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) { return head(hidden_states(tokens, train)); }
+at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) {
+  enter_root();
+  return leave_root(head(hidden_states(tokens, train)));
+}
 
 at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
   if (tp_.sequence_parallel) throw std::invalid_argument("decoding with a KV cache needs sequence parallelism off");
@@ -240,10 +247,11 @@ at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
 
 at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
-  at::Tensor l = logits(tokens, train);
+  enter_root();
+  at::Tensor l = head(hidden_states(tokens, train));
   std::optional<SegmentProfiler::Scope> t;
   if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
-  return vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab);
+  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab));
 }
 
 void Transformer::finalize_grads() {

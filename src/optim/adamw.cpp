@@ -29,12 +29,13 @@ double learning_rate(const AdamWOptions& o, int64_t step) {
 }
 
 bool decays(const Param& p, const AdamWOptions& o) {
+  if (p.decay >= 0) return p.decay == 1;
   if (p.full_shape.size() < 2) return false;  // norms and biases
   const bool embedding = p.name == "embed.weight" || p.name == "pos.weight";
   return !embedding || o.decay_embeddings;
 }
 
-double global_grad_norm(const std::vector<Param>& params, Comm* tp) {
+double global_grad_norm(const std::vector<Param>& params, Comm* tp, Comm* shards) {
   // Sharded parameters: sum of squares over the shards; replicated ones: this
   // rank's copy only, identical on every tp rank, so added once after the sum.
   double sharded = 0, replicated = 0;
@@ -43,6 +44,12 @@ double global_grad_norm(const std::vector<Param>& params, Comm* tp) {
     if (!g.defined()) continue;
     const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
     (p.tp_dim >= 0 ? sharded : replicated) += sq;
+  }
+  if (shards && shards->size() > 1) {
+    at::Tensor s = at::tensor({sharded, replicated}, at::kDouble);
+    shards->all_reduce(s);
+    sharded = s[0].item<double>();
+    replicated = s[1].item<double>();
   }
   if (tp && tp->size() > 1) {
     at::Tensor s = at::tensor({sharded}, at::kDouble);
@@ -64,8 +71,8 @@ AdamW::AdamW(std::vector<Param>& params, AdamWOptions o) : params_(params), o_(o
   }
 }
 
-double AdamW::step(Comm* tp) {
-  const double norm = global_grad_norm(params_, tp);
+double AdamW::step(Comm* tp, Comm* shards) {
+  const double norm = global_grad_norm(params_, tp, shards);
   const double clip = o_.clip_norm > 0 && norm > o_.clip_norm ? o_.clip_norm / (norm + 1e-6) : 1.0;
   ++step_;
   lr_ = learning_rate(o_, step_);

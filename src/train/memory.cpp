@@ -2,25 +2,40 @@
 
 #include <fmt/format.h>
 
+#include <set>
+
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data/ddp.h"
+#include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/memory.h"
 
 namespace meshtrain {
 namespace {
 
-int64_t bytes(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+// Sums the bytes of storages not seen before.
+struct StorageBytes {
+  std::set<const void*> seen;
+  int64_t add(const at::Tensor& t) {
+    if (!t.defined() || !seen.insert(t.storage().unsafeGetStorageImpl()).second) return 0;
+    return static_cast<int64_t>(t.storage().nbytes());
+  }
+};
 
 }  // namespace
 
-MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp) {
+MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp,
+                         ShardedDataParallel* zero) {
   MemoryUse m;
-  for (const auto& p : params) {
-    m.params += bytes(p.tensor);
-    m.grads += bytes(p.tensor.grad());
+  StorageBytes seen;
+  std::vector<const Param*> all;
+  for (const auto& p : params) all.push_back(&p);
+  if (zero) {
+    for (const auto& p : zero->shard_params()) all.push_back(&p);
   }
-  for (const auto& t : opt.exp_avg()) m.optimizer += bytes(t);
-  for (const auto& t : opt.exp_avg_sq()) m.optimizer += bytes(t);
+  for (const Param* p : all) m.params += seen.add(p->tensor);
+  for (const Param* p : all) m.grads += seen.add(p->tensor.grad());
+  for (const auto& t : opt.exp_avg()) m.optimizer += seen.add(t);
+  for (const auto& t : opt.exp_avg_sq()) m.optimizer += seen.add(t);
   if (ddp) m.buffers = ddp->buffer_bytes();
   return m;
 }

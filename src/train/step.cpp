@@ -12,11 +12,13 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/parallel/data/ddp.h"
+#include "meshtrain/parallel/data/zero.h"
 
 namespace meshtrain {
 
 TrainStep::TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOptions o)
     : model_(model), opt_(opt), dp_(dp), tp_(tp), o_(o) {
+  if (o_.ddp && o_.zero) throw std::invalid_argument("a step uses DDP or ZeRO, not both");
   if (o_.precision == Precision::Fp16 && !o_.scaler) {
     throw std::invalid_argument("fp16 training needs a loss scaler (its gradients underflow without one)");
   }
@@ -25,7 +27,11 @@ TrainStep::TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOpt
 StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   if (micro_batches.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
   // Gradients accumulate over this step's micro-batches only.
-  for (auto& p : model_.params().params()) p.tensor.mutable_grad() = at::Tensor();
+  if (o_.zero) {
+    o_.zero->zero_grad();
+  } else {
+    for (auto& p : model_.params().params()) p.tensor.mutable_grad() = at::Tensor();
+  }
   // The one place the loss normaliser is computed: target tokens of the global batch.
   at::Tensor count = at::zeros({1}, at::kDouble);
   for (const auto& b : micro_batches) count += (b.targets >= 0).sum().to(at::kDouble);
@@ -44,23 +50,29 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
     }
     at::Tensor loss = per_token.sum() / tokens;
     (o_.scaler ? loss * scale : loss).backward();
+    if (o_.zero) o_.zero->after_backward();
     loss_sum += loss.item<double>();
   }
   // Data-parallel sum, then the tensor-parallel sums of sequence-partial
   // gradients (sums commute; but DDP's finish() writes whole gradients back,
   // so it must come first or it would undo the tp sums).
-  if (o_.ddp) {
+  // ZeRO reduces into this rank's slices and finalises them itself.
+  if (o_.zero) {
+    o_.zero->finish();
+  } else if (o_.ddp) {
     o_.ddp->finish();
   } else {
     reduce_gradients();
   }
-  model_.finalize_grads();
+  if (!o_.zero) model_.finalize_grads();
   StepResult r;
   r.loss_scale = scale;
-  const bool finite = !o_.scaler || o_.scaler->unscale(model_.params().params(), {&tp_, &dp_});
+  auto& updated = o_.zero ? o_.zero->shard_params() : model_.params().params();
+  const bool finite = !o_.scaler || o_.scaler->unscale(updated, {&tp_, &dp_});
   if (o_.scaler) o_.scaler->update(finite);
   if (finite) {
-    r.grad_norm = opt_.step(&tp_);
+    r.grad_norm = opt_.step(&tp_, o_.zero ? &o_.zero->shard_group() : nullptr);
+    if (o_.zero) o_.zero->after_step();
   } else {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::quiet_NaN();

@@ -66,6 +66,18 @@ struct StagePart {
   bool embedding = true, head = true;
 };
 
+// Calls around the parts of the model that ZeRO-3 gathers and frees
+// (parallel/data/zero.h): unit 0 is everything outside the layers (embedding,
+// positions, final norm, head), unit i + 1 is layer i. before_unit(u) runs
+// before the unit's forward; after_unit(u, out) after it, on its output (for
+// unit 0: the model's output), and returns the tensor to continue with.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_unit(int64_t unit) = 0;
+  virtual at::Tensor after_unit(int64_t unit, const at::Tensor& out) = 0;
+};
+
 class Transformer {
  public:
   // Throws std::invalid_argument when the spec does not divide by tp (heads, kv
@@ -101,6 +113,8 @@ class Transformer {
   void set_recompute(nn::Recompute r) { recompute_ = r; }
   nn::Recompute recompute() const { return recompute_; }
 
+  void set_unit_hooks(UnitHooks* h) { hooks_ = h; }
+
   // When set, forward records per-segment times (and backward, via markers).
   void set_profiler(SegmentProfiler* p) { profiler_ = p; }
 
@@ -135,6 +149,11 @@ class Transformer {
   at::Tensor final_w_, final_b_;
   ColumnParallelLinear head_;
   SegmentProfiler* profiler_ = nullptr;
+  UnitHooks* hooks_ = nullptr;
+  void enter_root() {
+    if (hooks_) hooks_->before_unit(0);
+  }
+  at::Tensor leave_root(const at::Tensor& out) { return hooks_ ? hooks_->after_unit(0, out) : out; }
   mutable at::Generator rng_replicated_, rng_split_;
   nn::Recompute recompute_ = nn::Recompute::None;
   at::Generator& residual_rng() const { return tp_.sequence_parallel ? rng_split_ : rng_replicated_; }

@@ -29,6 +29,9 @@ struct Param {
   // (norm weights, row-parallel biases) gets only part of its gradient on each
   // rank: the tp group must sum it (finalize_grads).
   bool sequence_partial = false;
+  // Weight decay: -1 decides by name and shape (optim/adamw.h decays());
+  // 0 or 1 forces it (ZeRO's flat shards, which hold many parameters).
+  int decay = -1;
 };
 
 class ParamStore {

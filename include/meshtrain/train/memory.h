@@ -8,6 +8,9 @@
 //   ZeRO-2 (+ gradients)                            2Ψ + 14Ψ/N        4Ψ + 12Ψ/N
 //   ZeRO-3 (+ parameters)                           16Ψ/N             16Ψ/N
 // DDP's gradient buckets add 4Ψ (fp32) of communication buffers, listed apart.
+// ZeRO pads each flat to a multiple of N (parallel/data/zero.h): a few
+// elements more. In stage 3 the gathered units in flight come on top; between
+// steps none is.
 #pragma once
 
 #include <cstdint>
@@ -20,15 +23,19 @@ namespace meshtrain {
 
 class AdamW;
 class DataParallel;
+class ShardedDataParallel;
 
 struct MemoryUse {
   int64_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes
   int64_t state() const { return params + grads + optimizer; }
 };
 
-// Bytes held by this rank's parameters, their gradients (where allocated),
-// the optimizer's moments and DDP's buckets (when given).
-MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp);
+// Bytes of the storage held by this rank's parameters, their gradients (where
+// allocated), the optimizer's moments and DDP's buckets (when given); with
+// `zero`, also its shards and their gradients. Each storage counts once
+// (ZeRO's parameters and gradients are views of flat buffers).
+MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp,
+                         ShardedDataParallel* zero = nullptr);
 
 // The formula table above for `psi` parameters on `n` ranks, with the
 // measured row for this run (`mode`: e.g. "DDP fp32").

@@ -20,6 +20,7 @@ namespace meshtrain {
 
 class AdamW;
 class DataParallel;
+class ShardedDataParallel;
 class LossScaler;
 class Comm;
 class Transformer;
@@ -37,6 +38,8 @@ struct StepOptions {
   Precision precision = Precision::Fp32;  // forward under autocast for bf16/fp16
   LossScaler* scaler = nullptr;           // required for fp16, optional otherwise
   DataParallel* ddp = nullptr;            // bucketed, overlapped reduction; null: one flat all-reduce after backward
+  // ZeRO / FSDP instead of ddp: the optimizer must update zero->shard_params().
+  ShardedDataParallel* zero = nullptr;
 };
 
 class TrainStep {

@@ -2,19 +2,14 @@
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
 
 #include "meshtrain/comm/comm.h"
+#include "parallel/data/grad_ready.h"
 
 namespace meshtrain {
 namespace {
-
-// The accumulator's pointer type changes across libtorch versions (PLATFORM.md).
-using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<at::Tensor>()));
 
 struct Bucket {
   std::vector<size_t> params;   // indices into the parameter list
@@ -34,7 +29,7 @@ struct DataParallel::State {
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of, slot_of;
   std::vector<bool> ready;
-  std::vector<Accumulator> accumulators;  // the tensors hold them weakly: keep them alive
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // the tensors hold them weakly: keep them alive
   bool sync = true, saw_backward = false;
   size_t next_launch = 0;
 
@@ -72,21 +67,6 @@ struct DataParallel::State {
     if (o.overlap) launch_ready();
   }
 };
-
-namespace {
-
-struct ReadyHook : torch::autograd::FunctionPostHook {
-  DataParallel::State* s;
-  size_t index;
-  ReadyHook(DataParallel::State* state, size_t i) : s(state), index(i) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    s->mark_ready(index);
-    return outputs;
-  }
-};
-
-}  // namespace
 
 DataParallel::DataParallel(std::vector<Param>& params, Comm& dp, DdpOptions o)
     : s_(std::make_unique<State>(params, dp, o)) {
@@ -134,10 +114,8 @@ DataParallel::DataParallel(std::vector<Param>& params, Comm& dp, DdpOptions o)
     }
   }
   for (size_t k = 0; k < n; ++k) {
-    auto acc = torch::autograd::impl::grad_accumulator(params[k].tensor);
-    if (!acc) throw std::invalid_argument(fmt::format("ddp: parameter {} does not require grad", params[k].name));
-    acc->add_post_hook(std::make_unique<ReadyHook>(s_.get(), k));
-    s_->accumulators.push_back(std::move(acc));
+    State* s = s_.get();
+    s->accumulators.push_back(on_grad_ready(params[k].tensor, "ddp: parameter " + params[k].name, [s, k] { s->mark_ready(k); }));
   }
 }
 

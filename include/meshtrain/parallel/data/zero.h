@@ -1,0 +1,133 @@
+// ZeRO (Rajbhandari et al., arXiv 1910.02054) and FSDP-style sharding of the
+// training state over the data-parallel group, with HSDP (shard within a
+// group, replicate across groups).
+//
+// The parameters are packed into flat fp32 buffers ("flats"): one per unit and
+// per optimizer class, where a unit is a layer (unit i + 1 for layer i) or the
+// rest of the model (unit 0: embedding, positions, final norm, head), and the
+// class is (weight decay?, tensor-parallel split?, sequence-partial gradient?),
+// so that every flat updates under one rule. A flat of `numel` elements is
+// padded to `padded` = a multiple of N (the shard group's size); rank r owns
+// elements [r S, (r + 1) S), S = padded / N. The model's parameters are views
+// into their flat (set once, at construction).
+//
+//   stage 1  optimizer states sharded. Gradients accumulate whole in a flat
+//            gradient buffer (the parameters' .grad are views of it); after
+//            the last backward each flat is reduce-scattered and the owned
+//            slice is updated; the flat is then all-gathered.
+//   stage 2  + gradients sharded. During every backward, a flat's gradient is
+//            reduce-scattered as soon as its last parameter's gradient is
+//            accumulated, added to the owned gradient slice, and the whole
+//            gradients are freed.
+//   stage 3  + parameters sharded (FSDP). A flat's storage is allocated and
+//            all-gathered before its unit's forward and freed after it, then
+//            gathered again before the unit's backward (a hook on the unit's
+//            output gradient) and freed once its gradients are reduced. The
+//            next unit's gather is started (prefetched) while the current one
+//            computes: the following layer in forward, the preceding one in
+//            backward. Unit 0 stays gathered from the start of forward to the
+//            end of backward.
+//
+// Invariants:
+// - Every rank issues the same collectives in the same order on the shard
+//   group: forward gathers units in order, backward reduces flats in
+//   descending index (reverse registration, the order backward produces
+//   them), a flat waiting for its predecessors even when ready first.
+// - Storage, not tensors, is freed in stage 3: views the autograd graph saved
+//   (w.t() in a linear) share the flat's storage and see the regathered data.
+// - Gradients are sums over ranks (the loss is already divided by the global
+//   token count, train/step.h). With HSDP the reduced shard is then
+//   all-reduced over the replica group, and replicas take identical steps.
+// - Padding elements hold zero weights and get zero gradients, so AdamW leaves
+//   them at zero.
+//
+// Memory per rank (fp32, Ψ parameters, N shard ranks): stage 1 8Ψ + 8Ψ/N,
+// stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N plus the gathered units in flight
+// (train/memory.h). Checkpoints gather to whole parameters (train/state.h),
+// the layout DDP writes, so a run resumes under any stage on any mesh.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/nn/params.h"
+
+namespace meshtrain {
+
+class Comm;
+class Runtime;
+struct AdamWOptions;
+
+struct ZeroOptions {
+  int stage = 1;             // 1, 2 or 3
+  bool find_unused = false;  // stage 2/3: a parameter without gradient counts as zero instead of an error
+  bool prefetch = true;      // stage 3: gather the next unit while this one computes
+};
+
+// HSDP's two groups, cut from the data-parallel group `dp` (group order):
+// shard = consecutive blocks of `shard_size` ranks, replicate = the ranks with
+// the same position in every block. shard_size = dp.size(): plain ZeRO.
+struct ShardGroups {
+  std::unique_ptr<Comm> shard, replicate;
+};
+ShardGroups make_shard_groups(Runtime& rt, Comm& dp, int shard_size);
+
+class ShardedDataParallel : public UnitHooks {
+ public:
+  // Broadcasts the parameters from rank 0 of the shard and replica groups,
+  // packs them into flats and, for stage 3, installs itself as the model's
+  // unit hooks. `decay` decides which parameters get weight decay.
+  ShardedDataParallel(Transformer& model, Comm& shard, Comm& replicate, Comm& tp, const AdamWOptions& decay,
+                      ZeroOptions o = {});
+  ~ShardedDataParallel() override;
+
+  int stage() const;
+  Comm& shard_group();
+  // This rank's slices, one per flat: what AdamW updates (their .grad is the
+  // reduced gradient slice after finish()).
+  std::vector<Param>& shard_params();
+
+  // Before a step's first backward: zero gradients.
+  void zero_grad();
+  // After every backward (each micro-batch): stages 2 and 3 reduce what is
+  // left of this backward's gradients, wait for the reductions and free the
+  // gathered units; throws naming the parameters that got no gradient
+  // (unless find_unused: then they count as zero).
+  void after_backward();
+  // After the step's last backward: reduced, tp-finalised gradient slices.
+  void finish();
+  // After the optimizer step: stages 1 and 2 all-gather the updated slices
+  // into the parameters.
+  void after_step();
+
+  // Checkpoints. Stage 3: gather_params() makes every parameter whole (to
+  // save or load it); release_params() refreshes the shards from the
+  // parameters' values and frees them again. No-ops for stages 1 and 2.
+  void gather_params();
+  void release_params();
+  // Optimizer state per model parameter (shape of the parameter) from the
+  // per-flat state `flat_state` (e.g. AdamW::exp_avg()), gathered over the
+  // shard group; and the reverse.
+  std::vector<at::Tensor> whole_state(const std::vector<at::Tensor>& flat_state);
+  void shard_state(const std::vector<at::Tensor>& whole, std::vector<at::Tensor>& flat_state);
+
+  // Flats (for tests and the log): units' padded sizes and names.
+  size_t flats() const;
+  int64_t padded_numel() const;       // Σ padded over flats
+  int64_t padded_numel_unit0() const; // Σ padded over unit 0's flats
+  int64_t peak_gathered_bytes() const;  // stage 3: most flat bytes allocated at once
+
+  // UnitHooks (stage 3).
+  void before_unit(int64_t unit) override;
+  at::Tensor after_unit(int64_t unit, const at::Tensor& out) override;
+
+  struct State;  // zero.cpp
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,34 @@
+#include "parallel/data/grad_ready.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <stdexcept>
+
+namespace meshtrain {
+namespace {
+
+struct ReadyHook : torch::autograd::FunctionPostHook {
+  std::function<void()> ready;
+  explicit ReadyHook(std::function<void()> f) : ready(std::move(f)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    ready();
+    return outputs;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<torch::autograd::Node> on_grad_ready(const at::Tensor& param, const std::string& name,
+                                                     std::function<void()> ready) {
+  // The accumulator's pointer type changes across libtorch versions (PLATFORM.md).
+  auto acc = torch::autograd::impl::grad_accumulator(param);
+  if (!acc) throw std::invalid_argument(fmt::format("{} does not require grad", name));
+  acc->add_post_hook(std::make_unique<ReadyHook>(std::move(ready)));
+  return std::shared_ptr<torch::autograd::Node>(acc);
+}
+
+}  // namespace meshtrain

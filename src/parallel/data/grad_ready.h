@@ -1,0 +1,24 @@
+// A callback after each accumulation of a parameter's gradient (a post-hook
+// on its AccumulateGrad node): the gradient is final for this backward. Used
+// by DDP and ZeRO to start reductions while backward goes on.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace meshtrain {
+
+// Installs `ready` on `param`'s gradient accumulator and returns the
+// accumulator, which the caller must keep alive (the tensor holds it weakly).
+// Throws std::invalid_argument "<name> does not require grad" when it does not.
+std::shared_ptr<torch::autograd::Node> on_grad_ready(const at::Tensor& param, const std::string& name,
+                                                     std::function<void()> ready);
+
+}  // namespace meshtrain

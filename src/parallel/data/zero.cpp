@@ -1,0 +1,474 @@
+#include "meshtrain/parallel/data/zero.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <c10/core/StorageImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/runtime/runtime.h"
+#include "parallel/data/grad_ready.h"
+
+namespace meshtrain {
+namespace {
+
+// Stage 3 frees and reallocates a flat's storage in place: every tensor that
+// shares it (the parameters, views saved by autograd) follows.
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& t, int64_t numel) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(numel) * t.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
+  s->set_nbytes(bytes);
+}
+
+// "layers.{i}.…" -> i + 1; everything else -> 0.
+int64_t unit_of(const std::string& name) {
+  const std::string prefix = "layers.";
+  if (name.rfind(prefix, 0) != 0) return 0;
+  const size_t end = name.find('.', prefix.size());
+  return std::stoll(name.substr(prefix.size(), end - prefix.size())) + 1;
+}
+
+enum class Gathered { No, InFlight, Yes };
+
+struct Flat {
+  int64_t unit = 0;
+  int decay = 0;
+  bool tp_split = false, partial = false;
+  std::vector<size_t> params;    // model parameter indices
+  std::vector<int64_t> offsets;  // of each in the flat
+  int64_t numel = 0, padded = 0, shard = 0;
+  at::Tensor full;       // [padded]: the parameters are views of it (stage 3: storage freed between uses)
+  at::Tensor grad_full;  // stage 1: [padded], the parameters' gradients are views of it
+  at::Tensor grad_in;    // stage 2/3: this backward's gradient, until reduced
+  at::Tensor grad_out;   // stage 2/3: its reduced slice, in flight
+  size_t pending = 0;    // parameters whose gradient this backward has not produced yet
+  bool launched = false;
+  CommWork reduce, gather;
+  Gathered gathered = Gathered::Yes;
+};
+
+}  // namespace
+
+ShardGroups make_shard_groups(Runtime& rt, Comm& dp, int shard_size) {
+  const int n = dp.size();
+  if (shard_size < 1 || n % shard_size != 0) {
+    throw std::invalid_argument(fmt::format("parallel.dp_shard = {} must divide the data-parallel size {} (HSDP shards "
+                                            "within groups of dp_shard ranks and replicates across them)",
+                                            shard_size, n));
+  }
+  const int me = dp.rank(), block = me / shard_size, pos = me % shard_size;
+  std::vector<int> shard, replicate;
+  for (int i = 0; i < shard_size; ++i) shard.push_back(dp.ranks()[block * shard_size + i]);
+  for (int b = 0; b < n / shard_size; ++b) replicate.push_back(dp.ranks()[b * shard_size + pos]);
+  ShardGroups g;
+  g.shard = rt.new_group(shard, dp.name() + "_shard");
+  g.replicate = rt.new_group(replicate, dp.name() + "_replicate");
+  return g;
+}
+
+struct ShardedDataParallel::State {
+  Transformer& model;
+  std::vector<Param>& params;
+  Comm& shard;
+  Comm& replicate;
+  Comm& tp;
+  ZeroOptions o;
+  std::vector<Flat> flats;
+  std::vector<Param> shards;                     // one per flat
+  std::map<int64_t, std::vector<size_t>> units;  // unit -> its flats
+  std::vector<size_t> flat_of, slot_of;          // per parameter
+  std::vector<bool> ready;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  int64_t next_launch = -1, last_launched = -1;  // stage 2/3: flats reduce in descending index
+  bool saw_backward = false;
+  int64_t gathered_bytes = 0, peak_gathered = 0;
+
+  State(Transformer& m, Comm& s, Comm& r, Comm& t, ZeroOptions opt)
+      : model(m), params(m.params().params()), shard(s), replicate(r), tp(t), o(opt) {}
+
+  int64_t owned_offset(const Flat& f) const { return shard.rank() * f.shard; }
+
+  void reset_backward() {
+    for (auto& f : flats) {
+      f.pending = f.params.size();
+      f.launched = false;
+    }
+    ready.assign(params.size(), false);
+    next_launch = static_cast<int64_t>(flats.size()) - 1;
+    last_launched = -1;
+  }
+
+  // ---- stage 3: gathering and freeing units ----
+
+  void start_gather(size_t i, bool async) {
+    Flat& f = flats[i];
+    if (f.gathered != Gathered::No) return;
+    allocate_storage(f.full, f.padded);
+    gathered_bytes += f.padded * 4;
+    peak_gathered = std::max(peak_gathered, gathered_bytes);
+    // Broadcast-based gathers run in the background (comm.h); the ring completes within the call.
+    f.gather = shard.all_gather_async(f.full, shards[i].tensor.detach(), async ? GatherAlgo::Broadcast : GatherAlgo::Auto);
+    f.gathered = Gathered::InFlight;
+  }
+
+  void start_gather_unit(int64_t unit, bool async) {
+    auto it = units.find(unit);
+    if (it == units.end()) return;
+    for (size_t i : it->second) start_gather(i, async);
+  }
+
+  void ensure_unit(int64_t unit) {
+    auto it = units.find(unit);
+    if (it == units.end()) return;
+    for (size_t i : it->second) {
+      start_gather(i, false);
+      Flat& f = flats[i];
+      if (f.gathered == Gathered::InFlight) f.gather.wait();
+      f.gathered = Gathered::Yes;
+    }
+  }
+
+  void free_unit(int64_t unit) {
+    auto it = units.find(unit);
+    if (it == units.end()) return;
+    for (size_t i : it->second) {
+      Flat& f = flats[i];
+      if (f.gathered == Gathered::No) continue;
+      if (f.gathered == Gathered::InFlight) f.gather.wait();
+      free_storage(f.full);
+      gathered_bytes -= f.padded * 4;
+      f.gathered = Gathered::No;
+    }
+  }
+
+  // The unit after (forward) or before (backward) `unit` that has flats.
+  int64_t neighbour(int64_t unit, int step) const {
+    auto it = units.find(unit);
+    if (it == units.end()) return -1;
+    if (step > 0) return ++it == units.end() ? -1 : it->first;
+    return it == units.begin() ? -1 : std::prev(it)->first;
+  }
+
+  // ---- stage 2/3: reducing gradients during backward ----
+
+  void mark_ready(size_t k) {
+    saw_backward = true;
+    if (ready[k]) return;  // a second accumulation in the same backward: already counted
+    ready[k] = true;
+    Flat& f = flats[flat_of[k]];
+    at::Tensor& g = params[k].tensor.mutable_grad();
+    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, at::kFloat);
+    f.grad_in.narrow(0, f.offsets[slot_of[k]], g.numel()).copy_(g.reshape({-1}));
+    g = at::Tensor();  // the whole gradient lives in the flat until it is reduced
+    f.pending -= 1;
+    launch_ready();
+  }
+
+  void launch_ready() {
+    while (next_launch >= 0 && flats[next_launch].pending == 0) launch(next_launch--);
+  }
+
+  void launch(size_t i) {
+    Flat& f = flats[i];
+    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, at::kFloat);
+    f.grad_out = at::empty({f.shard}, at::kFloat);
+    f.reduce = shard.reduce_scatter_async(f.grad_out, f.grad_in);
+    f.launched = true;
+    if (last_launched >= 0) complete(last_launched);  // at most two reductions in flight
+    last_launched = static_cast<int64_t>(i);
+    if (o.stage == 3) {
+      const auto& members = units.at(f.unit);
+      if (std::all_of(members.begin(), members.end(), [&](size_t j) { return flats[j].launched; })) free_unit(f.unit);
+    }
+  }
+
+  void complete(size_t i) {
+    Flat& f = flats[i];
+    if (!f.grad_out.defined()) return;
+    f.reduce.wait();
+    if (replicate.size() > 1) replicate.all_reduce(f.grad_out);
+    shards[i].tensor.mutable_grad().add_(f.grad_out);
+    f.grad_in = at::Tensor();
+    f.grad_out = at::Tensor();
+  }
+};
+
+ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& replicate, Comm& tp,
+                                         const AdamWOptions& decay, ZeroOptions o)
+    : s_(std::make_unique<State>(model, shard, replicate, tp, o)) {
+  State& s = *s_;
+  if (o.stage < 1 || o.stage > 3) {
+    throw std::invalid_argument(fmt::format("parallel.zero = {}: ZeRO stages are 1 (optimizer states), 2 (+ gradients) "
+                                            "and 3 (+ parameters); 0 is plain DDP",
+                                            o.stage));
+  }
+  // Flats: one per (unit, class), ordered by unit, then by first appearance.
+  std::map<std::tuple<int64_t, int, bool, bool>, size_t> index;
+  for (size_t k = 0; k < s.params.size(); ++k) {
+    const Param& p = s.params[k];
+    if (p.tensor.scalar_type() != at::kFloat) {
+      throw std::invalid_argument(fmt::format("zero: parameter {} is {}, expected fp32 (master weights)", p.name,
+                                              c10::toString(p.tensor.scalar_type())));
+    }
+    const auto key = std::make_tuple(unit_of(p.name), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial);
+    auto [it, fresh] = index.emplace(key, s.flats.size());
+    if (fresh) {
+      s.flats.emplace_back();
+      Flat& f = s.flats.back();
+      std::tie(f.unit, f.decay, f.tp_split, f.partial) = key;
+    }
+    s.flats[it->second].params.push_back(k);
+  }
+  std::stable_sort(s.flats.begin(), s.flats.end(), [](const Flat& a, const Flat& b) { return a.unit < b.unit; });
+  const int64_t n = shard.size();
+  s.flat_of.assign(s.params.size(), 0);
+  s.slot_of.assign(s.params.size(), 0);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    Flat& f = s.flats[i];
+    s.units[f.unit].push_back(i);
+    for (size_t j = 0; j < f.params.size(); ++j) {
+      s.flat_of[f.params[j]] = i;
+      s.slot_of[f.params[j]] = j;
+      f.offsets.push_back(f.numel);
+      f.numel += s.params[f.params[j]].tensor.numel();
+    }
+    f.padded = (f.numel + n - 1) / n * n;
+    f.shard = f.padded / n;
+    // Every rank starts from rank 0's weights (of the shard group, then of the replicas).
+    f.full = at::zeros({f.padded}, at::kFloat);
+    for (size_t j = 0; j < f.params.size(); ++j) {
+      const at::Tensor& t = s.params[f.params[j]].tensor;
+      f.full.narrow(0, f.offsets[j], t.numel()).copy_(t.detach().reshape({-1}));
+    }
+    shard.broadcast(f.full, 0);
+    replicate.broadcast(f.full, 0);
+    for (size_t j = 0; j < f.params.size(); ++j) {
+      at::Tensor& t = s.params[f.params[j]].tensor;
+      t.set_data(f.full.narrow(0, f.offsets[j], t.numel()).view(t.sizes()));
+    }
+    at::Tensor owned = f.full.narrow(0, s.owned_offset(f), f.shard);
+    // Stages 1 and 2 update the owned slice of the parameters in place; stage 3 keeps it apart.
+    owned = o.stage == 3 ? owned.clone() : owned.detach();
+    owned.requires_grad_(true);
+    s.shards.push_back(Param{fmt::format("zero/unit{}/{}{}{}", f.unit, f.decay ? "decay" : "no_decay",
+                                         f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : ""),
+                             owned, {f.shard}, f.tp_split ? 0 : -1, f.partial, f.decay});
+    if (o.stage == 1) f.grad_full = at::zeros({f.padded}, at::kFloat);
+  }
+  if (o.stage >= 2) {
+    for (size_t k = 0; k < s.params.size(); ++k) {
+      State* st = &s;
+      s.accumulators.push_back(on_grad_ready(s.params[k].tensor, "zero: parameter " + s.params[k].name,
+                                             [st, k] { st->mark_ready(k); }));
+    }
+  }
+  if (o.stage == 3) {
+    for (const auto& [unit, members] : s.units) s.free_unit(unit);
+    s.gathered_bytes = s.peak_gathered = 0;  // construction held everything whole: not counted
+    model.set_unit_hooks(this);
+  }
+  s.reset_backward();
+  zero_grad();
+}
+
+ShardedDataParallel::~ShardedDataParallel() {
+  if (s_->o.stage == 3) s_->model.set_unit_hooks(nullptr);
+}
+
+int ShardedDataParallel::stage() const { return s_->o.stage; }
+Comm& ShardedDataParallel::shard_group() { return s_->shard; }
+std::vector<Param>& ShardedDataParallel::shard_params() { return s_->shards; }
+
+void ShardedDataParallel::zero_grad() {
+  State& s = *s_;
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    Flat& f = s.flats[i];
+    at::Tensor& g = s.shards[i].tensor.mutable_grad();
+    if (s.o.stage == 1) {
+      // Gradients accumulate in place in the flat buffer (AccumulateGrad adds into a defined .grad).
+      f.grad_full.zero_();
+      for (size_t j = 0; j < f.params.size(); ++j) {
+        at::Tensor& t = s.params[f.params[j]].tensor;
+        t.mutable_grad() = f.grad_full.narrow(0, f.offsets[j], t.numel()).view(t.sizes());
+      }
+      g = f.grad_full.narrow(0, s.owned_offset(f), f.shard);
+    } else {
+      for (size_t k : f.params) s.params[k].tensor.mutable_grad() = at::Tensor();
+      if (!g.defined()) g = at::zeros({f.shard}, at::kFloat);
+      g.zero_();
+    }
+  }
+  s.saw_backward = false;
+}
+
+void ShardedDataParallel::after_backward() {
+  State& s = *s_;
+  if (s.o.stage == 1) return;  // gradients accumulate whole until finish()
+  std::vector<std::string> unused;
+  for (size_t k = 0; k < s.params.size(); ++k) {
+    if (s.ready[k]) continue;
+    if (!s.o.find_unused) {
+      unused.push_back(s.params[k].name);
+      continue;
+    }
+    s.ready[k] = true;  // its slice of the flat gradient stays zero
+    s.flats[s.flat_of[k]].pending -= 1;
+  }
+  if (!unused.empty()) {
+    if (s.last_launched >= 0) s.complete(s.last_launched);
+    s.reset_backward();
+    if (unused.size() > 3) unused.resize(3), unused.push_back("...");
+    throw std::runtime_error(fmt::format("zero: parameters got no gradient in this backward: {}; if the model really "
+                                         "leaves them unused, set ddp.find_unused = true",
+                                         fmt::join(unused, ", ")));
+  }
+  s.launch_ready();
+  if (s.last_launched >= 0) s.complete(s.last_launched);
+  if (s.o.stage == 3) {
+    for (const auto& [unit, members] : s.units) s.free_unit(unit);
+  }
+  s.reset_backward();
+}
+
+void ShardedDataParallel::finish() {
+  State& s = *s_;
+  if (s.o.stage == 1) {
+    for (auto& f : s.flats) {
+      f.grad_out = at::empty({f.shard}, at::kFloat);
+      f.reduce = s.shard.reduce_scatter_async(f.grad_out, f.grad_full);
+    }
+    for (auto& f : s.flats) {
+      f.reduce.wait();
+      if (s.replicate.size() > 1) s.replicate.all_reduce(f.grad_out);
+      f.grad_full.narrow(0, s.owned_offset(f), f.shard).copy_(f.grad_out);
+      f.grad_out = at::Tensor();
+    }
+  } else if (!s.saw_backward) {
+    throw std::logic_error("zero: finish() without a backward since zero_grad()");
+  }
+  // Sequence parallelism leaves some replicated gradients partial per tp rank:
+  // every tp rank holds the same slices of them, so the sum is over the slices.
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    if (s.flats[i].partial && s.tp.size() > 1) s.tp.all_reduce(s.shards[i].tensor.mutable_grad());
+  }
+}
+
+void ShardedDataParallel::after_step() {
+  State& s = *s_;
+  if (s.o.stage == 3) return;  // the next forward gathers the updated shards
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> owned;
+  std::vector<CommWork> works;
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    owned.push_back(s.shards[i].tensor.detach().clone());  // the input must not alias the output
+    works.push_back(s.shard.all_gather_async(s.flats[i].full, owned.back()));
+  }
+  for (auto& w : works) w.wait();
+}
+
+void ShardedDataParallel::gather_params() {
+  if (s_->o.stage != 3) return;
+  for (const auto& [unit, members] : s_->units) s_->ensure_unit(unit);
+}
+
+void ShardedDataParallel::release_params() {
+  State& s = *s_;
+  if (s.o.stage != 3) return;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    Flat& f = s.flats[i];
+    if (f.gathered == Gathered::No) continue;
+    if (f.gathered == Gathered::InFlight) f.gather.wait();
+    f.gathered = Gathered::Yes;
+    s.shards[i].tensor.detach().copy_(f.full.narrow(0, s.owned_offset(f), f.shard));
+  }
+  for (const auto& [unit, members] : s.units) s.free_unit(unit);
+}
+
+std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::Tensor>& flat_state) {
+  State& s = *s_;
+  std::vector<at::Tensor> out(s.params.size());
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    const Flat& f = s.flats[i];
+    at::Tensor whole = at::empty({f.padded}, at::kFloat);
+    s.shard.all_gather(whole, flat_state.at(i));
+    for (size_t j = 0; j < f.params.size(); ++j) {
+      const at::Tensor& t = s.params[f.params[j]].tensor;
+      out[f.params[j]] = whole.narrow(0, f.offsets[j], t.numel()).view(t.sizes());
+    }
+  }
+  return out;
+}
+
+void ShardedDataParallel::shard_state(const std::vector<at::Tensor>& whole, std::vector<at::Tensor>& flat_state) {
+  State& s = *s_;
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    const Flat& f = s.flats[i];
+    at::Tensor buf = at::zeros({f.padded}, at::kFloat);
+    for (size_t j = 0; j < f.params.size(); ++j) {
+      const at::Tensor& w = whole.at(f.params[j]);
+      buf.narrow(0, f.offsets[j], w.numel()).copy_(w.reshape({-1}));
+    }
+    flat_state.at(i).copy_(buf.narrow(0, s.owned_offset(f), f.shard));
+  }
+}
+
+size_t ShardedDataParallel::flats() const { return s_->flats.size(); }
+
+int64_t ShardedDataParallel::padded_numel() const {
+  int64_t n = 0;
+  for (const auto& f : s_->flats) n += f.padded;
+  return n;
+}
+
+int64_t ShardedDataParallel::padded_numel_unit0() const {
+  int64_t n = 0;
+  for (const auto& f : s_->flats) n += f.unit == 0 ? f.padded : 0;
+  return n;
+}
+
+int64_t ShardedDataParallel::peak_gathered_bytes() const { return s_->peak_gathered; }
+
+void ShardedDataParallel::before_unit(int64_t unit) {
+  State& s = *s_;
+  s.ensure_unit(unit);
+  const int64_t next = s.neighbour(unit, +1);
+  if (s.o.prefetch && next >= 0) s.start_gather_unit(next, true);
+}
+
+at::Tensor ShardedDataParallel::after_unit(int64_t unit, const at::Tensor& out) {
+  State& s = *s_;
+  if (unit == 0) {
+    // Unit 0 (embedding and head) is used at both ends of backward: it stays
+    // gathered until its gradients are reduced, or goes now without backward.
+    if (!out.requires_grad()) s.free_unit(0);
+    return out;
+  }
+  if (out.requires_grad()) {
+    // Runs when the gradient of the unit's output is ready: before the unit's backward.
+    State* st = &s;
+    out.register_hook([st, unit](const at::Tensor&) {
+      st->ensure_unit(unit);
+      const int64_t prev = st->neighbour(unit, -1);
+      if (st->o.prefetch && prev > 0) st->start_gather_unit(prev, true);
+    });
+  }
+  s.free_unit(unit);
+  return out;
+}
+
+}  // namespace meshtrain

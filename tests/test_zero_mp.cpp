@@ -1,0 +1,151 @@
+// ZeRO-1/2/3 (FSDP) and HSDP: training parity with one process
+// (tests/train_parity.h), communication bytes and measured memory against the
+// formulas of parallel/data/zero.h and train/memory.h.
+#include "meshtrain/train/memory.h"
+#include "tests/train_parity.h"
+
+namespace meshtrain::test {
+namespace {
+
+bool dp_divides_batch() { return kGlobal % runtime().world_size() == 0; }
+
+TEST(Zero, EveryStageMatchesOneProcess) {
+  if (!dp_divides_batch()) GTEST_SKIP() << "the global batch of 8 needs dp dividing 8";
+  for (int stage : {1, 2, 3}) check(1, Reduce::Zero, plan::Recompute::None, {stage});
+}
+
+TEST(Zero, Stage3WithRecomputationAndWithoutPrefetchMatchesOneProcess) {
+  if (!dp_divides_batch()) GTEST_SKIP() << "the global batch of 8 needs dp dividing 8";
+  check(1, Reduce::Zero, plan::Recompute::Full, {3});
+  check(1, Reduce::Zero, plan::Recompute::Selective, {3, 0, false});
+}
+
+TEST(Zero, TimesTensorParallelMatchesOneProcess) {
+  if (runtime().world_size() != 4) GTEST_SKIP() << "dp2 x tp2 needs 4 ranks";
+  for (int stage : {1, 2, 3}) check(2, Reduce::Zero, plan::Recompute::None, {stage});
+}
+
+TEST(Zero, HybridShardingMatchesOneProcess) {
+  if (runtime().world_size() != 4) GTEST_SKIP() << "dp_shard 2 x dp_replicate 2 needs 4 ranks";
+  for (int stage : {1, 2, 3}) check(1, Reduce::Zero, plan::Recompute::None, {stage, 2});
+}
+
+// One replica of the test model under ZeRO over the world.
+struct ZeroReplica {
+  plan::ModelSpec spec;
+  Comm solo{"solo", runtime().rank()};
+  Transformer model{spec, solo, false, 5};
+  ShardedDataParallel zero;
+  AdamW opt{zero.shard_params(), AdamWOptions{}};
+  TrainStep step{model, opt, runtime().world(), solo, {Precision::Fp32, nullptr, nullptr, &zero}};
+  explicit ZeroReplica(int stage, int64_t layers = 2)
+      : spec(with_layers(layers)), zero(model, runtime().world(), solo, solo, AdamWOptions{}, ZeroOptions{stage}) {}
+  static plan::ModelSpec with_layers(int64_t layers) {
+    plan::ModelSpec m = model_spec();
+    m.layers = layers;
+    return m;
+  }
+  StepResult run(int64_t micro) {
+    Comm& dp = runtime().world();
+    const int64_t per_rank = kGlobal / dp.size();
+    return step.run(split(global_batch(spec, 0), dp.rank() * per_rank, per_rank, micro));
+  }
+  double psi() { return static_cast<double>(model.params().local_numel()); }
+};
+
+// Bytes in nccl-tests' "size" (comm.h) per step of one micro-batch, P = padded
+// parameters, P0 = those of unit 0 (gathered once, kept through backward):
+//   stage 1, 2: reduce-scatter 4P, all-gather 4P after the step: as DDP's 2 x 4P
+//   stage 3:    all-gather 4P (forward) + 4(P - P0) (backward), reduce-scatter 4P:
+//               about 1.5 x DDP (ZeRO paper sec. 7.2.2)
+// The wire (per rank, bandwidth-optimal) is (n - 1) / n of each.
+TEST(Zero, CommBytesMatchTheFormula) {
+  Comm& dp = runtime().world();
+  if (dp.size() == 1 || !dp_divides_batch()) GTEST_SKIP();
+  const double n = dp.size();
+  for (int stage : {1, 2, 3}) {
+    ZeroReplica r(stage);
+    r.run(kGlobal / dp.size());  // one micro-batch
+    dp.reset_stats();
+    r.run(kGlobal / dp.size());
+    const double P = static_cast<double>(r.zero.padded_numel()), P0 = static_cast<double>(r.zero.padded_numel_unit0());
+    const OpStats gather = dp.stats().at("all_gather"), scatter = dp.stats().at("reduce_scatter");
+    const double expect_gather = stage == 3 ? 4 * (2 * P - P0) : 4 * P;
+    EXPECT_EQ(scatter.bytes, static_cast<uint64_t>(4 * P)) << "stage " << stage;
+    EXPECT_EQ(gather.bytes, static_cast<uint64_t>(expect_gather)) << "stage " << stage;
+    const double wire = static_cast<double>(gather.wire_bytes + scatter.wire_bytes);
+    const double ddp_wire = 2 * (n - 1) / n * 4 * r.psi();
+    EXPECT_NEAR(wire, (n - 1) / n * (expect_gather + 4 * P), 2 * r.zero.flats());
+    if (stage == 3) {
+      EXPECT_GT(wire / ddp_wire, 1.3) << "stage 3 moves about 1.5x DDP's bytes";
+      EXPECT_LE(wire / ddp_wire, 1.5 + 1e-3);
+    } else {
+      EXPECT_NEAR(wire / ddp_wire, 1.0, 0.01) << "stage " << stage;
+    }
+    // Stage 2 reduces every micro-batch (gradients are not kept whole); stage 1 only the last.
+    dp.reset_stats();
+    r.run(1);
+    const double micro = static_cast<double>(kGlobal / dp.size());
+    EXPECT_EQ(dp.stats().at("reduce_scatter").bytes, static_cast<uint64_t>(4 * P * (stage == 1 ? 1 : micro)));
+  }
+}
+
+// After a step, per rank (fp32): stage 1 8Ψ + 8Ψ/N, stage 2 4Ψ + 12Ψ/N,
+// stage 3 16Ψ/N, within 5% (the padding), measured from the live storages.
+TEST(Zero, MeasuredMemoryMatchesTheFormula) {
+  const double n = runtime().world_size();
+  for (int stage : {1, 2, 3}) {
+    ZeroReplica r(stage, 4);
+    r.run(kGlobal / runtime().world_size());
+    const MemoryUse m = measure_memory(r.model.params().params(), r.opt, nullptr, &r.zero);
+    const double psi = r.psi();
+    const double params = stage == 3 ? 4 * psi / n : 4 * psi;
+    const double grads = stage == 1 ? 4 * psi : 4 * psi / n;
+    EXPECT_NEAR(static_cast<double>(m.params), params, 0.05 * params) << "stage " << stage;
+    EXPECT_NEAR(static_cast<double>(m.grads), grads, 0.05 * grads) << "stage " << stage;
+    EXPECT_NEAR(static_cast<double>(m.optimizer), 8 * psi / n, 0.05 * 8 * psi / n) << "stage " << stage;
+    EXPECT_NEAR(static_cast<double>(m.state()), params + grads + 8 * psi / n, 0.05 * (params + grads + 8 * psi / n));
+    if (stage == 3) {
+      // At most unit 0, the current layer and the prefetched one were whole at once.
+      const int64_t p0 = r.zero.padded_numel_unit0(), layer = (r.zero.padded_numel() - p0) / 4;
+      EXPECT_EQ(r.zero.peak_gathered_bytes(), 4 * (p0 + 2 * layer));
+    }
+  }
+}
+
+// A checkpoint's optimizer state is whole per parameter: gathering the
+// shards and sharding again gives the same slices.
+TEST(Zero, WholeStateRoundTrips) {
+  ZeroReplica r(3);
+  r.run(kGlobal / runtime().world_size());
+  std::vector<at::Tensor> m = r.zero.whole_state(r.opt.exp_avg());
+  const auto& ps = r.model.params().params();
+  ASSERT_EQ(m.size(), ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(m[i].sizes(), ps[i].tensor.sizes()) << ps[i].name;
+  std::vector<at::Tensor> back;
+  for (const auto& t : r.opt.exp_avg()) back.push_back(at::zeros_like(t));
+  r.zero.shard_state(m, back);
+  for (size_t i = 0; i < back.size(); ++i) EXPECT_TRUE(at::equal(back[i], r.opt.exp_avg()[i]));
+}
+
+TEST(Zero, BadStageAndShardSizeAreNamed) {
+  Comm solo("solo", runtime().rank());
+  Transformer model(model_spec(), solo, false, 5);
+  try {
+    ShardedDataParallel z(model, solo, solo, solo, AdamWOptions{}, ZeroOptions{4});
+    ADD_FAILURE() << "stage 4 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.zero = 4"), std::string::npos) << e.what();
+  }
+  if (runtime().world_size() == 4) {
+    try {
+      make_shard_groups(runtime(), runtime().world(), 3);
+      ADD_FAILURE() << "dp_shard 3 of 4 accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel.dp_shard = 3"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::test
