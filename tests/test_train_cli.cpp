@@ -54,6 +54,12 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
   EXPECT_NE(error_of(d.write("g.toml", base + "[train\n")).find("g.toml"), std::string::npos);
   EXPECT_NE(error_of(d.write("i.toml", base + "[train]\neval_every = 0\n")).find("train.eval_every = 0 must be at least 1"),
             std::string::npos);
+  EXPECT_NE(error_of(d.write("j.toml", base), {"parallel.zero=4"}).find("parallel.zero = 4: use 0 (DDP)"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("k.toml", base), {"parallel.dp_shard=2"}).find("needs parallel.zero >= 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("l.toml", base), {"parallel.offload=true"}).find("applies to CUDA builds only"),
+            std::string::npos);
   TrainConfig c = load_train_config(d.write("h.toml", base), {"train.lr=0.5", "model.layers=3", "train.schedule=linear"});
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
   EXPECT_EQ(c.model.layers, 3);
@@ -159,6 +165,50 @@ TEST(TrainCli, ResumeIsExact) {
   for (const auto& [step, v] : dp) {
     const double x = std::stod(v), y = std::stod(tp.at(step));
     EXPECT_NEAR(x, y, 1e-5 * x) << "step " << step;
+  }
+}
+
+// Steps after `from` of two metrics files agree within fp32 rounding
+// (relative 1e-5: other meshes reduce in other orders).
+void expect_same_losses(const std::string& a_file, const std::string& b_file, int from, size_t count) {
+  const auto a = losses(a_file), b = losses(b_file);
+  ASSERT_EQ(b.size(), count) << b_file;
+  for (const auto& [step, v] : b) {
+    ASSERT_TRUE(a.count(step)) << "step " << step;
+    if (step <= from) continue;
+    const double x = std::stod(a.at(step)), y = std::stod(v);
+    EXPECT_NEAR(x, y, 1e-5 * x) << "step " << step;
+  }
+}
+
+// A checkpoint saved under ZeRO-3 on 4 ranks resumes under DDP on 2 ranks, and
+// one saved under DDP on 2 ranks resumes under ZeRO-3 on 4: the losses that
+// follow equal those of the uninterrupted run (checkpoints hold whole
+// parameters and moments, whatever sharding wrote them).
+TEST(TrainCli, ZeroCheckpointsResumeUnderDdpAndBack) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = tiny_config(d, "z.toml", "") + " --set model.dropout=0.0";
+  const std::string zero3 = " --nproc 4 --set parallel.zero=3", ddp = " --nproc 2";
+  auto metrics = [&](const std::string& name) {
+    return " --set train.metrics='\"" + (d.path / name).string() + "\"'";
+  };
+  auto ckpt = [&](const std::string& name) {
+    return " --set checkpoint.dir='\"" + (d.path / name).string() + "\"'";
+  };
+  for (const auto& [first, second, tag] : {std::tuple{zero3, ddp, "zero3_to_ddp"}, {ddp, zero3, "ddp_to_zero3"}}) {
+    auto run = test::run_command(bin + " train " + cfg + first + metrics(std::string(tag) + ".ref"));
+    ASSERT_EQ(run.code, 0) << run.output;
+    run = test::run_command(bin + " train " + cfg + first + ckpt(tag) + " --set train.stop_after=3");
+    ASSERT_EQ(run.code, 0) << run.output;
+    run = test::run_command(bin + " train " + cfg + second + ckpt(tag) + metrics(std::string(tag) + ".resumed"));
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("(step 3, saved on tp=1 dp=" + std::string(first == zero3 ? "4" : "2")),
+              std::string::npos)
+        << run.output;
+    if (second == zero3) EXPECT_NE(run.output.find("ZeRO-3"), std::string::npos) << run.output;
+    expect_same_losses((d.path / (std::string(tag) + ".ref")).string(),
+                       (d.path / (std::string(tag) + ".resumed")).string(), 3, 3);
   }
 }
 

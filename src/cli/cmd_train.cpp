@@ -22,6 +22,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/parallel/data/ddp.h"
+#include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/runtime/mesh.h"
@@ -82,15 +83,17 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
            {{"model", spec_to_json(c.model)},
             {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
                        {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}}}}},
-          {"mesh", {{"tp", tp}, {"dp", dp}, {"sp", c.sp}}},
+          {"mesh", {{"tp", tp}, {"dp", dp}, {"sp", c.sp}, {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
           {"optimizer", {{"steps", opt.steps()}}},
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
 }
 
+int64_t optimizer_steps(ckpt::Reader& r) { return r.manifest().at("optimizer").at("steps").get<int64_t>(); }
+
 // Loads the newest checkpoint (or the one named) into model, optimizer,
 // loader and RNG; returns its step (0: nothing to resume).
-int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, TokenLoader& loader, LossScaler* scaler, int dp,
-               int world_rank, int world_size, bool lead) {
+int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, ShardedDataParallel* zero, TokenLoader& loader,
+               LossScaler* scaler, int dp, int world_rank, int world_size, bool lead) {
   if (c.resume == "none") return 0;
   std::string path;
   if (c.resume == "auto") {
@@ -111,8 +114,24 @@ int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, TokenLoader
                                          path, t.at("seq").dump(), t.at("seed").dump(), t.at("global_batch").dump(),
                                          c.seq, c.seed, c.global_batch));
   }
-  load_model(r, model);
-  load_optimizer(r, model, opt);
+  if (zero) {
+    // The checkpoint holds whole parameters and moments, whatever sharding wrote them.
+    zero->gather_params();
+    load_model(r, model);
+    zero->release_params();
+    std::vector<at::Tensor> m, v;
+    for (const auto& p : model.params().params()) {
+      m.push_back(at::zeros(p.tensor.sizes(), at::kFloat));
+      v.push_back(at::zeros(p.tensor.sizes(), at::kFloat));
+    }
+    load_moments(r, model, m, v);
+    zero->shard_state(m, opt.exp_avg());
+    zero->shard_state(v, opt.exp_avg_sq());
+    opt.set_steps(optimizer_steps(r));
+  } else {
+    load_model(r, model);
+    load_optimizer(r, model, opt);
+  }
   const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
   const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
   if (windows % per_step != 0) {
@@ -158,13 +177,28 @@ int train(const TrainConfig& c) {
   Transformer model(c.model, tp, c.sp, c.seed);
   model.set_dropout_seed(c.seed, dp.rank());
   model.set_recompute(plan::parse_recompute(c.recompute));
-  AdamW opt(model.params().params(), c.optim);
+  std::unique_ptr<ShardedDataParallel> zero;
+  ShardGroups shard_groups;
+  if (c.zero > 0) {
+    shard_groups = make_shard_groups(*rt, dp, c.dp_shard > 0 ? c.dp_shard : dp.size());
+    zero = std::make_unique<ShardedDataParallel>(model, *shard_groups.shard, *shard_groups.replicate, tp, c.optim,
+                                                 ZeroOptions{c.zero, c.ddp_find_unused, true});
+    if (lead) {
+      fmt::print("data parallel over {} ranks: ZeRO-{}{}, sharded over {} rank(s){}, {} flat buffers\n", dp.size(), c.zero,
+                 c.zero == 3 ? " (FSDP: layers gathered before use, next one prefetched)" : "",
+                 shard_groups.shard->size(),
+                 shard_groups.replicate->size() > 1 ? fmt::format(", replicated {}x (HSDP)", shard_groups.replicate->size())
+                                                    : "",
+                 zero->flats());
+    }
+  }
+  AdamW opt(zero ? zero->shard_params() : model.params().params(), c.optim);
   const Precision precision = parse_train_precision(c.precision);
   check_precision_supported(precision, "cpu");
   std::unique_ptr<LossScaler> scaler;
   if (precision == Precision::Fp16) scaler = std::make_unique<LossScaler>();
   std::unique_ptr<DataParallel> ddp;
-  if (dp.size() > 1) {
+  if (dp.size() > 1 && !zero) {
     ddp = std::make_unique<DataParallel>(model.params().params(), dp,
                                          DdpOptions{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused});
     if (lead) {
@@ -172,7 +206,7 @@ int train(const TrainConfig& c) {
                  ddp->buckets(), c.ddp_bucket_mb, c.ddp_overlap ? "overlapped with backward" : "after backward");
     }
   }
-  TrainStep step(model, opt, dp, tp, {precision, scaler.get(), ddp.get()});
+  TrainStep step(model, opt, dp, tp, {precision, scaler.get(), ddp.get(), zero.get()});
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   if (lead) {
@@ -195,7 +229,8 @@ int train(const TrainConfig& c) {
     fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (this machine's fp32 GEMM peak)\n",
                flops_per_token, plan::flops_formula(plan::AttnFlops::Full), kMachinePeakFlops / 1e9);
   }
-  const int64_t start = resume(c, model, opt, loader, scaler.get(), dp.size(), rt->rank(), rt->world_size(), lead);
+  const int64_t start =
+      resume(c, model, opt, zero.get(), loader, scaler.get(), dp.size(), rt->rank(), rt->world_size(), lead);
   std::unique_ptr<ckpt::Checkpointer> saver;
   if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
       ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());
@@ -203,8 +238,17 @@ int train(const TrainConfig& c) {
   auto save = [&](int64_t s) {
     if (!saver) return;
     const auto t0 = std::chrono::steady_clock::now();
-    saver->save(s, training_pieces(model, &opt, dp.rank(), rt->rank()),
-                checkpoint_fields(c, opt, loader, c.tp, dp.size(), scaler.get()), nlohmann::json::object());
+    const nlohmann::json fields = checkpoint_fields(c, opt, loader, c.tp, dp.size(), scaler.get());
+    if (zero) {
+      zero->gather_params();  // stage 3; the saver copies what it writes before save() returns
+      saver->save(s,
+                  training_pieces(model, zero->whole_state(opt.exp_avg()), zero->whole_state(opt.exp_avg_sq()),
+                                  dp.rank(), rt->rank()),
+                  fields, nlohmann::json::object());
+      zero->release_params();
+    } else {
+      saver->save(s, training_pieces(model, &opt, dp.rank(), rt->rank()), fields, nlohmann::json::object());
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking)\n", s, c.ckpt_dir, ckpt::step_dir_name(s),
@@ -248,9 +292,10 @@ int train(const TrainConfig& c) {
     }
     if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
     if (s == start + 1 && lead) {
-      fmt::print("{}", memory_table(model.params().local_numel(), dp.size(),
-                                    measure_memory(model.params().params(), opt, ddp.get()),
-                                    fmt::format("{} {}", ddp ? "DDP" : "one replica", c.precision)));
+      const std::string mode = zero ? fmt::format("ZeRO-{}", c.zero) : ddp ? "DDP" : "one replica";
+      fmt::print("{}", memory_table(model.params().local_numel(), zero ? zero->shard_group().size() : dp.size(),
+                                    measure_memory(model.params().params(), opt, ddp.get(), zero.get()),
+                                    fmt::format("{} {}", mode, c.precision)));
     }
   }
   if (saver) {

@@ -86,6 +86,9 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.tp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.tp = static_cast<int>(as_int(n, k)); }},
       {"parallel.sp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.sp = as_bool(n, k); }},
       {"parallel.nproc", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.nproc = static_cast<int>(as_int(n, k)); }},
+      {"parallel.zero", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.zero = static_cast<int>(as_int(n, k)); }},
+      {"parallel.dp_shard", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dp_shard = static_cast<int>(as_int(n, k)); }},
+      {"parallel.offload", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.offload = as_bool(n, k); }},
   };
   return s;
 }
@@ -149,6 +152,23 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                          {"train.eval_every", c.eval_every}, {"train.eval_batches", c.eval_batches},
                          {"ddp.bucket_mb", c.ddp_bucket_mb}, {"parallel.tp", static_cast<int64_t>(c.tp)}}) {
     if (v < 1) throw std::invalid_argument(fmt::format("{}: {} = {} must be at least 1", path, key, v));
+  }
+  if (c.zero < 0 || c.zero > 3) {
+    throw std::invalid_argument(fmt::format("{}: parallel.zero = {}: use 0 (DDP), 1 (optimizer states sharded), 2 (+ "
+                                            "gradients) or 3 (+ parameters, FSDP)",
+                                            path, c.zero));
+  }
+  if (c.dp_shard < 0 || (c.dp_shard > 0 && c.zero == 0)) {
+    throw std::invalid_argument(fmt::format("{}: parallel.dp_shard = {} shards ZeRO's state within groups of that many "
+                                            "data-parallel ranks: it needs parallel.zero >= 1 and a positive size",
+                                            path, c.dp_shard));
+  }
+  if (c.offload) {
+    throw std::invalid_argument(fmt::format("{}: parallel.offload moves fp32 master weights and Adam states to pinned "
+                                            "host memory with a CPU AdamW step; it applies to CUDA builds only, and "
+                                            "this build trains on the CPU, where they are in host memory already: "
+                                            "remove parallel.offload",
+                                            path));
   }
   if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
     throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "

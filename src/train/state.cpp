@@ -82,6 +82,13 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j) {
 }
 
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank) {
+  if (!opt) return training_pieces(model, {}, {}, dp_rank, world_rank);
+  auto& o = const_cast<AdamW&>(*opt);
+  return training_pieces(model, o.exp_avg(), o.exp_avg_sq(), dp_rank, world_rank);
+}
+
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
+                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank) {
   const int tp_rank = model.params().tp_rank();
   std::vector<ckpt::Piece> out;
   auto& params = model.params().params();
@@ -90,10 +97,9 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, i
     const bool owner = dp_rank == 0 && (p.tp_dim >= 0 || tp_rank == 0);
     const auto off = offsets_of(p, tp_rank);
     out.push_back({"model/" + p.name, p.tensor.detach(), p.full_shape, off, owner});
-    if (opt) {
-      auto& o = const_cast<AdamW&>(*opt);
-      out.push_back({"optim/exp_avg/" + p.name, o.exp_avg()[i], p.full_shape, off, owner});
-      out.push_back({"optim/exp_avg_sq/" + p.name, o.exp_avg_sq()[i], p.full_shape, off, owner});
+    if (!exp_avg.empty()) {
+      out.push_back({"optim/exp_avg/" + p.name, exp_avg.at(i), p.full_shape, off, owner});
+      out.push_back({"optim/exp_avg_sq/" + p.name, exp_avg_sq.at(i), p.full_shape, off, owner});
     }
   }
   const char* names[] = {"replicated", "split"};
@@ -125,14 +131,19 @@ void load_model(ckpt::Reader& r, Transformer& model) {
   for (auto& p : model.params().params()) r.read("model/" + p.name, p.tensor.detach(), offsets_of(p, tp_rank), p.full_shape);
 }
 
-void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt) {
+void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& exp_avg,
+                  std::vector<at::Tensor>& exp_avg_sq) {
   const int tp_rank = model.params().tp_rank();
   auto& params = model.params().params();
   for (size_t i = 0; i < params.size(); ++i) {
     const auto off = offsets_of(params[i], tp_rank);
-    r.read("optim/exp_avg/" + params[i].name, opt.exp_avg()[i], off, params[i].full_shape);
-    r.read("optim/exp_avg_sq/" + params[i].name, opt.exp_avg_sq()[i], off, params[i].full_shape);
+    r.read("optim/exp_avg/" + params[i].name, exp_avg.at(i), off, params[i].full_shape);
+    r.read("optim/exp_avg_sq/" + params[i].name, exp_avg_sq.at(i), off, params[i].full_shape);
   }
+}
+
+void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt) {
+  load_moments(r, model, opt.exp_avg(), opt.exp_avg_sq());
   opt.set_steps(r.manifest().at("optimizer").at("steps").get<int64_t>());
 }
 

@@ -23,6 +23,11 @@ struct TrainConfig {
   int tp = 1;                     // [parallel] tp, sp, nproc
   bool sp = false;
   int nproc = 1;
+  // [parallel] zero: 0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP); dp_shard: HSDP,
+  // shard within groups of this many dp ranks (0 = all of dp); offload: CUDA only.
+  int zero = 0;
+  int dp_shard = 0;
+  bool offload = false;
   std::string recompute = "none";  // [train] recompute: none | selective | full
   std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
   // [ddp] (used when the data-parallel group has more than one rank)
