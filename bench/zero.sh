@@ -22,6 +22,22 @@ OUT=docs/bench-zero.md
     "$BUILD/meshtrain" bench zero --nproc 2 $args 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //'
     echo '```'
   done
+  cat <<'TEXT'
+
+## Reading these numbers
+
+- **Memory** is the point of ZeRO and matches the formulas of `include/meshtrain/train/memory.h` to the byte
+  (padding aside): with N = 2, stage 1 saves the half of the Adam moments, stage 2 also half of the gradients,
+  stage 3 also half of the parameters, 16Ψ → 8Ψ + 8Ψ/N → 4Ψ + 12Ψ/N → 16Ψ/N. Stage 3 holds, at its peak, unit 0
+  (embedding, final norm; gpt2-124m's 50257 x 768 embedding dominates it) plus two layers whole.
+- **Bytes**: stages 1 and 2 move what DDP moves (reduce-scatter + all-gather = one all-reduce); stage 3 gathers the
+  layers a second time for backward, ~1.34x here (the ZeRO paper's 1.5x, less unit 0, which stays gathered from
+  forward through backward).
+- **Time** on 2 ranks over loopback TCP with 2 cores: the variants are within ±6% of DDP, which is this machine's
+  run-to-run noise (docs/bench-dp.md). ZeRO also shards the AdamW update itself (each rank updates 1/N of the
+  parameters), which on a CPU is a visible part of a step; stage 3's extra gathers overlap the next layer's compute
+  (prefetch), but the two cores that compute are the ones that move the bytes.
+TEXT
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 echo "wrote $OUT"

@@ -116,14 +116,12 @@ int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, ShardedData
   }
   if (zero) {
     // The checkpoint holds whole parameters and moments, whatever sharding wrote them.
-    zero->gather_params();
-    load_model(r, model);
-    zero->release_params();
-    std::vector<at::Tensor> m, v;
+    std::vector<at::Tensor> w, m, v;
     for (const auto& p : model.params().params()) {
-      m.push_back(at::zeros(p.tensor.sizes(), at::kFloat));
-      v.push_back(at::zeros(p.tensor.sizes(), at::kFloat));
+      for (auto* t : {&w, &m, &v}) t->push_back(at::zeros(p.tensor.sizes(), at::kFloat));
     }
+    load_model(r, model, w);
+    zero->load_weights(w);
     load_moments(r, model, m, v);
     zero->shard_state(m, opt.exp_avg());
     zero->shard_state(v, opt.exp_avg_sq());
@@ -177,12 +175,15 @@ int train(const TrainConfig& c) {
   Transformer model(c.model, tp, c.sp, c.seed);
   model.set_dropout_seed(c.seed, dp.rank());
   model.set_recompute(plan::parse_recompute(c.recompute));
+  const Precision precision = parse_train_precision(c.precision);
+  check_precision_supported(precision, "cpu");
   std::unique_ptr<ShardedDataParallel> zero;
   ShardGroups shard_groups;
   if (c.zero > 0) {
     shard_groups = make_shard_groups(*rt, dp, c.dp_shard > 0 ? c.dp_shard : dp.size());
     zero = std::make_unique<ShardedDataParallel>(model, *shard_groups.shard, *shard_groups.replicate, tp, c.optim,
-                                                 ZeroOptions{c.zero, c.ddp_find_unused, true});
+                                                 ZeroOptions{c.zero, c.ddp_find_unused, true,
+                                                             c.zero == 3 && precision == Precision::Bf16});
     if (lead) {
       fmt::print("data parallel over {} ranks: ZeRO-{}{}, sharded over {} rank(s){}, {} flat buffers\n", dp.size(), c.zero,
                  c.zero == 3 ? " (FSDP: layers gathered before use, next one prefetched)" : "",
@@ -193,8 +194,6 @@ int train(const TrainConfig& c) {
     }
   }
   AdamW opt(zero ? zero->shard_params() : model.params().params(), c.optim);
-  const Precision precision = parse_train_precision(c.precision);
-  check_precision_supported(precision, "cpu");
   std::unique_ptr<LossScaler> scaler;
   if (precision == Precision::Fp16) scaler = std::make_unique<LossScaler>();
   std::unique_ptr<DataParallel> ddp;
@@ -240,12 +239,10 @@ int train(const TrainConfig& c) {
     const auto t0 = std::chrono::steady_clock::now();
     const nlohmann::json fields = checkpoint_fields(c, opt, loader, c.tp, dp.size(), scaler.get());
     if (zero) {
-      zero->gather_params();  // stage 3; the saver copies what it writes before save() returns
       saver->save(s,
-                  training_pieces(model, zero->whole_state(opt.exp_avg()), zero->whole_state(opt.exp_avg_sq()),
-                                  dp.rank(), rt->rank()),
+                  training_pieces(model, zero->whole_weights(), zero->whole_state(opt.exp_avg()),
+                                  zero->whole_state(opt.exp_avg_sq()), dp.rank(), rt->rank()),
                   fields, nlohmann::json::object());
-      zero->release_params();
     } else {
       saver->save(s, training_pieces(model, &opt, dp.rank(), rt->rank()), fields, nlohmann::json::object());
     }

@@ -82,12 +82,13 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j) {
 }
 
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank) {
-  if (!opt) return training_pieces(model, {}, {}, dp_rank, world_rank);
+  if (!opt) return training_pieces(model, {}, {}, {}, dp_rank, world_rank);
   auto& o = const_cast<AdamW&>(*opt);
-  return training_pieces(model, o.exp_avg(), o.exp_avg_sq(), dp_rank, world_rank);
+  return training_pieces(model, {}, o.exp_avg(), o.exp_avg_sq(), dp_rank, world_rank);
 }
 
-std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& weights,
+                                         const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank) {
   const int tp_rank = model.params().tp_rank();
   std::vector<ckpt::Piece> out;
@@ -96,7 +97,7 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
     const Param& p = params[i];
     const bool owner = dp_rank == 0 && (p.tp_dim >= 0 || tp_rank == 0);
     const auto off = offsets_of(p, tp_rank);
-    out.push_back({"model/" + p.name, p.tensor.detach(), p.full_shape, off, owner});
+    out.push_back({"model/" + p.name, weights.empty() ? p.tensor.detach() : weights.at(i), p.full_shape, off, owner});
     if (!exp_avg.empty()) {
       out.push_back({"optim/exp_avg/" + p.name, exp_avg.at(i), p.full_shape, off, owner});
       out.push_back({"optim/exp_avg_sq/" + p.name, exp_avg_sq.at(i), p.full_shape, off, owner});
@@ -112,6 +113,12 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
 }
 
 void load_model(ckpt::Reader& r, Transformer& model) {
+  std::vector<at::Tensor> into;
+  for (auto& p : model.params().params()) into.push_back(p.tensor.detach());
+  load_model(r, model, into);
+}
+
+void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into) {
   const auto& m = r.manifest();
   if (m.contains("config") && m["config"].contains("model")) {
     const plan::ModelSpec saved = spec_from_json(m["config"]["model"]);
@@ -128,7 +135,10 @@ void load_model(ckpt::Reader& r, Transformer& model) {
   }
   at::NoGradGuard no_grad;
   const int tp_rank = model.params().tp_rank();
-  for (auto& p : model.params().params()) r.read("model/" + p.name, p.tensor.detach(), offsets_of(p, tp_rank), p.full_shape);
+  auto& params = model.params().params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    r.read("model/" + params[i].name, into.at(i), offsets_of(params[i], tp_rank), params[i].full_shape);
+  }
 }
 
 void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& exp_avg,

@@ -31,16 +31,19 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j);
 
 // This rank's pieces of the model and optimizer state (and its RNG state).
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank);
-// The same with the moments given per model parameter (ZeRO gathers its
-// slices into whole parameters first: the checkpoint layout does not depend
-// on the sharding).
-std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
+// The same with the weights and moments given per model parameter (ZeRO
+// gathers its slices into whole fp32 tensors first: the checkpoint layout does
+// not depend on the sharding). Empty `weights`: the parameters themselves.
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& weights,
+                                         const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank);
 
 // Loads the parameters (and, when `opt` is given, the moments) of this rank's
 // shards, whatever mesh wrote them. The checkpoint's model must equal the
 // model's spec up to vocabulary padding (std::runtime_error names the field).
 void load_model(ckpt::Reader& r, Transformer& model);
+// The same into `into` (one tensor per parameter, its shape) instead.
+void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into);
 void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt);
 // The moments per model parameter (this rank's tp shard), for ZeRO to slice.
 void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& exp_avg,

@@ -51,6 +51,7 @@ struct Flat {
   std::vector<int64_t> offsets;  // of each in the flat
   int64_t numel = 0, padded = 0, shard = 0;
   at::Tensor full;       // [padded]: the parameters are views of it (stage 3: storage freed between uses)
+  at::Tensor gather_in;  // stage 3: the slice being gathered (a bf16 copy with bf16_params)
   at::Tensor grad_full;  // stage 1: [padded], the parameters' gradients are views of it
   at::Tensor grad_in;    // stage 2/3: this backward's gradient, until reduced
   at::Tensor grad_out;   // stage 2/3: its reduced slice, in flight
@@ -117,10 +118,11 @@ struct ShardedDataParallel::State {
     Flat& f = flats[i];
     if (f.gathered != Gathered::No) return;
     allocate_storage(f.full, f.padded);
-    gathered_bytes += f.padded * 4;
+    gathered_bytes += f.full.storage().nbytes();
     peak_gathered = std::max(peak_gathered, gathered_bytes);
+    f.gather_in = shards[i].tensor.detach().to(f.full.scalar_type());
     // Broadcast-based gathers run in the background (comm.h); the ring completes within the call.
-    f.gather = shard.all_gather_async(f.full, shards[i].tensor.detach(), async ? GatherAlgo::Broadcast : GatherAlgo::Auto);
+    f.gather = shard.all_gather_async(f.full, f.gather_in, async ? GatherAlgo::Broadcast : GatherAlgo::Auto);
     f.gathered = Gathered::InFlight;
   }
 
@@ -138,6 +140,7 @@ struct ShardedDataParallel::State {
       Flat& f = flats[i];
       if (f.gathered == Gathered::InFlight) f.gather.wait();
       f.gathered = Gathered::Yes;
+      f.gather_in = at::Tensor();
     }
   }
 
@@ -148,8 +151,9 @@ struct ShardedDataParallel::State {
       Flat& f = flats[i];
       if (f.gathered == Gathered::No) continue;
       if (f.gathered == Gathered::InFlight) f.gather.wait();
+      gathered_bytes -= f.full.storage().nbytes();
       free_storage(f.full);
-      gathered_bytes -= f.padded * 4;
+      f.gather_in = at::Tensor();
       f.gathered = Gathered::No;
     }
   }
@@ -210,6 +214,11 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
                                          const AdamWOptions& decay, ZeroOptions o)
     : s_(std::make_unique<State>(model, shard, replicate, tp, o)) {
   State& s = *s_;
+  if (o.bf16_params && o.stage != 3) {
+    throw std::invalid_argument(fmt::format("zero: bf16 gathered parameters are a stage 3 option (stage {} keeps whole "
+                                            "fp32 parameters)",
+                                            o.stage));
+  }
   if (o.stage < 1 || o.stage > 3) {
     throw std::invalid_argument(fmt::format("parallel.zero = {}: ZeRO stages are 1 (optimizer states), 2 (+ gradients) "
                                             "and 3 (+ parameters); 0 is plain DDP",
@@ -268,6 +277,14 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
                                          f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : ""),
                              owned, {f.shard}, f.tp_split ? 0 : -1, f.partial, f.decay});
     if (o.stage == 1) f.grad_full = at::zeros({f.padded}, at::kFloat);
+    if (o.bf16_params) {
+      // Before the gradient accumulators exist: they take the parameters' dtype.
+      f.full = f.full.to(at::kBFloat16);
+      for (size_t j = 0; j < f.params.size(); ++j) {
+        at::Tensor& t = s.params[f.params[j]].tensor;
+        t.set_data(f.full.narrow(0, f.offsets[j], t.numel()).view(t.sizes()));
+      }
+    }
   }
   if (o.stage >= 2) {
     for (size_t k = 0; k < s.params.size(); ++k) {
@@ -386,17 +403,27 @@ void ShardedDataParallel::gather_params() {
 }
 
 void ShardedDataParallel::release_params() {
+  if (s_->o.stage != 3) return;
+  for (const auto& [unit, members] : s_->units) s_->free_unit(unit);
+}
+
+std::vector<at::Tensor> ShardedDataParallel::whole_weights() {
+  std::vector<at::Tensor> slices;
+  for (const auto& p : s_->shards) slices.push_back(p.tensor.detach());
+  return whole_state(slices);
+}
+
+void ShardedDataParallel::load_weights(const std::vector<at::Tensor>& whole) {
   State& s = *s_;
-  if (s.o.stage != 3) return;
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < s.flats.size(); ++i) {
-    Flat& f = s.flats[i];
-    if (f.gathered == Gathered::No) continue;
-    if (f.gathered == Gathered::InFlight) f.gather.wait();
-    f.gathered = Gathered::Yes;
-    s.shards[i].tensor.detach().copy_(f.full.narrow(0, s.owned_offset(f), f.shard));
+  if (s.o.stage == 3) {
+    std::vector<at::Tensor> slices;
+    for (const auto& p : s.shards) slices.push_back(p.tensor.detach());
+    shard_state(whole, slices);
+    return;
   }
-  for (const auto& [unit, members] : s.units) s.free_unit(unit);
+  // Stages 1 and 2: every rank holds the whole parameters (the slices are views of them).
+  for (size_t k = 0; k < s.params.size(); ++k) s.params[k].tensor.detach().copy_(whole.at(k));
 }
 
 std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::Tensor>& flat_state) {

@@ -65,6 +65,10 @@ struct ZeroOptions {
   int stage = 1;             // 1, 2 or 3
   bool find_unused = false;  // stage 2/3: a parameter without gradient counts as zero instead of an error
   bool prefetch = true;      // stage 3: gather the next unit while this one computes
+  // Stage 3 in bf16 mode: the fp32 shards are gathered as bf16 copies (half
+  // the bytes on the wire and in memory) and the model computes with bf16
+  // weights (FSDP's param_dtype = bf16); gradients are reduced in fp32.
+  bool bf16_params = false;
 };
 
 // HSDP's two groups, cut from the data-parallel group `dp` (group order):
@@ -103,14 +107,16 @@ class ShardedDataParallel : public UnitHooks {
   // into the parameters.
   void after_step();
 
-  // Checkpoints. Stage 3: gather_params() makes every parameter whole (to
-  // save or load it); release_params() refreshes the shards from the
-  // parameters' values and frees them again. No-ops for stages 1 and 2.
+  // Stage 3: gather_params() makes every parameter whole (to read it, e.g.
+  // for an export), release_params() frees them again. No-ops otherwise.
   void gather_params();
   void release_params();
-  // Optimizer state per model parameter (shape of the parameter) from the
-  // per-flat state `flat_state` (e.g. AdamW::exp_avg()), gathered over the
-  // shard group; and the reverse.
+
+  // Checkpoints hold whole tensors per model parameter (fp32, the parameter's
+  // shape), gathered from the slices over the shard group: the fp32 weights,
+  // and any per-flat state (e.g. AdamW::exp_avg()). And the reverse.
+  std::vector<at::Tensor> whole_weights();
+  void load_weights(const std::vector<at::Tensor>& whole);
   std::vector<at::Tensor> whole_state(const std::vector<at::Tensor>& flat_state);
   void shard_state(const std::vector<at::Tensor>& whole, std::vector<at::Tensor>& flat_state);
 
@@ -118,7 +124,7 @@ class ShardedDataParallel : public UnitHooks {
   size_t flats() const;
   int64_t padded_numel() const;       // Σ padded over flats
   int64_t padded_numel_unit0() const; // Σ padded over unit 0's flats
-  int64_t peak_gathered_bytes() const;  // stage 3: most flat bytes allocated at once
+  int64_t peak_gathered_bytes() const;  // stage 3: most gathered bytes allocated at once
 
   // UnitHooks (stage 3).
   void before_unit(int64_t unit) override;
