@@ -187,3 +187,16 @@ TEST(Zero, BadStageAndShardSizeAreNamed) {
 
 }  // namespace
 }  // namespace meshtrain::test
+
+namespace meshtrain::test {
+namespace {
+
+// On 8 ranks (the mesh_np8 entry runs Mesh*): HSDP (dp_shard 2 x replicate 2)
+// composed with tp 2 and sequence parallelism, every stage.
+TEST(MeshZero, HybridShardingTimesTensorParallelMatchesOneProcess) {
+  if (runtime().world_size() != 8) GTEST_SKIP() << "dp (2 x 2) x tp 2 needs 8 ranks";
+  for (int stage : {1, 2, 3}) check(2, Reduce::Zero, plan::Recompute::None, {stage, 2});
+}
+
+}  // namespace
+}  // namespace meshtrain::test
