@@ -55,6 +55,8 @@ Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_pa
   }
   if (part_.embedding || (part_.head && spec_.tied)) {
     embed_ = VocabParallelEmbedding(store_, "embed", spec_.vocab, padded_vocab_, h, std, tp_);
+    // The last pipeline stage's copy of a tied embedding: the first stage owns it.
+    store_.params().back().replica = !part_.embedding;
   }
   if (part_.embedding && spec_.position == plan::Position::Learned) {
     pos_ = store_.create("pos.weight", {spec_.seq, h}, Init::Normal, std, -1, sp);
@@ -197,7 +199,7 @@ at::Tensor Transformer::stage_forward(const at::Tensor& x, const at::Tensor& tar
   if (!part_.head) return leave_root(h);
   if (targets.dim() != 2) throw std::invalid_argument("targets must be [batch, seq]");
   at::Tensor l = head(norm(h, final_w_, final_b_));
-  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab));
+  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, vocab_start(), spec_.vocab));
 }
 
 at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool train) {
@@ -251,7 +253,7 @@ at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targ
   at::Tensor l = head(hidden_states(tokens, train));
   std::optional<SegmentProfiler::Scope> t;
   if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
-  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, embed_.vocab_start(), spec_.vocab));
+  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, vocab_start(), spec_.vocab));
 }
 
 void Transformer::finalize_grads() {

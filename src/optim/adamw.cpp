@@ -35,19 +35,20 @@ bool decays(const Param& p, const AdamWOptions& o) {
   return !embedding || o.decay_embeddings;
 }
 
-double global_grad_norm(const std::vector<Param>& params, Comm* tp, Comm* shards) {
+double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::vector<Comm*>& sum_over) {
   // Sharded parameters: sum of squares over the shards; replicated ones: this
   // rank's copy only, identical on every tp rank, so added once after the sum.
   double sharded = 0, replicated = 0;
   for (const auto& p : params) {
     const at::Tensor& g = p.tensor.grad();
-    if (!g.defined()) continue;
+    if (!g.defined() || p.replica) continue;
     const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
     (p.tp_dim >= 0 ? sharded : replicated) += sq;
   }
-  if (shards && shards->size() > 1) {
+  for (Comm* group : sum_over) {
+    if (!group || group->size() == 1) continue;
     at::Tensor s = at::tensor({sharded, replicated}, at::kDouble);
-    shards->all_reduce(s);
+    group->all_reduce(s);
     sharded = s[0].item<double>();
     replicated = s[1].item<double>();
   }
@@ -71,8 +72,8 @@ AdamW::AdamW(std::vector<Param>& params, AdamWOptions o) : params_(params), o_(o
   }
 }
 
-double AdamW::step(Comm* tp, Comm* shards) {
-  const double norm = global_grad_norm(params_, tp, shards);
+double AdamW::step(Comm* tp, const std::vector<Comm*>& sum_over) {
+  const double norm = global_grad_norm(params_, tp, sum_over);
   const double clip = o_.clip_norm > 0 && norm > o_.clip_norm ? o_.clip_norm / (norm + 1e-6) : 1.0;
   ++step_;
   lr_ = learning_rate(o_, step_);
@@ -81,7 +82,7 @@ double AdamW::step(Comm* tp, Comm* shards) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     at::Tensor g = p.tensor.grad();
-    if (!g.defined()) continue;
+    if (!g.defined()) continue;  // replicas are updated like the rest
     g = g.to(at::kFloat);
     if (clip != 1.0) g = g * clip;
     m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);

@@ -95,7 +95,7 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
   auto& params = model.params().params();
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
-    const bool owner = dp_rank == 0 && (p.tp_dim >= 0 || tp_rank == 0);
+    const bool owner = dp_rank == 0 && (p.tp_dim >= 0 || tp_rank == 0) && !p.replica;
     const auto off = offsets_of(p, tp_rank);
     out.push_back({"model/" + p.name, weights.empty() ? p.tensor.detach() : weights.at(i), p.full_shape, off, owner});
     if (!exp_avg.empty()) {

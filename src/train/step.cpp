@@ -32,12 +32,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   } else {
     for (auto& p : model_.params().params()) p.tensor.mutable_grad() = at::Tensor();
   }
-  // The one place the loss normaliser is computed: target tokens of the global batch.
-  at::Tensor count = at::zeros({1}, at::kDouble);
-  for (const auto& b : micro_batches) count += (b.targets >= 0).sum().to(at::kDouble);
-  dp_.all_reduce(count);
-  const double tokens = count.item<double>();
-  if (tokens == 0) throw std::invalid_argument("the global batch has no target tokens (all ignored)");
+  const double tokens = count_target_tokens(micro_batches, dp_);
   double loss_sum = 0;
   const double scale = o_.scaler ? o_.scaler->scale() : 1.0;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
@@ -62,7 +57,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   } else if (o_.ddp) {
     o_.ddp->finish();
   } else {
-    reduce_gradients();
+    all_reduce_gradients(model_.params().params(), dp_);
   }
   if (!o_.zero) model_.finalize_grads();
   StepResult r;
@@ -71,7 +66,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   const bool finite = !o_.scaler || o_.scaler->unscale(updated, {&tp_, &dp_});
   if (o_.scaler) o_.scaler->update(finite);
   if (finite) {
-    r.grad_norm = opt_.step(&tp_, o_.zero ? &o_.zero->shard_group() : nullptr);
+    r.grad_norm = opt_.step(&tp_, {o_.zero ? &o_.zero->shard_group() : nullptr});
     if (o_.zero) o_.zero->after_step();
   } else {
     r.skipped = true;
@@ -85,19 +80,28 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   return r;
 }
 
-// Sum (not average: each token's loss is already divided by the global count)
-// of every gradient over the data-parallel group, in fp32, as one flat buffer.
-void TrainStep::reduce_gradients() {
-  if (dp_.size() == 1) return;
+// The one place the loss normaliser is computed: target tokens of the global batch.
+double count_target_tokens(const std::vector<Batch>& micro_batches, Comm& dp) {
+  at::Tensor count = at::zeros({1}, at::kDouble);
+  for (const auto& b : micro_batches) count += (b.targets >= 0).sum().to(at::kDouble);
+  dp.all_reduce(count);
+  const double tokens = count.item<double>();
+  if (tokens == 0) throw std::invalid_argument("the global batch has no target tokens (all ignored)");
+  return tokens;
+}
+
+// A sum, not an average: each token's loss is already divided by the global count.
+void all_reduce_gradients(std::vector<Param>& params, Comm& dp) {
+  if (dp.size() == 1) return;
   std::vector<at::Tensor> grads;
-  for (auto& p : model_.params().params()) {
+  for (auto& p : params) {
     if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
     grads.push_back(p.tensor.grad());
   }
   std::vector<at::Tensor> flat_parts;
   for (auto& g : grads) flat_parts.push_back(g.reshape({-1}).to(at::kFloat));
   at::Tensor flat = at::cat(flat_parts);
-  dp_.all_reduce(flat);
+  dp.all_reduce(flat);
   int64_t offset = 0;
   for (auto& g : grads) {
     g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));

@@ -125,7 +125,8 @@ class Transformer {
   ParamStore& params() { return store_; }
   const plan::ModelSpec& spec() const { return spec_; }
   int64_t padded_vocab() const { return padded_vocab_; }
-  int64_t vocab_start() const { return embed_.vocab_start(); }
+  // First vocabulary row of this tp rank's slice (also on a last pipeline stage without the embedding).
+  int64_t vocab_start() const { return padded_vocab_ / tp_.size() * tp_.rank(); }
 
  private:
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;

@@ -32,6 +32,10 @@ struct Param {
   // Weight decay: -1 decides by name and shape (optim/adamw.h decays());
   // 0 or 1 forces it (ZeRO's flat shards, which hold many parameters).
   int decay = -1;
+  // A copy of a parameter another rank owns (the tied embedding on the last
+  // pipeline stage): updated like any other, but not counted in norms and not
+  // written to checkpoints.
+  bool replica = false;
 };
 
 class ParamStore {

@@ -40,17 +40,18 @@ double learning_rate(const AdamWOptions& o, int64_t step);
 bool decays(const Param& p, const AdamWOptions& o);
 
 // L2 norm of all gradients, every parameter counted once: shards of tp-split
-// parameters are summed over the tp group; replicated ones counted once. With
-// `shards` (ZeRO), each rank holds a disjoint slice of every gradient: the
-// sums of squares are first summed over that group.
-double global_grad_norm(const std::vector<Param>& params, Comm* tp, Comm* shards = nullptr);
+// parameters are summed over the tp group; replicated ones counted once;
+// replicas (Param::replica) not at all. `sum_over`: groups whose ranks hold
+// disjoint parts of the model (ZeRO's shard group, the pipeline group): the
+// sums of squares are first summed over each.
+double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::vector<Comm*>& sum_over = {});
 
 class AdamW {
  public:
   AdamW(std::vector<Param>& params, AdamWOptions o);
   // Clips (when configured), then updates every parameter with a gradient.
-  // Returns the gradient norm before clipping. `shards`: as in global_grad_norm.
-  double step(Comm* tp, Comm* shards = nullptr);
+  // Returns the gradient norm before clipping. `sum_over`: as in global_grad_norm.
+  double step(Comm* tp, const std::vector<Comm*>& sum_over = {});
   int64_t steps() const { return step_; }
   double last_lr() const { return lr_; }
   // State for checkpoints: exp_avg and exp_avg_sq per parameter, in order.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "meshtrain/data/loader.h"
+#include "meshtrain/nn/params.h"
 #include "meshtrain/train/precision.h"
 
 namespace meshtrain {
@@ -42,6 +43,13 @@ struct StepOptions {
   ShardedDataParallel* zero = nullptr;
 };
 
+// Target tokens (targets >= 0) of the global batch: this rank's micro-batches
+// summed over `dp`. Throws when there are none.
+double count_target_tokens(const std::vector<Batch>& micro_batches, Comm& dp);
+// Sums (not averages) every gradient over `dp` in fp32 as one flat buffer;
+// missing gradients count as zeros.
+void all_reduce_gradients(std::vector<Param>& params, Comm& dp);
+
 class TrainStep {
  public:
   // `dp`: the group gradients are reduced over (data parallel x context
@@ -51,7 +59,6 @@ class TrainStep {
   StepResult run(const std::vector<Batch>& micro_batches);
 
  private:
-  void reduce_gradients();
   Transformer& model_;
   AdamW& opt_;
   Comm& dp_;

@@ -46,7 +46,7 @@ enum class Gathered { No, InFlight, Yes };
 struct Flat {
   int64_t unit = 0;
   int decay = 0;
-  bool tp_split = false, partial = false;
+  bool tp_split = false, partial = false, replica = false;
   std::vector<size_t> params;    // model parameter indices
   std::vector<int64_t> offsets;  // of each in the flat
   int64_t numel = 0, padded = 0, shard = 0;
@@ -225,19 +225,20 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
                                             o.stage));
   }
   // Flats: one per (unit, class), ordered by unit, then by first appearance.
-  std::map<std::tuple<int64_t, int, bool, bool>, size_t> index;
+  std::map<std::tuple<int64_t, int, bool, bool, bool>, size_t> index;
   for (size_t k = 0; k < s.params.size(); ++k) {
     const Param& p = s.params[k];
     if (p.tensor.scalar_type() != at::kFloat) {
       throw std::invalid_argument(fmt::format("zero: parameter {} is {}, expected fp32 (master weights)", p.name,
                                               c10::toString(p.tensor.scalar_type())));
     }
-    const auto key = std::make_tuple(unit_of(p.name), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial);
+    const auto key =
+        std::make_tuple(unit_of(p.name), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial, p.replica);
     auto [it, fresh] = index.emplace(key, s.flats.size());
     if (fresh) {
       s.flats.emplace_back();
       Flat& f = s.flats.back();
-      std::tie(f.unit, f.decay, f.tp_split, f.partial) = key;
+      std::tie(f.unit, f.decay, f.tp_split, f.partial, f.replica) = key;
     }
     s.flats[it->second].params.push_back(k);
   }
@@ -273,9 +274,10 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
     // Stages 1 and 2 update the owned slice of the parameters in place; stage 3 keeps it apart.
     owned = o.stage == 3 ? owned.clone() : owned.detach();
     owned.requires_grad_(true);
-    s.shards.push_back(Param{fmt::format("zero/unit{}/{}{}{}", f.unit, f.decay ? "decay" : "no_decay",
-                                         f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : ""),
-                             owned, {f.shard}, f.tp_split ? 0 : -1, f.partial, f.decay});
+    s.shards.push_back(Param{fmt::format("zero/unit{}/{}{}{}{}", f.unit, f.decay ? "decay" : "no_decay",
+                                         f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : "",
+                                         f.replica ? "/replica" : ""),
+                             owned, {f.shard}, f.tp_split ? 0 : -1, f.partial, f.decay, f.replica});
     if (o.stage == 1) f.grad_full = at::zeros({f.padded}, at::kFloat);
     if (o.bf16_params) {
       // Before the gradient accumulators exist: they take the parameters' dtype.

@@ -12,6 +12,8 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/plan/partition.h"
+#include "meshtrain/runtime/mesh.h"
+#include "meshtrain/runtime/runtime.h"
 
 namespace meshtrain {
 
@@ -28,6 +30,15 @@ std::vector<std::unique_ptr<Transformer>> build_stages(const plan::ModelSpec& sp
                                                 StagePart{ranges[s].first, ranges[s].last, s == 0, s == stages - 1}));
   }
   return out;
+}
+
+std::unique_ptr<Comm> make_embedding_group(Runtime& rt, const MeshLayout& layout) {
+  const int pp = layout.size("pp");
+  if (pp == 1) return nullptr;
+  const std::vector<int> stages = layout.slice(rt.rank(), {"pp"});
+  const int stage = layout.coord(rt.rank(), "pp");
+  if (stage != 0 && stage != pp - 1) return nullptr;
+  return rt.new_group({stages.front(), stages.back()}, "embedding");
 }
 
 PipelineExecutor::PipelineExecutor(const plan::PipelineSchedule& schedule, std::vector<Transformer*> chunks, Comm& pp,
@@ -136,8 +147,10 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
     }
   }
   for (auto& w : sends) w.wait();
-  for (Transformer* c : chunks_) c->finalize_grads();
-  if (embed_group_ && embed_group_->size() > 1) {
+  if (finalize_) {
+    for (Transformer* c : chunks_) c->finalize_grads();
+  }
+  if (embed_group_ && embed_group_->size() > 1 && chunks_.front()->spec().tied) {
     for (Transformer* c : chunks_) {
       for (auto& p : c->params().params()) {
         if (p.name != "embed.weight") continue;
@@ -145,6 +158,35 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
         embed_group_->all_reduce(p.tensor.mutable_grad());
       }
     }
+  }
+  at::Tensor l = at::tensor({loss}, at::kDouble);
+  pp_.all_reduce(l);  // only the last stage has a nonzero loss
+  return l.item<double>();
+}
+
+double PipelineExecutor::evaluate(const std::vector<Batch>& micro) {
+  at::NoGradGuard no_grad;
+  const int rank = pp_.rank(), S = s_.stages(), P = s_.pp;
+  double loss = 0;
+  for (const Batch& b : micro) {
+    std::vector<CommWork> sends;
+    std::vector<at::Tensor> in_flight;  // alive until sent
+    for (int s = 0; s < S; ++s) {
+      if (s % P != rank) continue;
+      at::Tensor in = b.tokens;
+      if (s > 0) {
+        in = at::empty(shape_, at::kFloat);
+        pp_.recv(in, (s - 1) % P, s);
+      }
+      at::Tensor out = chunks_.at(s / P)->stage_forward(in, b.targets, false);
+      if (s == S - 1) {
+        loss += out.sum().item<double>();
+      } else {
+        in_flight.push_back(out.contiguous());
+        sends.push_back(pp_.isend(in_flight.back(), (s + 1) % P, s + 1));
+      }
+    }
+    for (auto& w : sends) w.wait();
   }
   at::Tensor l = at::tensor({loss}, at::kDouble);
   pp_.all_reduce(l);  // only the last stage has a nonzero loss

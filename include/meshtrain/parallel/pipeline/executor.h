@@ -31,6 +31,8 @@
 namespace meshtrain {
 
 class Comm;
+class Runtime;
+class MeshLayout;
 class Transformer;
 
 // This pipeline rank's model chunks: virtual stages rank, rank + pp, ... of
@@ -39,6 +41,12 @@ std::vector<std::unique_ptr<Transformer>> build_stages(const plan::ModelSpec& sp
                                                        uint64_t seed, int pp_rank, int pp, int v,
                                                        const std::vector<int64_t>& layers_per_stage = {},
                                                        plan::Balance balance = plan::Balance::Parameters);
+
+// The group of this rank's first and last pipeline stage (same coordinates on
+// every other axis), whose tied-embedding copies are summed; null when the
+// rank is on neither, or pp = 1. Every rank of the mesh calls it. (Used only
+// for tied embeddings: the executor ignores it otherwise.)
+std::unique_ptr<Comm> make_embedding_group(Runtime& rt, const MeshLayout& layout);
 
 class PipelineExecutor {
  public:
@@ -51,6 +59,12 @@ class PipelineExecutor {
   // the first stage reads tokens, the last targets). `tokens`: the global
   // number of target tokens. Returns the summed loss (global mean), on every rank.
   double run(const std::vector<Batch>& micro, double tokens);
+  // Forward only (no graph, no dropout), stage after stage: the summed
+  // per-token loss of `micro` (not divided), on every rank.
+  double evaluate(const std::vector<Batch>& micro);
+  // Off: run() leaves the tp sums of sequence-partial gradients to the caller
+  // (ZeRO does them on its slices).
+  void set_finalize_grads(bool on) { finalize_ = on; }
 
   // Seconds this rank spent waiting in receives during the last run (the bubble, measured).
   double last_wait_seconds() const { return wait_s_; }
@@ -62,6 +76,7 @@ class PipelineExecutor {
   std::vector<int64_t> shape_;
   Comm* embed_group_;
   double wait_s_ = 0;
+  bool finalize_ = true;
 };
 
 }  // namespace meshtrain

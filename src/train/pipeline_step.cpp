@@ -1,0 +1,76 @@
+#include "meshtrain/train/pipeline_step.h"
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/data/zero.h"
+#include "meshtrain/parallel/pipeline/executor.h"
+
+namespace meshtrain {
+
+std::vector<Param> pipeline_params(const std::vector<Transformer*>& chunks) {
+  std::vector<Param> out;
+  for (Transformer* c : chunks) {
+    for (const auto& p : c->params().params()) out.push_back(p);
+  }
+  return out;
+}
+
+PipelineTrainStep::PipelineTrainStep(std::vector<Transformer*> chunks, PipelineExecutor& exec, AdamW& opt, Comm& dp,
+                                     Comm& tp, Comm& pp, std::vector<ShardedDataParallel*> zero, Precision precision)
+    : chunks_(std::move(chunks)), exec_(exec), opt_(opt), dp_(dp), tp_(tp), pp_(pp), zero_(std::move(zero)),
+      precision_(precision), params_(pipeline_params(chunks_)) {
+  if (!zero_.empty()) {
+    if (zero_.size() != chunks_.size()) {
+      throw std::invalid_argument(fmt::format("{} ZeRO wrappers for {} pipeline chunks", zero_.size(), chunks_.size()));
+    }
+    for (ShardedDataParallel* z : zero_) {
+      if (z->stage() != 1) {
+        throw std::invalid_argument(fmt::format("parallel.zero = {} with pipeline parallelism: stage 2 would "
+                                                "reduce-scatter, and stage 3 re-gather, once per micro-batch on every "
+                                                "stage; use parallel.zero = 1 (or 0) with pp > 1",
+                                                z->stage()));
+      }
+    }
+    exec_.set_finalize_grads(false);  // ZeRO sums sequence-partial gradients on its slices
+  }
+  if (precision_ == Precision::Fp16) throw std::invalid_argument("fp16 pipeline training needs a GPU; use bf16");
+}
+
+StepResult PipelineTrainStep::run(const std::vector<Batch>& micro) {
+  if (micro.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
+  if (zero_.empty()) {
+    for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  } else {
+    for (ShardedDataParallel* z : zero_) z->zero_grad();
+  }
+  const double tokens = count_target_tokens(micro, dp_);
+  double loss;
+  {
+    AutocastGuard autocast(precision_);
+    loss = exec_.run(micro, tokens);
+  }
+  std::vector<Comm*> sum_over{&pp_};
+  if (zero_.empty()) {
+    all_reduce_gradients(params_, dp_);
+  } else {
+    for (ShardedDataParallel* z : zero_) z->finish();
+    sum_over.push_back(&zero_[0]->shard_group());
+  }
+  StepResult r;
+  r.grad_norm = opt_.step(&tp_, sum_over);
+  for (ShardedDataParallel* z : zero_) z->after_step();
+  r.lr = opt_.last_lr();
+  at::Tensor l = at::tensor({loss}, at::kDouble);
+  dp_.all_reduce(l);
+  r.loss = l.item<double>();
+  r.tokens = static_cast<int64_t>(tokens);
+  return r;
+}
+
+}  // namespace meshtrain
