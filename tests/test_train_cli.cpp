@@ -60,6 +60,11 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of(d.write("l.toml", base), {"parallel.offload=true"}).find("applies to CUDA builds only"),
             std::string::npos);
+  EXPECT_NE(error_of(d.write("m.toml", base), {"parallel.pp=2", "parallel.zero=2"})
+                .find("parallel.zero = 2 with parallel.pp = 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("n.toml", base), {"parallel.schedule=zigzag"}).find("parallel.schedule"),
+            std::string::npos);
   TrainConfig c = load_train_config(d.write("h.toml", base), {"train.lr=0.5", "model.layers=3", "train.schedule=linear"});
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
   EXPECT_EQ(c.model.layers, 3);
@@ -210,6 +215,44 @@ TEST(TrainCli, ZeroCheckpointsResumeUnderDdpAndBack) {
     expect_same_losses((d.path / (std::string(tag) + ".ref")).string(),
                        (d.path / (std::string(tag) + ".resumed")).string(), 3, 3);
   }
+}
+
+// Per-stage checkpoints: a run on pp 2 saves each stage's layers under their
+// global names; the checkpoint resumes on dp 2 (no pipeline) and on pp 2 with
+// the interleaved schedule (other stage boundaries), and the losses that
+// follow equal the uninterrupted pp 2 run's.
+TEST(TrainCli, PipelineCheckpointsResumeOnAnotherMesh) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = tiny_config(d, "p.toml", "") + " --set model.dropout=0.0 --set model.layers=4";
+  const std::string pp = " --nproc 2 --set parallel.pp=2";
+  const std::string ck = " --set checkpoint.dir='\"" + (d.path / "ck").string() + "\"'";
+  auto metrics = [&](const std::string& name) {
+    return " --set train.metrics='\"" + (d.path / name).string() + "\"'";
+  };
+  auto run = test::run_command(bin + " train " + cfg + pp + metrics("ref"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("predicted"), std::string::npos) << run.output;  // the bubble, measured and predicted
+  run = test::run_command(bin + " train " + cfg + pp + ck + " --set train.stop_after=3");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = test::run_command(bin + " ckpt verify " + (d.path / "ck").string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string step3 = " --set checkpoint.resume='\"" + (d.path / "ck/step_00000003").string() + "\"'";
+  for (const auto& [mesh, tag] : {std::pair<std::string, std::string>{" --nproc 2", "dp2"},
+                                  {pp + " --set parallel.virtual=2 --set parallel.schedule=interleaved", "v2"}}) {
+    run = test::run_command(bin + " train " + cfg + mesh + step3 + metrics(tag));
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("saved on tp=1 dp=1 pp=2"), std::string::npos) << run.output;
+    expect_same_losses((d.path / "ref").string(), (d.path / tag).string(), 3, 3);
+  }
+  // Micro-batches the schedule cannot take: one error naming the settings.
+  run = test::run_command(bin + " train " + cfg + pp +
+                          " --set parallel.virtual=2 --set parallel.schedule=interleaved --set train.global_batch=2");
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("parallel.schedule = interleaved with pp 2, virtual 2 and 1 micro-batches per step"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("needs micro-batches (1) divisible by pp (2)"), std::string::npos) << run.output;
 }
 
 // The user's path end to end: tokenize a corpus, train on 2 ranks (tp 2) with

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/train_engine.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/loader.h"
@@ -25,6 +26,7 @@
 #include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
+#include "meshtrain/plan/strategy.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
@@ -45,14 +47,12 @@ double peak_rss_bytes() {
   return static_cast<double>(u.ru_maxrss) * 1024;
 }
 
-double evaluate(Transformer& model, const TrainConfig& c, Comm& dp) {
-  at::NoGradGuard no_grad;
+double evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp) {
   TokenLoader val(c.val_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
   at::Tensor sums = at::zeros({2}, at::kDouble);
   for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
     Batch b = val.next();
-    AutocastGuard precision(parse_train_precision(c.precision));
-    sums[0] += model.forward(b.tokens, b.targets, false).sum().to(at::kDouble);
+    sums[0] += engine.loss_sum(b);
     sums[1] += (b.targets >= 0).sum().to(at::kDouble);
   }
   dp.all_reduce(sums);
@@ -69,7 +69,7 @@ uint32_t max_token(const std::vector<std::string>& shards) {
 }
 
 // Manifest fields besides the tensors (train/state.h).
-nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int tp, int dp,
+nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int dp,
                                  const LossScaler* scaler) {
   const LoaderState ls = loader.state();
   nlohmann::json scaler_state = nullptr;
@@ -83,17 +83,16 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
            {{"model", spec_to_json(c.model)},
             {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
                        {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}}}}},
-          {"mesh", {{"tp", tp}, {"dp", dp}, {"sp", c.sp}, {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
+          {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
+                    {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
           {"optimizer", {{"steps", opt.steps()}}},
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
 }
 
-int64_t optimizer_steps(ckpt::Reader& r) { return r.manifest().at("optimizer").at("steps").get<int64_t>(); }
-
 // Loads the newest checkpoint (or the one named) into model, optimizer,
 // loader and RNG; returns its step (0: nothing to resume).
-int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, ShardedDataParallel* zero, TokenLoader& loader,
-               LossScaler* scaler, int dp, int world_rank, int world_size, bool lead) {
+int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, int dp, int world_rank, int world_size,
+               bool lead) {
   if (c.resume == "none") return 0;
   std::string path;
   if (c.resume == "auto") {
@@ -114,22 +113,10 @@ int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, ShardedData
                                          path, t.at("seq").dump(), t.at("seed").dump(), t.at("global_batch").dump(),
                                          c.seq, c.seed, c.global_batch));
   }
-  if (zero) {
-    // The checkpoint holds whole parameters and moments, whatever sharding wrote them.
-    std::vector<at::Tensor> w, m, v;
-    for (const auto& p : model.params().params()) {
-      for (auto* t : {&w, &m, &v}) t->push_back(at::zeros(p.tensor.sizes(), at::kFloat));
-    }
-    load_model(r, model, w);
-    zero->load_weights(w);
-    load_moments(r, model, m, v);
-    zero->shard_state(m, opt.exp_avg());
-    zero->shard_state(v, opt.exp_avg_sq());
-    opt.set_steps(optimizer_steps(r));
-  } else {
-    load_model(r, model);
-    load_optimizer(r, model, opt);
-  }
+  const auto& mesh = m.at("mesh");
+  const bool same_mesh = m.at("world_size").get<int>() == world_size && mesh.at("tp") == c.tp &&
+                         mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages;
+  engine.load(r, world_rank, same_mesh);
   const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
   const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
   if (windows % per_step != 0) {
@@ -138,26 +125,23 @@ int64_t resume(const TrainConfig& c, Transformer& model, AdamW& opt, ShardedData
                                          path, windows, c.micro_batch, dp));
   }
   loader.restore({m.at("loader").at("epoch").get<uint64_t>(), windows / per_step});
+  LossScaler* scaler = engine.scaler();
   if (scaler && m.contains("scaler") && !m["scaler"].is_null()) {
     scaler->restore({m["scaler"].at("scale").get<double>(), m["scaler"].at("good_steps").get<int64_t>(),
                      m["scaler"].at("skipped").get<int64_t>()});
   }
-  const bool same_world = m.at("world_size").get<int>() == world_size;
-  const bool same_mesh = same_world && m["mesh"]["tp"] == model.params().tp_size();
-  if (same_mesh) load_rng(r, model, world_rank);
   const int64_t step = m.at("step").get<int64_t>();
   if (lead) {
-    fmt::print("resumed from {} (step {}, saved on tp={} dp={}{})\n", path, step, m["mesh"]["tp"].dump(),
-               m["mesh"]["dp"].dump(), same_mesh ? "" : "; another mesh: dropout streams start afresh");
+    fmt::print("resumed from {} (step {}, saved on tp={} dp={} pp={}{})\n", path, step, mesh["tp"].dump(),
+               mesh["dp"].dump(), mesh.value("pp", 1), same_mesh ? "" : "; another mesh: dropout streams start afresh");
   }
   return step;
 }
 
 int train(const TrainConfig& c) {
   auto rt = start_runtime(300);
-  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}});
+  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"pp", c.pp}});
   DeviceMesh mesh(*rt, layout);
-  Comm& tp = mesh.axis("tp");
   Comm& dp = mesh.group({"dp", "cp"});
   const bool lead = rt->rank() == 0;
   const int64_t per_step = c.micro_batch * dp.size();
@@ -172,48 +156,19 @@ int train(const TrainConfig& c) {
                                             "tokenizer's size",
                                             c.model.vocab, top, c.train_shards[0]));
   }
-  Transformer model(c.model, tp, c.sp, c.seed);
-  model.set_dropout_seed(c.seed, dp.rank());
-  model.set_recompute(plan::parse_recompute(c.recompute));
-  const Precision precision = parse_train_precision(c.precision);
-  check_precision_supported(precision, "cpu");
-  std::unique_ptr<ShardedDataParallel> zero;
-  ShardGroups shard_groups;
-  if (c.zero > 0) {
-    shard_groups = make_shard_groups(*rt, dp, c.dp_shard > 0 ? c.dp_shard : dp.size());
-    zero = std::make_unique<ShardedDataParallel>(model, *shard_groups.shard, *shard_groups.replicate, tp, c.optim,
-                                                 ZeroOptions{c.zero, c.ddp_find_unused, true,
-                                                             c.zero == 3 && precision == Precision::Bf16});
-    if (lead) {
-      fmt::print("data parallel over {} ranks: ZeRO-{}{}, sharded over {} rank(s){}, {} flat buffers\n", dp.size(), c.zero,
-                 c.zero == 3 ? " (FSDP: layers gathered before use, next one prefetched)" : "",
-                 shard_groups.shard->size(),
-                 shard_groups.replicate->size() > 1 ? fmt::format(", replicated {}x (HSDP)", shard_groups.replicate->size())
-                                                    : "",
-                 zero->flats());
-    }
-  }
-  AdamW opt(zero ? zero->shard_params() : model.params().params(), c.optim);
-  std::unique_ptr<LossScaler> scaler;
-  if (precision == Precision::Fp16) scaler = std::make_unique<LossScaler>();
-  std::unique_ptr<DataParallel> ddp;
-  if (dp.size() > 1 && !zero) {
-    ddp = std::make_unique<DataParallel>(model.params().params(), dp,
-                                         DdpOptions{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused});
-    if (lead) {
-      fmt::print("data parallel over {} ranks: DDP, {} bucket(s) of <= {} MiB, all-reduce {}\n", dp.size(),
-                 ddp->buckets(), c.ddp_bucket_mb, c.ddp_overlap ? "overlapped with backward" : "after backward");
-    }
-  }
-  TrainStep step(model, opt, dp, tp, {precision, scaler.get(), ddp.get(), zero.get()});
+  if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
+  TrainEngine engine(c, *rt, mesh, accumulation, lead);
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   if (lead) {
-    fmt::print("{}", layout.table(rt->env().local_world_size));
     plan::Strategy s;
     s.tp = c.tp;
+    s.pp = c.pp;
+    s.vpp = c.virtual_stages;
+    s.schedule = plan::parse_schedule(c.schedule);
     s.dp = dp.size();
     s.sp = c.sp && c.tp > 1;
+    s.zero = c.zero;
     s.micro_batch = c.micro_batch;
     s.global_batch = c.global_batch;
     s.seq = c.seq;
@@ -221,15 +176,14 @@ int train(const TrainConfig& c) {
     s.recompute = plan::parse_recompute(c.recompute);
     const auto mem = plan::memory_ledger(c.model, s, plan::MemoryOptions{0, 0});
     fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank ({}, Adam)\n", c.model.name,
-               plan::count_params(c.model, 128 * c.tp).total, model.params().local_numel(),
+               plan::count_params(c.model, 128 * c.tp).total, engine.local_params(),
                plan::human_bytes(mem.peak().device_total()), c.precision);
     fmt::print("global batch {} x {} tokens = {} micro-batches of {} on {} data-parallel ranks x {} accumulation steps\n",
                c.global_batch, c.seq, c.global_batch / c.micro_batch, c.micro_batch, dp.size(), accumulation);
     fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (this machine's fp32 GEMM peak)\n",
                flops_per_token, plan::flops_formula(plan::AttnFlops::Full), kMachinePeakFlops / 1e9);
   }
-  const int64_t start =
-      resume(c, model, opt, zero.get(), loader, scaler.get(), dp.size(), rt->rank(), rt->world_size(), lead);
+  const int64_t start = resume(c, engine, loader, dp.size(), rt->rank(), rt->world_size(), lead);
   std::unique_ptr<ckpt::Checkpointer> saver;
   if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
       ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());
@@ -237,15 +191,9 @@ int train(const TrainConfig& c) {
   auto save = [&](int64_t s) {
     if (!saver) return;
     const auto t0 = std::chrono::steady_clock::now();
-    const nlohmann::json fields = checkpoint_fields(c, opt, loader, c.tp, dp.size(), scaler.get());
-    if (zero) {
-      saver->save(s,
-                  training_pieces(model, zero->whole_weights(), zero->whole_state(opt.exp_avg()),
-                                  zero->whole_state(opt.exp_avg_sq()), dp.rank(), rt->rank()),
-                  fields, nlohmann::json::object());
-    } else {
-      saver->save(s, training_pieces(model, &opt, dp.rank(), rt->rank()), fields, nlohmann::json::object());
-    }
+    // Every pipeline stage writes its own layers under their global names.
+    saver->save(s, engine.pieces(dp.rank(), rt->rank()),
+                checkpoint_fields(c, engine.optimizer(), loader, dp.size(), engine.scaler()), nlohmann::json::object());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking)\n", s, c.ckpt_dir, ckpt::step_dir_name(s),
@@ -263,37 +211,37 @@ int train(const TrainConfig& c) {
     std::vector<Batch> micro;
     for (int64_t i = 0; i < accumulation; ++i) micro.push_back(loader.next());
     const auto t0 = std::chrono::steady_clock::now();
-    StepResult r = step.run(micro);
+    StepResult r = engine.step(micro);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tokens_per_s = static_cast<double>(c.global_batch * c.seq) / dt;
     const double mfu = flops_per_token * tokens_per_s / kMachinePeakFlops;
+    const auto [wait, predicted] = engine.bubble();
     if (lead) {
       if (s % c.log_every == 0 || s == start + 1 || s == last) {
-        fmt::print("step {:>5} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}\n",
-                   s, r.loss, r.lr, r.grad_norm, tokens_per_s, 100 * mfu, plan::human_bytes(peak_rss_bytes()));
+        fmt::print("step {:>5} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}{}\n",
+                   s, r.loss, r.lr, r.grad_norm, tokens_per_s, 100 * mfu, plan::human_bytes(peak_rss_bytes()),
+                   c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
+                                          100 * wait / dt, 100 * predicted)
+                            : "");
       }
       if (metrics.is_open()) {
         nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
                          {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
-        if (scaler) {
+        if (engine.scaler()) {
           j["loss_scale"] = r.loss_scale;
           j["skipped"] = r.skipped;
         }
+        if (c.pp > 1) j["bubble_measured"] = wait / dt;
         metrics << j.dump() << "\n" << std::flush;
       }
     }
     if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) {
-      const double v = evaluate(model, c, dp);
+      const double v = evaluate(engine, c, dp);
       if (lead) fmt::print("step {:>5} | validation loss {:.4f} | perplexity {:.2f}\n", s, v, std::exp(v));
     }
     if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
-    if (s == start + 1 && lead) {
-      const std::string mode = zero ? fmt::format("ZeRO-{}", c.zero) : ddp ? "DDP" : "one replica";
-      fmt::print("{}", memory_table(model.params().local_numel(), zero ? zero->shard_group().size() : dp.size(),
-                                    measure_memory(model.params().params(), opt, ddp.get(), zero.get()),
-                                    fmt::format("{} {}", mode, c.precision)));
-    }
+    if (s == start + 1 && lead) fmt::print("{}", engine.memory_report(dp.size(), c.precision));
   }
   if (saver) {
     saver->wait();

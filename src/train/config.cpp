@@ -86,6 +86,9 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.tp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.tp = static_cast<int>(as_int(n, k)); }},
       {"parallel.sp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.sp = as_bool(n, k); }},
       {"parallel.nproc", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.nproc = static_cast<int>(as_int(n, k)); }},
+      {"parallel.pp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.pp = static_cast<int>(as_int(n, k)); }},
+      {"parallel.virtual", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.virtual_stages = static_cast<int>(as_int(n, k)); }},
+      {"parallel.schedule", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.schedule = as_string(n, k); }},
       {"parallel.zero", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.zero = static_cast<int>(as_int(n, k)); }},
       {"parallel.dp_shard", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dp_shard = static_cast<int>(as_int(n, k)); }},
       {"parallel.offload", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.offload = as_bool(n, k); }},
@@ -162,6 +165,21 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: parallel.dp_shard = {} shards ZeRO's state within groups of that many "
                                             "data-parallel ranks: it needs parallel.zero >= 1 and a positive size",
                                             path, c.dp_shard));
+  }
+  if (c.pp < 1 || c.virtual_stages < 1) {
+    throw std::invalid_argument(fmt::format("{}: parallel.pp = {} and parallel.virtual = {} must be at least 1", path,
+                                            c.pp, c.virtual_stages));
+  }
+  try {
+    plan::parse_schedule(c.schedule);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: parallel.schedule: {}", path, e.what()));
+  }
+  if (c.pp > 1 && c.zero >= 2) {
+    throw std::invalid_argument(fmt::format("{}: parallel.zero = {} with parallel.pp = {}: stage 2 would reduce-scatter, "
+                                            "and stage 3 re-gather, once per micro-batch on every stage; use "
+                                            "parallel.zero = 1 (or 0) with pipeline parallelism",
+                                            path, c.zero, c.pp));
   }
   if (c.offload) {
     throw std::invalid_argument(fmt::format("{}: parallel.offload moves fp32 master weights and Adam states to pinned "

@@ -41,6 +41,11 @@ std::vector<int64_t> offsets_of(const Param& p, int tp_rank) {
   return off;
 }
 
+std::string rng_name(const char* kind, int world_rank, int chunk) {
+  return chunk == 0 ? fmt::format("rng/dropout_{}/rank{}", kind, world_rank)
+                    : fmt::format("rng/dropout_{}/rank{}/chunk{}", kind, world_rank, chunk);
+}
+
 }  // namespace
 
 nlohmann::json spec_to_json(const plan::ModelSpec& m) {
@@ -89,7 +94,8 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, i
 
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& weights,
                                          const std::vector<at::Tensor>& exp_avg,
-                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank) {
+                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
+                                         int chunk) {
   const int tp_rank = model.params().tp_rank();
   std::vector<ckpt::Piece> out;
   auto& params = model.params().params();
@@ -107,7 +113,7 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
   auto gens = model.dropout_generators();
   for (size_t i = 0; i < gens.size(); ++i) {
     at::Tensor state = gens[i]->get_state();
-    out.push_back({fmt::format("rng/dropout_{}/rank{}", names[i], world_rank), state, state.sizes().vec(), {0}, true});
+    out.push_back({rng_name(names[i], world_rank, chunk), state, state.sizes().vec(), {0}, true});
   }
   return out;
 }
@@ -157,11 +163,11 @@ void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt) {
   opt.set_steps(r.manifest().at("optimizer").at("steps").get<int64_t>());
 }
 
-bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank) {
+bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank, int chunk) {
   const char* names[] = {"replicated", "split"};
   auto gens = model.dropout_generators();
   for (size_t i = 0; i < gens.size(); ++i) {
-    const std::string name = fmt::format("rng/dropout_{}/rank{}", names[i], world_rank);
+    const std::string name = rng_name(names[i], world_rank, chunk);
     if (!r.has(name)) return false;
     std::lock_guard<std::mutex> lock(gens[i]->mutex());
     gens[i]->set_state(r.read_full(name));

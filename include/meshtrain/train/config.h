@@ -26,6 +26,11 @@ struct TrainConfig {
   // [parallel] zero: 0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP); dp_shard: HSDP,
   // shard within groups of this many dp ranks (0 = all of dp); offload: CUDA only.
   int zero = 0;
+  // [parallel] pp: pipeline stages; virtual: model chunks per pipeline rank
+  // (interleaved); schedule: gpipe | 1f1b | interleaved | zb-h1.
+  int pp = 1;
+  int virtual_stages = 1;
+  std::string schedule = "1f1b";
   int dp_shard = 0;
   bool offload = false;
   std::string recompute = "none";  // [train] recompute: none | selective | full

@@ -4,7 +4,8 @@
 //   model/<param>               the parameters (names: model/transformer.h)
 //   optim/exp_avg/<param>       AdamW first moment, fp32
 //   optim/exp_avg_sq/<param>    AdamW second moment, fp32
-//   rng/dropout_{replicated,split}/rank<r>  rank r's dropout generators (transformer.h)
+//   rng/dropout_{replicated,split}/rank<r>  rank r's dropout generators (transformer.h);
+//                               with pipeline chunks c > 0: .../rank<r>/chunk<c>
 // Replicas are written by one rank only: data-parallel rank 0, and for
 // parameters replicated across tp, tp rank 0.
 // Manifest fields: config.model (the ModelSpec), config.train, mesh, optimizer
@@ -36,7 +37,8 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, i
 // not depend on the sharding). Empty `weights`: the parameters themselves.
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& weights,
                                          const std::vector<at::Tensor>& exp_avg,
-                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank);
+                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
+                                         int chunk = 0);
 
 // Loads the parameters (and, when `opt` is given, the moments) of this rank's
 // shards, whatever mesh wrote them. The checkpoint's model must equal the
@@ -50,6 +52,6 @@ void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& 
                   std::vector<at::Tensor>& exp_avg_sq);
 // Restores this rank's dropout generators when the checkpoint has them
 // (saved by the same world rank: meaningful on the same mesh only).
-bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank);
+bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank, int chunk = 0);
 
 }  // namespace meshtrain

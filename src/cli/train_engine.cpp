@@ -1,0 +1,197 @@
+#include "cli/train_engine.h"
+
+#include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "meshtrain/plan/strategy.h"
+#include "meshtrain/runtime/runtime.h"
+#include "meshtrain/train/precision.h"
+#include "meshtrain/train/state.h"
+
+namespace meshtrain::cli {
+namespace {
+
+std::vector<at::Tensor> slice(const std::vector<at::Tensor>& v, size_t first, size_t count) {
+  return {v.begin() + static_cast<std::ptrdiff_t>(first), v.begin() + static_cast<std::ptrdiff_t>(first + count)};
+}
+
+std::vector<at::Tensor> zeros_like_params(Transformer& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.params().params()) out.push_back(at::zeros(p.tensor.sizes(), at::kFloat));
+  return out;
+}
+
+}  // namespace
+
+TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead)
+    : c_(c),
+      tp_(mesh.axis("tp")),
+      pp_(mesh.axis("pp")),
+      dp_(mesh.group({"dp", "cp"})),
+      precision_(parse_train_precision(c.precision)) {
+  check_precision_supported(precision_, "cpu");
+  if (c.pp == 1) {
+    chunks_.push_back(std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed));
+  } else {
+    chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages);
+  }
+  for (auto& m : chunks_) {
+    m->set_dropout_seed(c.seed, dp_.rank());
+    m->set_recompute(plan::parse_recompute(c.recompute));
+  }
+  if (c.zero > 0) {
+    shard_groups_ = make_shard_groups(rt, dp_, c.dp_shard > 0 ? c.dp_shard : dp_.size());
+    for (auto& m : chunks_) {
+      zero_.push_back(std::make_unique<ShardedDataParallel>(
+          *m, *shard_groups_.shard, *shard_groups_.replicate, tp_, c.optim,
+          ZeroOptions{c.zero, c.ddp_find_unused, true, c.zero == 3 && precision_ == Precision::Bf16}));
+      for (const auto& p : zero_.back()->shard_params()) updated_.push_back(p);
+    }
+  } else {
+    for (auto& m : chunks_) {
+      for (const auto& p : m->params().params()) updated_.push_back(p);
+    }
+    if (dp_.size() > 1 && c.pp == 1) {
+      ddp_ = std::make_unique<DataParallel>(chunks_[0]->params().params(), dp_,
+                                            DdpOptions{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused});
+    }
+  }
+  opt_ = std::make_unique<AdamW>(updated_, c.optim);
+  if (precision_ == Precision::Fp16) scaler_ = std::make_unique<LossScaler>();
+  std::vector<ShardedDataParallel*> zero_raw;
+  for (auto& z : zero_) zero_raw.push_back(z.get());
+  if (c.pp == 1) {
+    step_ = std::make_unique<TrainStep>(*chunks_[0], *opt_, dp_, tp_,
+                                        StepOptions{precision_, scaler_.get(), ddp_.get(),
+                                                    zero_raw.empty() ? nullptr : zero_raw[0]});
+  } else {
+    embed_ = make_embedding_group(rt, mesh.layout());
+    plan::PipelineSchedule schedule;
+    try {
+      schedule = plan::build_schedule(plan::parse_schedule(c.schedule), c.pp, static_cast<int>(accumulation),
+                                      c.virtual_stages);
+      predicted_bubble_ = plan::simulate(schedule).bubble_fraction;
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("parallel.schedule = {} with pp {}, virtual {} and {} micro-batches per "
+                                              "step (train.global_batch / (micro_batch x dp)): {}",
+                                              c.schedule, c.pp, c.virtual_stages, accumulation, e.what()));
+    }
+    std::vector<Transformer*> raw;
+    for (auto& m : chunks_) raw.push_back(m.get());
+    const int64_t rows = c.sp && tp_.size() > 1 ? c.seq / tp_.size() : c.seq;
+    exec_ = std::make_unique<PipelineExecutor>(schedule, raw, pp_, std::vector<int64_t>{rows, c.micro_batch,
+                                                                                          c.model.hidden},
+                                               embed_.get());
+    pipeline_step_ = std::make_unique<PipelineTrainStep>(raw, *exec_, *opt_, dp_, tp_, pp_, zero_raw, precision_);
+  }
+  if (!lead) return;
+  if (c.pp > 1) {
+    fmt::print("pipeline over {} ranks: {} schedule, {} chunk(s) per rank, {} micro-batches per step, predicted "
+               "bubble {:.1f}%\n",
+               c.pp, c.schedule, c.virtual_stages, accumulation, 100 * predicted_bubble_);
+  }
+  if (!zero_.empty()) {
+    const int replicas = shard_groups_.replicate->size();
+    fmt::print("data parallel over {} ranks: ZeRO-{}{}, sharded over {} rank(s){}, {} flat buffers\n", dp_.size(), c.zero,
+               c.zero == 3 ? " (FSDP: layers gathered before use, next one prefetched)" : "",
+               shard_groups_.shard->size(), replicas > 1 ? fmt::format(", replicated {}x (HSDP)", replicas) : "",
+               zero_[0]->flats());
+  } else if (ddp_) {
+    fmt::print("data parallel over {} ranks: DDP, {} bucket(s) of <= {} MiB, all-reduce {}\n", dp_.size(),
+               ddp_->buckets(), c.ddp_bucket_mb, c.ddp_overlap ? "overlapped with backward" : "after backward");
+  } else if (dp_.size() > 1) {
+    fmt::print("data parallel over {} ranks: one flat all-reduce after the pipeline step\n", dp_.size());
+  }
+}
+
+StepResult TrainEngine::step(const std::vector<Batch>& micro) {
+  return pipeline_step_ ? pipeline_step_->run(micro) : step_->run(micro);
+}
+
+double TrainEngine::loss_sum(const Batch& b) {
+  AutocastGuard autocast(precision_);
+  if (exec_) return exec_->evaluate({b});
+  at::NoGradGuard no_grad;
+  return chunks_[0]->forward(b.tokens, b.targets, false).sum().item<double>();
+}
+
+std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank) {
+  std::vector<ckpt::Piece> out;
+  size_t k = 0;  // this chunk's first entry in the optimizer's lists
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Transformer& m = *chunks_[c];
+    std::vector<ckpt::Piece> p;
+    if (!zero_.empty()) {
+      // Whole fp32 weights and moments from the slices: the layout DDP writes.
+      ShardedDataParallel& z = *zero_[c];
+      const size_t n = z.shard_params().size();
+      p = training_pieces(m, z.whole_weights(), z.whole_state(slice(opt_->exp_avg(), k, n)),
+                          z.whole_state(slice(opt_->exp_avg_sq(), k, n)), dp_rank, world_rank, static_cast<int>(c));
+      k += n;
+    } else {
+      const size_t n = m.params().params().size();
+      p = training_pieces(m, {}, slice(opt_->exp_avg(), k, n), slice(opt_->exp_avg_sq(), k, n), dp_rank, world_rank,
+                          static_cast<int>(c));
+      k += n;
+    }
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
+  size_t k = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Transformer& m = *chunks_[c];
+    if (!zero_.empty()) {
+      ShardedDataParallel& z = *zero_[c];
+      const size_t n = z.shard_params().size();
+      std::vector<at::Tensor> w = zeros_like_params(m), ma = zeros_like_params(m), va = zeros_like_params(m);
+      load_model(r, m, w);
+      z.load_weights(w);
+      load_moments(r, m, ma, va);
+      std::vector<at::Tensor> ms = slice(opt_->exp_avg(), k, n), vs = slice(opt_->exp_avg_sq(), k, n);
+      z.shard_state(ma, ms);
+      z.shard_state(va, vs);
+      k += n;
+    } else {
+      const size_t n = m.params().params().size();
+      load_model(r, m);
+      std::vector<at::Tensor> ms = slice(opt_->exp_avg(), k, n), vs = slice(opt_->exp_avg_sq(), k, n);
+      load_moments(r, m, ms, vs);
+      k += n;
+    }
+    if (same_mesh) load_rng(r, m, world_rank, static_cast<int>(c));
+  }
+  const int64_t steps = r.manifest().at("optimizer").at("steps").get<int64_t>();
+  opt_->set_steps(steps);
+  return steps;
+}
+
+int64_t TrainEngine::local_params() const {
+  int64_t n = 0;
+  for (const auto& m : chunks_) n += m->params().local_numel();
+  return n;
+}
+
+std::string TrainEngine::memory_report(int dp_size, const std::string& precision) {
+  if (zero_.size() > 1) return "";  // one ZeRO per pipeline chunk: the table is per wrapper
+  std::vector<Param> params;
+  for (auto& m : chunks_) {
+    for (const auto& p : m->params().params()) params.push_back(p);
+  }
+  ShardedDataParallel* z = zero_.empty() ? nullptr : zero_[0].get();
+  const std::string mode = z ? fmt::format("ZeRO-{}", c_.zero) : ddp_ ? "DDP" : "one replica";
+  return memory_table(local_params(), z ? z->shard_group().size() : dp_size,
+                      measure_memory(params, *opt_, ddp_.get(), z), fmt::format("{} {}", mode, precision));
+}
+
+std::pair<double, double> TrainEngine::bubble() const {
+  if (!exec_) return {0, 0};
+  return {exec_->last_wait_seconds(), predicted_bubble_};
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,70 @@
+// What `meshtrain train` runs on this rank, built from the config: the model
+// (or this pipeline rank's chunks), the data-parallel wrapper (none, DDP or
+// ZeRO), the optimizer and the step, on the dp x tp x pp mesh; with the
+// checkpoint pieces and loading that fit them.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/parallel/data/ddp.h"
+#include "meshtrain/parallel/data/zero.h"
+#include "meshtrain/parallel/pipeline/executor.h"
+#include "meshtrain/runtime/mesh.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/memory.h"
+#include "meshtrain/train/pipeline_step.h"
+#include "meshtrain/train/step.h"
+
+namespace meshtrain::cli {
+
+class TrainEngine {
+ public:
+  // `accumulation`: micro-batches per step on each data-parallel rank (the
+  // pipeline's M). Prints what it built on `lead`.
+  TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead);
+
+  StepResult step(const std::vector<Batch>& micro);
+  // Summed per-token loss of one batch (forward only), on every rank.
+  double loss_sum(const Batch& b);
+
+  std::vector<ckpt::Piece> pieces(int dp_rank, int world_rank);
+  // Parameters and moments from `r`, whatever mesh wrote it; the dropout
+  // generators too when `same_mesh`. Returns the optimizer step.
+  int64_t load(ckpt::Reader& r, int world_rank, bool same_mesh);
+
+  AdamW& optimizer() { return *opt_; }
+  LossScaler* scaler() { return scaler_.get(); }
+  int64_t local_params() const;
+  std::string memory_report(int dp_size, const std::string& precision);
+  // Pipeline: this rank's wait in receives during the last step, and the
+  // schedule's predicted bubble fraction; {0, 0} without pp.
+  std::pair<double, double> bubble() const;
+
+ private:
+  const TrainConfig& c_;
+  Comm& tp_;
+  Comm& pp_;
+  Comm& dp_;
+  std::vector<std::unique_ptr<Transformer>> chunks_;
+  std::unique_ptr<Comm> embed_;
+  ShardGroups shard_groups_;
+  std::vector<std::unique_ptr<ShardedDataParallel>> zero_;
+  std::unique_ptr<DataParallel> ddp_;
+  std::vector<Param> updated_;  // what AdamW updates, chunk after chunk
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<LossScaler> scaler_;
+  std::unique_ptr<PipelineExecutor> exec_;
+  double predicted_bubble_ = 0;
+  std::unique_ptr<TrainStep> step_;
+  std::unique_ptr<PipelineTrainStep> pipeline_step_;
+  Precision precision_;
+};
+
+}  // namespace meshtrain::cli
