@@ -8,6 +8,7 @@
 #include "meshtrain/plan/partition.h"
 #include "meshtrain/plan/schedule.h"
 #include "meshtrain/plan/search.h"
+#include "meshtrain/plan/traffic.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -378,6 +379,40 @@ TEST(Partition, BalancesParametersAndChecksLists) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("12 layers, too few for 16 pipeline stages"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+// The runtime's accounting (traffic.h): DDP all-reduces 2 ring(n) 4P; ZeRO-1
+// moves the same; ZeRO-3 gathers twice more, less unit 0 in backward: ~1.5x.
+TEST(Traffic, ZeroVolumesAgainstDdp) {
+  const ModelSpec m = preset("llama2-7b");
+  Strategy s;
+  s.dp = 8;
+  s.micro_batch = 1;
+  s.global_batch = 8;
+  s.seq = 4096;
+  s.precision = Precision::Fp32;
+  const RankTraffic ddp = rank_traffic(m, s, 0, {m.layers});
+  EXPECT_NEAR(ddp.dp, 2 * 7.0 / 8 * 4 * ddp.params, 1e3);
+  s.zero = 1;
+  EXPECT_NEAR(rank_traffic(m, s, 0, {m.layers}).dp / ddp.dp, 1.0, 1e-6);
+  s.zero = 3;
+  const double ratio = rank_traffic(m, s, 0, {m.layers}).dp / ddp.dp;
+  EXPECT_GT(ratio, 1.45);
+  EXPECT_LT(ratio, 1.5);
+  EXPECT_EQ(ddp.tp, 0);  // tp 1
+  s.tp = 8;
+  s.sp = true;
+  // 8 collectives per layer + embedding and head, each moving ring(8) of b x s x h x 4 bytes; the
+  // cross-entropy's 3 all-reduces of [s, b]; once, the all-reduce of the norms' partial gradients.
+  const double T = 4096.0 * m.hidden * 4, norms = (2.0 * m.layers + 1) * m.hidden;
+  EXPECT_NEAR(rank_traffic(m, s, 0, {m.layers}).tp,
+              7.0 / 8 * (T * (8 * m.layers + 4) + 3 * 2 * 4096 * 4) + 2 * 7.0 / 8 * 4 * norms, 1);
 }
 
 }  // namespace

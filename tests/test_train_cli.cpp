@@ -255,6 +255,25 @@ TEST(TrainCli, PipelineCheckpointsResumeOnAnotherMesh) {
   EXPECT_NE(run.output.find("needs micro-batches (1) divisible by pp (2)"), std::string::npos) << run.output;
 }
 
+// --check-plan: after the first step the planner's per-rank bytes (model
+// states, traffic per axis) are printed beside the runtime's and must agree
+// within 5%: ZeRO-3 on dp 2, pp 2 with a tied embedding, tp 2 with SP.
+TEST(TrainCli, CheckPlanAgreesWithTheRuntime) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = tiny_config(d, "c.toml", "") + " --check-plan --set train.stop_after=1";
+  for (const std::string mesh : {" --set parallel.zero=3", " --set parallel.pp=2 --set model.tied=true",
+                                 " --set parallel.tp=2 --set parallel.sp=true"}) {
+    const auto run = test::run_command(bin + " train " + cfg + mesh);
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("check-plan, pipeline stage 0"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("dp bytes sent"), std::string::npos) << run.output;
+  }
+  const auto run = test::run_command(bin + " train " + cfg + " --set train.precision=bf16");
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("--check-plan compares fp32 runs"), std::string::npos) << run.output;
+}
+
 // The user's path end to end: tokenize a corpus, train on 2 ranks (tp 2) with
 // a checkpoint, sample from it in one process, export the weights.
 TEST(TrainCli, SampleAndExportFromACheckpoint) {

@@ -97,7 +97,7 @@ TEST(Zero, MeasuredMemoryMatchesTheFormula) {
   for (int stage : {1, 2, 3}) {
     ZeroReplica r(stage, 4);
     r.run(kGlobal / runtime().world_size());
-    const MemoryUse m = measure_memory(r.model.params().params(), r.opt, nullptr, &r.zero);
+    const MemoryUse m = measure_memory(r.model.params().params(), r.opt, nullptr, {&r.zero});
     const double psi = r.psi();
     const double params = stage == 3 ? 4 * psi / n : 4 * psi;
     const double grads = stage == 1 ? 4 * psi : 4 * psi / n;

@@ -103,7 +103,7 @@ void add_bench_zero(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& run
         uint64_t wire = 0;
         for (const auto& [op, s] : dp.stats()) wire += op == "barrier" ? 0 : s.wire_bytes;
         m[stage].wire = wire / o->steps;
-        m[stage].memory = measure_memory(model.params().params(), opt, ddp.get(), zero.get());
+        m[stage].memory = measure_memory(model.params().params(), opt, ddp.get(), {zero.get()});
         if (zero) m[stage].gathered_peak = zero->peak_gathered_bytes();
       }
     }

@@ -27,6 +27,7 @@
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/strategy.h"
+#include "meshtrain/plan/traffic.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
@@ -89,6 +90,63 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
 }
 
+// The planner's description of this run.
+plan::Strategy strategy_of(const TrainConfig& c, int dp) {
+  plan::Strategy s;
+  s.tp = c.tp;
+  s.pp = c.pp;
+  s.vpp = c.virtual_stages;
+  s.schedule = plan::parse_schedule(c.schedule);
+  s.dp = dp;
+  s.sp = c.sp && c.tp > 1;
+  s.zero = c.zero;
+  s.dp_shard = c.dp_shard;
+  s.micro_batch = c.micro_batch;
+  s.global_batch = c.global_batch;
+  s.seq = c.seq;
+  s.precision = c.precision == "fp32" ? plan::Precision::Fp32 : plan::Precision::Bf16;
+  s.recompute = plan::parse_recompute(c.recompute);
+  return s;
+}
+
+// --check-plan: the planner's bytes for this rank (plan/traffic.h, and the
+// fp32 model states of plan/memory.h) beside what the runtime measured in the
+// first step; throws when one differs by more than 5%.
+void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::string, double>& comm, int dp,
+                int pp_rank, bool print) {
+  const plan::Strategy s = strategy_of(c, dp);
+  const plan::RankTraffic t = plan::rank_traffic(c.model, s, pp_rank, engine.stage_layers());
+  const plan::ModelStates ms = plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, s.shard_group());
+  const MemoryUse mu = engine.measure();
+  const std::pair<const char*, std::pair<double, double>> rows[] = {
+      {"parameters", {ms.params, static_cast<double>(mu.params)}},
+      {"gradients", {ms.grads, static_cast<double>(mu.grads)}},
+      {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}},
+      {"tp bytes sent", {t.tp, comm.at("tp")}},
+      {"dp bytes sent", {t.dp, comm.at("dp")}},
+      {"pp bytes sent", {t.pp, comm.at("pp")}},
+      {"tied-embedding bytes sent", {t.embedding, comm.at("embedding")}}};
+  std::string table = fmt::format("check-plan, pipeline stage {} ({} parameters on this rank by the plan, {} measured):\n",
+                                  pp_rank, t.params, engine.local_params());
+  table += fmt::format("  {:<28} {:>14} {:>14} {:>8}\n", "per rank, one step", "plan", "measured", "ratio");
+  std::vector<std::string> off;
+  for (const auto& [name, v] : rows) {
+    const auto [predicted, measured] = v;
+    const double ratio = predicted > 0 ? measured / predicted : (measured > 0 ? INFINITY : 1.0);
+    table += fmt::format("  {:<28} {:>14} {:>14} {:>8.4f}\n", name, plan::human_bytes(predicted),
+                         plan::human_bytes(measured), ratio);
+    if (std::abs(measured - predicted) > 0.05 * std::max(predicted, measured) && std::max(predicted, measured) > 0) {
+      off.push_back(fmt::format("{} (plan {}, measured {})", name, predicted, measured));
+    }
+  }
+  if (print) fmt::print("{}", table);
+  if (!off.empty()) {
+    throw std::runtime_error(fmt::format("--check-plan: the runtime differs from the plan by more than 5% on pipeline "
+                                         "stage {}: {}",
+                                         pp_rank, fmt::join(off, "; ")));
+  }
+}
+
 // Loads the newest checkpoint (or the one named) into model, optimizer,
 // loader and RNG; returns its step (0: nothing to resume).
 int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, int dp, int world_rank, int world_size,
@@ -138,7 +196,7 @@ int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, i
   return step;
 }
 
-int train(const TrainConfig& c) {
+int train(const TrainConfig& c, bool plan_check) {
   auto rt = start_runtime(300);
   auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"pp", c.pp}});
   DeviceMesh mesh(*rt, layout);
@@ -156,24 +214,16 @@ int train(const TrainConfig& c) {
                                             "tokenizer's size",
                                             c.model.vocab, top, c.train_shards[0]));
   }
+  if (plan_check && c.precision != "fp32") {
+    throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
+                                "op by op); add --set train.precision=fp32");
+  }
   if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   if (lead) {
-    plan::Strategy s;
-    s.tp = c.tp;
-    s.pp = c.pp;
-    s.vpp = c.virtual_stages;
-    s.schedule = plan::parse_schedule(c.schedule);
-    s.dp = dp.size();
-    s.sp = c.sp && c.tp > 1;
-    s.zero = c.zero;
-    s.micro_batch = c.micro_batch;
-    s.global_batch = c.global_batch;
-    s.seq = c.seq;
-    s.precision = c.precision == "fp32" ? plan::Precision::Fp32 : plan::Precision::Bf16;
-    s.recompute = plan::parse_recompute(c.recompute);
+    const plan::Strategy s = strategy_of(c, dp.size());
     const auto mem = plan::memory_ledger(c.model, s, plan::MemoryOptions{0, 0});
     fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank ({}, Adam)\n", c.model.name,
                plan::count_params(c.model, 128 * c.tp).total, engine.local_params(),
@@ -210,8 +260,25 @@ int train(const TrainConfig& c) {
   for (int64_t s = start + 1; s <= last; ++s) {
     std::vector<Batch> micro;
     for (int64_t i = 0; i < accumulation; ++i) micro.push_back(loader.next());
+    const bool checked = plan_check && s == start + 1;
+    if (checked) {
+      for (auto& [axis, groups] : engine.groups()) {
+        for (Comm* g : groups) g->reset_stats();
+      }
+    }
     const auto t0 = std::chrono::steady_clock::now();
     StepResult r = engine.step(micro);
+    if (checked) {
+      std::map<std::string, double> sent;
+      for (auto& [axis, groups] : engine.groups()) {
+        sent[axis] = 0;
+        for (Comm* g : groups) {
+          for (const auto& [op, st] : g->stats()) sent[axis] += op == "recv" ? 0 : static_cast<double>(st.wire_bytes);
+        }
+      }
+      const auto coords = layout.coords(rt->rank());
+      check_plan(c, engine, sent, dp.size(), coords.at("pp"), coords.at("tp") == 0 && coords.at("dp") == 0);
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tokens_per_s = static_cast<double>(c.global_batch * c.seq) / dt;
     const double mfu = flops_per_token * tokens_per_s / kMachinePeakFlops;
@@ -257,16 +324,20 @@ Run add_train(CLI::App& app) {
     std::string config;
     std::vector<std::string> sets;
     int nproc = 0;
+    bool check_plan = false;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("train", "train a model from a TOML config (see configs/)");
   cmd->add_option("config", o->config, "CONFIG.toml")->required();
   cmd->add_option("--set", o->sets, "override: section.key=value (repeatable)");
   cmd->add_option("--nproc", o->nproc, "ranks to start on this machine (default: [parallel] nproc)");
+  cmd->add_flag("--check-plan", o->check_plan,
+                "after the first step, compare the planner's per-rank bytes (states, traffic per axis) with the "
+                "runtime's; fail beyond 5%");
   return [o]() {
     TrainConfig c = load_train_config(o->config, o->sets);
     if (int rc = relaunch_if_needed(o->nproc > 0 ? o->nproc : c.nproc); rc >= 0) return rc;
-    return train(c);
+    return train(c, o->check_plan);
   };
 }
 

@@ -177,16 +177,35 @@ int64_t TrainEngine::local_params() const {
   return n;
 }
 
-std::string TrainEngine::memory_report(int dp_size, const std::string& precision) {
-  if (zero_.size() > 1) return "";  // one ZeRO per pipeline chunk: the table is per wrapper
+MemoryUse TrainEngine::measure() {
   std::vector<Param> params;
   for (auto& m : chunks_) {
     for (const auto& p : m->params().params()) params.push_back(p);
   }
-  ShardedDataParallel* z = zero_.empty() ? nullptr : zero_[0].get();
-  const std::string mode = z ? fmt::format("ZeRO-{}", c_.zero) : ddp_ ? "DDP" : "one replica";
-  return memory_table(local_params(), z ? z->shard_group().size() : dp_size,
-                      measure_memory(params, *opt_, ddp_.get(), z), fmt::format("{} {}", mode, precision));
+  std::vector<ShardedDataParallel*> zero;
+  for (auto& z : zero_) zero.push_back(z.get());
+  return measure_memory(params, *opt_, ddp_.get(), zero);
+}
+
+std::string TrainEngine::memory_report(int dp_size, const std::string& precision) {
+  const bool zero = !zero_.empty();
+  const std::string mode = zero ? fmt::format("ZeRO-{}", c_.zero) : ddp_ ? "DDP" : "one replica";
+  return memory_table(local_params(), zero ? zero_[0]->shard_group().size() : dp_size, measure(),
+                      fmt::format("{} {}", mode, precision));
+}
+
+std::vector<int64_t> TrainEngine::stage_layers() const {
+  std::vector<int64_t> out;
+  for (const auto& m : chunks_) out.push_back(m->part().last - m->part().first);
+  return out;
+}
+
+std::map<std::string, std::vector<Comm*>> TrainEngine::groups() {
+  std::map<std::string, std::vector<Comm*>> g{{"tp", {&tp_}}, {"pp", {&pp_}}, {"dp", {&dp_}}, {"embedding", {}}};
+  if (shard_groups_.shard) g["dp"].push_back(shard_groups_.shard.get());
+  if (shard_groups_.replicate) g["dp"].push_back(shard_groups_.replicate.get());
+  if (embed_) g["embedding"].push_back(embed_.get());
+  return g;
 }
 
 std::pair<double, double> TrainEngine::bubble() const {

@@ -4,6 +4,7 @@
 // checkpoint pieces and loading that fit them.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,12 @@ class TrainEngine {
   LossScaler* scaler() { return scaler_.get(); }
   int64_t local_params() const;
   std::string memory_report(int dp_size, const std::string& precision);
+  MemoryUse measure();
+  // Layers of each of this rank's chunks.
+  std::vector<int64_t> stage_layers() const;
+  // The groups behind each axis, for counters: tp, pp, dp (with ZeRO's shard
+  // and replica groups), embedding.
+  std::map<std::string, std::vector<Comm*>> groups();
   // Pipeline: this rank's wait in receives during the last step, and the
   // schedule's predicted bubble fraction; {0, 0} without pp.
   std::pair<double, double> bubble() const;

@@ -24,13 +24,13 @@ struct StorageBytes {
 }  // namespace
 
 MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp,
-                         ShardedDataParallel* zero) {
+                         const std::vector<ShardedDataParallel*>& zero) {
   MemoryUse m;
   StorageBytes seen;
   std::vector<const Param*> all;
   for (const auto& p : params) all.push_back(&p);
-  if (zero) {
-    for (const auto& p : zero->shard_params()) all.push_back(&p);
+  for (ShardedDataParallel* z : zero) {
+    for (const auto& p : z->shard_params()) all.push_back(&p);
   }
   for (const Param* p : all) m.params += seen.add(p->tensor);
   for (const Param* p : all) m.grads += seen.add(p->tensor.grad());

@@ -35,7 +35,7 @@ struct MemoryUse {
 // `zero`, also its shards and their gradients. Each storage counts once
 // (ZeRO's parameters and gradients are views of flat buffers).
 MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp,
-                         ShardedDataParallel* zero = nullptr);
+                         const std::vector<ShardedDataParallel*>& zero = {});
 
 // The formula table above for `psi` parameters on `n` ranks, with the
 // measured row for this run (`mode`: e.g. "DDP fp32").
