@@ -23,24 +23,16 @@
 namespace meshtrain::cli {
 
 void add_bench_dp(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
-  struct Opts {
-    std::string model = "gpt2-124m";
-    int64_t micro_batch = 2, seq = 128, bucket_mb = 25;
-    int steps = 3, rounds = 2, nproc = 2;
+  struct Opts : TrainBenchOptions {
+    int64_t bucket_mb = 25;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = bench->add_subcommand("dp", "data-parallel step time: overlapped DDP buckets vs reduction after backward");
-  cmd->add_option("--model", o->model, "model preset")->capture_default_str();
-  cmd->add_option("--micro-batch", o->micro_batch, "sequences per rank per step")->capture_default_str();
-  cmd->add_option("--seq", o->seq, "sequence length")->capture_default_str();
+  add_train_bench_options(cmd, *o);
   cmd->add_option("--bucket-mb", o->bucket_mb, "DDP bucket size (MiB)")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "timed steps per round and variant")->capture_default_str();
-  cmd->add_option("--rounds", o->rounds, "rounds (the order of variants rotates)")->capture_default_str();
-  cmd->add_option("--nproc", o->nproc, "ranks to start on this machine")->capture_default_str();
   runs.emplace_back(cmd, [o]() {
-    if (o->micro_batch < 1 || o->seq < 1 || o->steps < 1 || o->rounds < 1 || o->bucket_mb < 1) {
-      throw std::invalid_argument("--micro-batch, --seq, --steps, --rounds and --bucket-mb must be positive");
-    }
+    check_train_bench_options(*o);
+    if (o->bucket_mb < 1) throw std::invalid_argument(fmt::format("--bucket-mb {} must be positive", o->bucket_mb));
     if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
     auto rt = start_runtime(600);
     Comm& dp = rt->world();

@@ -45,23 +45,11 @@ double formula(int stage, double psi, double n) {
 }  // namespace
 
 void add_bench_zero(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
-  struct Opts {
-    std::string model = "gpt2-124m";
-    int64_t micro_batch = 2, seq = 128;
-    int steps = 3, rounds = 2, nproc = 2;
-  };
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<TrainBenchOptions>();
   auto cmd = bench->add_subcommand("zero", "DDP vs ZeRO-1/2/3: step time, per-rank memory and bytes moved");
-  cmd->add_option("--model", o->model, "model preset")->capture_default_str();
-  cmd->add_option("--micro-batch", o->micro_batch, "sequences per rank per step")->capture_default_str();
-  cmd->add_option("--seq", o->seq, "sequence length")->capture_default_str();
-  cmd->add_option("--steps", o->steps, "timed steps per round and variant")->capture_default_str();
-  cmd->add_option("--rounds", o->rounds, "rounds (the order of variants rotates)")->capture_default_str();
-  cmd->add_option("--nproc", o->nproc, "ranks to start on this machine")->capture_default_str();
+  add_train_bench_options(cmd, *o);
   runs.emplace_back(cmd, [o]() {
-    if (o->micro_batch < 1 || o->seq < 1 || o->steps < 1 || o->rounds < 1) {
-      throw std::invalid_argument("--micro-batch, --seq, --steps and --rounds must be positive");
-    }
+    check_train_bench_options(*o);
     if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
     auto rt = start_runtime(600);
     Comm& dp = rt->world();

@@ -2,6 +2,7 @@
 // CLI11 app and returns the function that runs it (returning the exit status).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -51,6 +52,16 @@ int relaunch_if_needed(int nproc);
 // Runs args[0] with args (no shell) and returns its standard output; throws
 // when it fails.
 std::string capture_output(const std::vector<std::string>& args);
+
+// The options of the data-parallel training benchmarks (bench dp, bench zero).
+struct TrainBenchOptions {
+  std::string model = "gpt2-124m";
+  int64_t micro_batch = 2, seq = 128;
+  int steps = 3, rounds = 2, nproc = 2;
+};
+void add_train_bench_options(CLI::App* cmd, TrainBenchOptions& o);
+// Throws std::invalid_argument naming the option that is not positive.
+void check_train_bench_options(const TrainBenchOptions& o);
 
 // The median of benchmark samples (the upper one of an even count).
 double median(std::vector<double> samples);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "cli/commands.h"
@@ -60,6 +61,22 @@ std::unique_ptr<Runtime> start_runtime(double timeout_s) {
 }  // namespace meshtrain::cli
 
 namespace meshtrain::cli {
+
+void add_train_bench_options(CLI::App* cmd, TrainBenchOptions& o) {
+  cmd->add_option("--model", o.model, "model preset")->capture_default_str();
+  cmd->add_option("--micro-batch", o.micro_batch, "sequences per rank per step")->capture_default_str();
+  cmd->add_option("--seq", o.seq, "sequence length")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "timed steps per round and variant")->capture_default_str();
+  cmd->add_option("--rounds", o.rounds, "rounds (the order of variants rotates)")->capture_default_str();
+  cmd->add_option("--nproc", o.nproc, "ranks to start on this machine")->capture_default_str();
+}
+
+void check_train_bench_options(const TrainBenchOptions& o) {
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"--micro-batch", o.micro_batch}, {"--seq", o.seq},
+                         {"--steps", o.steps}, {"--rounds", o.rounds}, {"--nproc", o.nproc}}) {
+    if (v < 1) throw std::invalid_argument(fmt::format("{} {} must be positive", name, v));
+  }
+}
 
 double median(std::vector<double> samples) {
   if (samples.empty()) throw std::invalid_argument("median of no samples");

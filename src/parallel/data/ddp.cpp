@@ -144,10 +144,7 @@ void DataParallel::finish() {
       if (b.launched) b.work.wait();
     }
     s.reset();
-    if (unused.size() > 3) unused.resize(3), unused.push_back("...");
-    throw std::runtime_error(fmt::format("ddp: parameters got no gradient in this step: {}; if the model really leaves "
-                                         "them unused, set ddp.find_unused = true",
-                                         fmt::join(unused, ", ")));
+    throw_unused("ddp", std::move(unused));
   }
   s.launch_ready();
   for (auto& b : s.buckets) {

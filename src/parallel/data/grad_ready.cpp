@@ -7,6 +7,8 @@
 
 #include <stdexcept>
 
+#include <fmt/ranges.h>
+
 namespace meshtrain {
 namespace {
 
@@ -29,6 +31,13 @@ std::shared_ptr<torch::autograd::Node> on_grad_ready(const at::Tensor& param, co
   if (!acc) throw std::invalid_argument(fmt::format("{} does not require grad", name));
   acc->add_post_hook(std::make_unique<ReadyHook>(std::move(ready)));
   return std::shared_ptr<torch::autograd::Node>(acc);
+}
+
+void throw_unused(const std::string& who, std::vector<std::string> names) {
+  if (names.size() > 3) names.resize(3), names.push_back("...");
+  throw std::runtime_error(fmt::format("{}: parameters got no gradient in this backward: {}; if the model really leaves "
+                                       "them unused, set ddp.find_unused = true",
+                                       who, fmt::join(names, ", ")));
 }
 
 }  // namespace meshtrain

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -20,5 +21,8 @@ namespace meshtrain {
 // Throws std::invalid_argument "<name> does not require grad" when it does not.
 std::shared_ptr<torch::autograd::Node> on_grad_ready(const at::Tensor& param, const std::string& name,
                                                      std::function<void()> ready);
+
+// The error for parameters that got no gradient ("ddp", "zero"), naming up to three.
+[[noreturn]] void throw_unused(const std::string& who, std::vector<std::string> names);
 
 }  // namespace meshtrain

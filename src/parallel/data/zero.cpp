@@ -350,10 +350,7 @@ void ShardedDataParallel::after_backward() {
   if (!unused.empty()) {
     if (s.last_launched >= 0) s.complete(s.last_launched);
     s.reset_backward();
-    if (unused.size() > 3) unused.resize(3), unused.push_back("...");
-    throw std::runtime_error(fmt::format("zero: parameters got no gradient in this backward: {}; if the model really "
-                                         "leaves them unused, set ddp.find_unused = true",
-                                         fmt::join(unused, ", ")));
+    throw_unused("zero", std::move(unused));
   }
   s.launch_ready();
   if (s.last_launched >= 0) s.complete(s.last_launched);
