@@ -16,6 +16,7 @@
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/nn/linear.h"
 #include "meshtrain/parallel/pipeline/executor.h"
 #include "tests/mp.h"
 
@@ -47,7 +48,7 @@ std::vector<Batch> micro_batches(const plan::ModelSpec& m, int count, int64_t mb
   return out;
 }
 
-void check(plan::Schedule kind, int m, int v, bool tied) {
+void check(plan::Schedule kind, int m, int v, bool tied, plan::Recompute recompute = plan::Recompute::None) {
   Runtime& rt = runtime();
   Comm& pp = rt.world();
   const int P = pp.size();
@@ -72,7 +73,10 @@ void check(plan::Schedule kind, int m, int v, bool tied) {
   // The pipeline: this rank's v chunks.
   auto chunks = build_stages(sp, solo, false, 9, rt.rank(), P, v);
   std::vector<Transformer*> raw;
-  for (auto& c : chunks) raw.push_back(c.get());
+  for (auto& c : chunks) {
+    c->set_recompute(recompute);
+    raw.push_back(c.get());
+  }
   std::unique_ptr<Comm> embed;
   if (tied && P > 1 && (rt.rank() == 0 || rt.rank() == P - 1)) embed = rt.new_group({0, P - 1}, "embed");
   PipelineExecutor exec(plan::build_schedule(kind, P, m, v), raw, pp, {sp.seq, mb, sp.hidden}, embed.get());
@@ -99,6 +103,39 @@ TEST(Pipeline, EveryScheduleMatchesOneProcess) {
       check(plan::Schedule::ZBH1, m, 1, tied);
     }
   }
+  // Recomputation re-runs a block's forward inside B: those linears compute dW there.
+  check(plan::Schedule::ZBH1, 2 * P, 1, true, plan::Recompute::Full);
+  check(plan::Schedule::ZBH1, 2 * P, 1, false, plan::Recompute::Selective);
+}
+
+// ZB-H1's W pass does the linears' weight gradients: after B alone they are
+// missing, after W present (the deferral is real, not a re-walk of the graph).
+TEST(Pipeline, SplitBackwardDefersTheLinearsWeightGradients) {
+  Comm solo("solo", runtime().rank());
+  plan::ModelSpec m = spec(false);
+  Transformer model(m, solo, false, 9);
+  const auto micro = micro_batches(m, 1, 2);
+  nn::WeightGradStash stash;
+  at::Tensor loss;
+  {
+    nn::DeferWeightGrads defer;
+    loss = model.forward(micro[0].tokens, micro[0].targets).sum();
+  }
+  {
+    nn::WeightGradTarget target(&stash);
+    loss.backward();
+  }
+  const Param& q = model.params().find("layers.0.attn.q.weight");
+  const Param& n = model.params().find("layers.0.norm1.weight");
+  EXPECT_FALSE(q.tensor.grad().defined());
+  EXPECT_TRUE(n.tensor.grad().defined());
+  EXPECT_FALSE(stash.empty());
+  stash.run();
+  ASSERT_TRUE(q.tensor.grad().defined());
+  Transformer ref(m, solo, false, 9);
+  ref.forward(micro[0].tokens, micro[0].targets).sum().backward();
+  const at::Tensor& g = ref.params().find("layers.0.attn.q.weight").tensor.grad();
+  EXPECT_LE((q.tensor.grad() - g).abs().max().item<double>(), 1e-5 * g.abs().max().item<double>());
 }
 
 }  // namespace

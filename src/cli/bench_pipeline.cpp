@@ -68,6 +68,7 @@ void add_bench_pipeline(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>&
     };
     std::vector<Variant> variants{{plan::Schedule::GPipe, 1}, {plan::Schedule::OneFOneB, 1}};
     if (P > 1 && M % P == 0 && spec.layers >= 2 * P) variants.push_back({plan::Schedule::Interleaved, 2});
+    variants.push_back({plan::Schedule::ZBH1, 1});
     if (rt->rank() == 0) {
       fmt::print("{} ({} layers), {} pipeline ranks, {} micro-batches of {} x {}, stages balanced by {}; {} timed "
                  "steps each\n",

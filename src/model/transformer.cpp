@@ -11,6 +11,7 @@
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/nn/functional.h"
+#include "meshtrain/nn/linear.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 
 namespace meshtrain {
@@ -229,7 +230,7 @@ at::Tensor Transformer::head(const at::Tensor& h) {
   std::optional<SegmentProfiler::Scope> t;
   if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   at::Tensor x = tp_.enter(h);
-  return spec_.tied ? at::linear(x, embed_.weight) : head_.forward_entered(x);
+  return spec_.tied ? nn::linear(x, embed_.weight) : head_.forward_entered(x);
 }
 
 at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) {

@@ -7,10 +7,12 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/nn/linear.h"
 #include "meshtrain/plan/partition.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
@@ -51,14 +53,6 @@ PipelineExecutor::PipelineExecutor(const plan::PipelineSchedule& schedule, std::
     throw std::invalid_argument(fmt::format("{} model chunks on this rank, the schedule has {} virtual stages",
                                             chunks_.size(), s_.virtual_stages));
   }
-  if (s_.split_backward) {
-    for (Transformer* c : chunks_) {
-      if (c->recompute() != plan::Recompute::None) {
-        // The re-run inside backward accumulates weight gradients during B: W would count them twice.
-        throw std::invalid_argument("a split-backward schedule (zb-h1) cannot run with activation recomputation");
-      }
-    }
-  }
   plan::simulate(s_);  // refuse a broken schedule before any rank sends anything
 }
 
@@ -70,6 +64,7 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
   auto tag = [&](int kind, int m, int stage) { return (stage * s_.micro + m) * 2 + kind; };
   using Key = std::pair<int, int>;  // (micro, stage)
   std::map<Key, at::Tensor> inputs, outputs, acts, grads;
+  std::map<Key, nn::WeightGradStash> weight_grads;  // split backward: what W computes
   std::vector<CommWork> sends;
   std::vector<at::Tensor> in_flight;  // tensors being sent stay alive until their send completes
   double loss = 0;
@@ -92,6 +87,8 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
         Transformer& chunk = *chunks_.at(a.stage / s_.pp);
         at::Tensor in = a.stage == 0 ? micro[a.micro].tokens : acts.at(key).requires_grad_(true);
         acts.erase(key);
+        std::optional<nn::DeferWeightGrads> split;  // linears build nodes whose dW can wait for W
+        if (s_.split_backward) split.emplace();
         at::Tensor out = chunk.stage_forward(in, micro[a.micro].targets);
         if (a.stage == S - 1) {
           out = out.sum() / tokens;
@@ -110,14 +107,10 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
       case plan::Op::Backward: {
         at::Tensor out = outputs.at(key);
         at::Tensor g = a.stage == S - 1 ? at::Tensor() : grads.at(key);
-        if (s_.split_backward) {
-          // B: the input gradient only (the graph stays for W). The first stage has no input to differentiate.
-          if (a.stage > 0) {
-            at::Tensor in = inputs.at(key);
-            in.mutable_grad() = torch::autograd::grad({out}, {in}, {g}, /*retain_graph=*/true)[0];
-          }
-          break;
-        }
+        // B of a split backward: the linears record (x, dy) for W instead of computing dW
+        // (norm, bias and embedding gradients, being cheap, are computed now).
+        std::optional<nn::WeightGradTarget> split;
+        if (s_.split_backward) split.emplace(&weight_grads[key]);
         torch::autograd::backward({out}, {g});
         grads.erase(key);
         outputs.erase(key);
@@ -125,16 +118,9 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
         break;
       }
       case plan::Op::BackwardWeight: {
-        // W: the weight gradients of this (micro-batch, stage), accumulated into
-        // the parameters only. (It walks the stage's graph again: correct, but
-        // without ZB's saving until linears split dW = x^T dy themselves.)
-        at::Tensor g = a.stage == S - 1 ? at::Tensor() : grads.at(key);
-        std::vector<at::Tensor> weights;
-        for (auto& p : chunks_.at(a.stage / s_.pp)->params().params()) weights.push_back(p.tensor);
-        torch::autograd::backward({outputs.at(key)}, {g}, /*retain_graph=*/false, false, weights);
-        grads.erase(key);
-        outputs.erase(key);
-        if (a.stage == 0) inputs.erase(key);
+        // W: the linears' weight gradients of this (micro-batch, stage), dW = dyᵀ x.
+        weight_grads.at(key).run();
+        weight_grads.erase(key);
         break;
       }
       case plan::Op::SendGrad: {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "meshtrain/comm/autograd.h"
+#include "meshtrain/nn/linear.h"
 #include "meshtrain/comm/comm.h"
 
 namespace meshtrain {
@@ -30,7 +31,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   if (bias) this->bias = store.create(name + ".bias", {out}, Init::Zeros, 0, 0);
 }
 
-at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x) const { return nn::linear(x, weight, bias); }
 
 RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name, int64_t in, int64_t out, bool bias,
                                      double std, TensorParallel tp)
@@ -43,7 +44,7 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor y = tp_.leave(at::linear(x, weight));
+  at::Tensor y = tp_.leave(nn::linear(x, weight));
   return bias.defined() ? y + bias : y;
 }
 

@@ -14,10 +14,12 @@
 //   the step their gradients are summed over `embedding_group` (the ranks of
 //   stage 0 and stage S-1), so both copies stay identical (Megatron-LM does
 //   the same).
-// - Split backward (ZB-H1): B computes the stage input's gradient only and
-//   keeps the graph; W then accumulates the weight gradients. W walks the
-//   graph again, so the schedule is exact but does not yet save time (that
-//   needs dW = x^T dy split inside the linear layers). Not with recomputation.
+// - Split backward (ZB-H1, arXiv 2401.10241): forwards build linears whose
+//   weight gradient can wait (nn/linear.h); B runs the stage's backward, which
+//   computes input, norm, bias and embedding gradients and records (x, dy) of
+//   every linear; W computes their dW = dyᵀ x. The graph is freed after B.
+//   With recomputation the re-run inside B builds ordinary nodes: their dW is
+//   computed in B (correct, just not deferred).
 #pragma once
 
 #include <cstdint>
