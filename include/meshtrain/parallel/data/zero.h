@@ -41,6 +41,10 @@
 // - Padding elements hold zero weights and get zero gradients, so AdamW leaves
 //   them at zero.
 //
+// The model belongs to the wrapper while it lives: its parameters are views
+// of the flats (stage 3: of freed storage between uses), and a stage 3 model
+// must not be run after the wrapper is gone.
+//
 // Memory per rank (fp32, Ψ parameters, N shard ranks): stage 1 8Ψ + 8Ψ/N,
 // stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N plus the gathered units in flight
 // (train/memory.h). Checkpoints gather to whole parameters (train/state.h),
