@@ -23,6 +23,19 @@ OUT=docs/bench-dp.md
     "$BUILD/meshtrain" bench dp --nproc 2 $args 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //'
     echo '```'
   done
+  echo
+  cat <<'TEXT'
+## Reading these numbers
+
+(Written for the run of 2026-11-30; a rerun keeps this text: check its numbers against the tables above.)
+
+Two ranks on two cores: Gloo's loopback TCP needs the same cores that run backward, so there is little idle time
+for communication to hide in. Overlapped buckets come out 1–6% faster than one flat all-reduce here, but the
+buckets-after-backward baseline moves by ±5–10% between the two configurations, which is the size of this
+machine's run-to-run noise: no overlap gain is established on this machine. (An earlier run of this script,
+before the launcher fix of 2026-11-30 that gives self-launched ranks cores/ranks threads each, ran every rank
+with 2 threads on 2 cores: 6.35 s per step against 5.42 s now.)
+TEXT
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 echo "wrote $OUT"

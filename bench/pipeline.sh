@@ -28,6 +28,8 @@ OUT=docs/bench-pipeline.md
   cat <<'TEXT'
 ## Reading these numbers
 
+(Written for the run of 2026-11-30; a rerun keeps this text: check its numbers against the tables above.)
+
 Every rank runs one thread (cores / ranks, set by the launcher).
 
 - Balanced by parameter count (the issue's default), gpt2-124m splits 6 | 6 layers, but the tied 50257 x 768

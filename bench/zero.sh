@@ -26,6 +26,8 @@ OUT=docs/bench-zero.md
 
 ## Reading these numbers
 
+(Written for the run of 2026-11-30; a rerun keeps this text: check its numbers against the tables above.)
+
 - **Memory** is the point of ZeRO and matches the formulas of `include/meshtrain/train/memory.h` to the byte
   (padding aside): with N = 2, stage 1 saves the half of the Adam moments, stage 2 also half of the gradients,
   stage 3 also half of the parameters, 16Ψ → 8Ψ + 8Ψ/N → 4Ψ + 12Ψ/N → 16Ψ/N. Stage 3 holds, at its peak, unit 0
