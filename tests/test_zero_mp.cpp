@@ -166,6 +166,39 @@ TEST(Zero, WholeStateRoundTrips) {
   for (size_t i = 0; i < back.size(); ++i) EXPECT_TRUE(at::equal(back[i], r.opt.exp_avg()[i]));
 }
 
+// Stage 2 reduces during backward, so a parameter that gets no gradient is
+// found after it: one error naming it, or zeros with find_unused.
+TEST(Zero, UnusedParametersAreNamedOrZero) {
+  Comm& dp = runtime().world();
+  const plan::ModelSpec spec = model_spec();
+  Comm solo("solo", runtime().rank());
+  const at::Tensor x = at::ones({spec.seq, 2, spec.hidden});
+  {
+    Transformer model(spec, solo, false, 5);
+    ShardedDataParallel zero(model, dp, solo, solo, AdamWOptions{}, ZeroOptions{2});
+    model.block_forward(0, x, false).sum().backward();  // only layer 0's parameters get gradients
+    try {
+      zero.after_backward();
+      ADD_FAILURE() << "unused parameters went unnoticed";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("embed.weight"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("ddp.find_unused"), std::string::npos) << e.what();
+    }
+  }
+  Transformer model(spec, solo, false, 5);
+  ShardedDataParallel zero(model, dp, solo, solo, AdamWOptions{}, ZeroOptions{2, true});
+  model.block_forward(0, x, false).sum().backward();
+  zero.after_backward();
+  zero.finish();
+  double used = 0, unused = 0;
+  for (const auto& p : zero.shard_params()) {
+    const double g = p.tensor.grad().abs().sum().item<double>();
+    (p.name.rfind("zero/unit1/", 0) == 0 ? used : unused) += g;
+  }
+  EXPECT_GT(used, 0);
+  EXPECT_EQ(unused, 0);
+}
+
 TEST(Zero, BadStageAndShardSizeAreNamed) {
   Comm solo("solo", runtime().rank());
   Transformer model(model_spec(), solo, false, 5);
