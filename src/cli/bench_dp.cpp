@@ -3,7 +3,6 @@
 // same model: DDP buckets overlapped with backward, the same buckets reduced
 // after backward, and one flat all-reduce after backward.
 #include <CLI/CLI.hpp>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 
@@ -11,6 +10,7 @@
 #include <chrono>
 #include <memory>
 
+#include "cli/bench_data.h"
 #include "cli/commands.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
@@ -36,9 +36,7 @@ void add_bench_dp(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs)
     if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
     auto rt = start_runtime(600);
     Comm& dp = rt->world();
-    plan::ModelSpec spec = plan::preset(o->model);
-    spec.dropout = 0;
-    spec.seq = std::max(spec.seq, o->seq);
+    const plan::ModelSpec spec = bench_model(*o);
     Comm solo("solo", rt->rank());
     Transformer model(spec, solo, false, 1);
     AdamWOptions ao;
@@ -51,11 +49,7 @@ void add_bench_dp(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs)
     AdamW opt(model.params().params(), ao);
     TrainStep flat_step(model, opt, dp, solo), ddp_step(model, opt, dp, solo, {Precision::Fp32, nullptr, &overlapped}),
         after_step(model, opt, dp, solo, {Precision::Fp32, nullptr, &after});
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(10 + rt->rank());
-    auto batch = [&]() {
-      at::Tensor d = at::randint(spec.vocab, {o->micro_batch, o->seq + 1}, gen, at::kLong);
-      return std::vector<Batch>{{d.narrow(1, 0, o->seq).contiguous(), d.narrow(1, 1, o->seq).contiguous(), {}}};
-    };
+    RandomBatches batches(spec, *o, rt->rank());
     const char* names[] = {"DDP, buckets overlapped with backward", "DDP buckets, reduced after backward",
                            "one flat all-reduce after backward"};
     TrainStep* steps[] = {&ddp_step, &after_step, &flat_step};
@@ -63,7 +57,7 @@ void add_bench_dp(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs)
     auto run = [&](int v) {
       for (DataParallel* r : reducers)
         if (r) r->set_sync(false);
-      steps[v]->run(batch());
+      steps[v]->run(batches.next());
       for (DataParallel* r : reducers)
         if (r) r->set_sync(false);
     };

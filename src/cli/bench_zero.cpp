@@ -3,13 +3,13 @@
 // Each variant owns the model while it runs (ZeRO rewires the parameters into
 // its flat buffers), so every round rebuilds it; rounds rotate the order.
 #include <CLI/CLI.hpp>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 
 #include <chrono>
 #include <memory>
 
+#include "cli/bench_data.h"
 #include "cli/commands.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
@@ -53,15 +53,9 @@ void add_bench_zero(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& run
     if (int rc = relaunch_if_needed(o->nproc); rc >= 0) return rc;
     auto rt = start_runtime(600);
     Comm& dp = rt->world();
-    plan::ModelSpec spec = plan::preset(o->model);
-    spec.dropout = 0;
-    spec.seq = std::max(spec.seq, o->seq);
+    const plan::ModelSpec spec = bench_model(*o);
     Comm solo("solo", rt->rank());
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(10 + rt->rank());
-    auto batch = [&]() {
-      at::Tensor d = at::randint(spec.vocab, {o->micro_batch, o->seq + 1}, gen, at::kLong);
-      return std::vector<Batch>{{d.narrow(1, 0, o->seq).contiguous(), d.narrow(1, 1, o->seq).contiguous(), {}}};
-    };
+    RandomBatches batches(spec, *o, rt->rank());
     AdamWOptions ao;
     ao.lr = 1e-5;
     Measured m[4];
@@ -80,12 +74,12 @@ void add_bench_zero(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& run
         }
         AdamW opt(zero ? zero->shard_params() : model.params().params(), ao);
         TrainStep step(model, opt, dp, solo, {Precision::Fp32, nullptr, ddp.get(), zero.get()});
-        step.run(batch());  // warm-up: first-touch of every buffer
+        step.run(batches.next());  // warm-up: first-touch of every buffer
         dp.reset_stats();
         for (int i = 0; i < o->steps; ++i) {
           dp.barrier();
           const auto t0 = std::chrono::steady_clock::now();
-          step.run(batch());
+          step.run(batches.next());
           m[stage].times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         uint64_t wire = 0;

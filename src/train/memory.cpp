@@ -30,6 +30,7 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
   std::vector<const Param*> all;
   for (const auto& p : params) all.push_back(&p);
   for (ShardedDataParallel* z : zero) {
+    if (!z) continue;
     for (const auto& p : z->shard_params()) all.push_back(&p);
   }
   for (const Param* p : all) m.params += seen.add(p->tensor);

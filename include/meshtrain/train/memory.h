@@ -32,8 +32,8 @@ struct MemoryUse {
 
 // Bytes of the storage held by this rank's parameters, their gradients (where
 // allocated), the optimizer's moments and DDP's buckets (when given); with
-// `zero`, also its shards and their gradients. Each storage counts once
-// (ZeRO's parameters and gradients are views of flat buffers).
+// `zero` (null entries skipped), also its shards and their gradients. Each
+// storage counts once (ZeRO's parameters and gradients are views of flat buffers).
 MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp,
                          const std::vector<ShardedDataParallel*>& zero = {});
 

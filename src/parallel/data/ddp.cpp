@@ -127,18 +127,11 @@ void DataParallel::finish() {
   State& s = *s_;
   if (!s.sync) throw std::logic_error("ddp: finish() after a backward without sync");
   // Parameters that got no gradient: an error, or zeros when allowed.
-  std::vector<std::string> unused;
-  for (size_t k = 0; k < s.params.size(); ++k) {
-    if (s.ready[k]) continue;
-    if (!s.o.find_unused) {
-      unused.push_back(s.params[k].name);
-      continue;
-    }
+  std::vector<std::string> unused = sweep_unused(s.params, s.ready, s.o.find_unused, [&](size_t k) {
     Bucket& b = s.buckets[s.bucket_of[k]];
     b.flat.narrow(0, b.offsets[s.slot_of[k]], s.params[k].tensor.numel()).zero_();
     b.pending -= 1;
-    s.ready[k] = true;
-  }
+  });
   if (!unused.empty()) {
     for (auto& b : s.buckets) {
       if (b.launched) b.work.wait();

@@ -33,6 +33,21 @@ std::shared_ptr<torch::autograd::Node> on_grad_ready(const at::Tensor& param, co
   return std::shared_ptr<torch::autograd::Node>(acc);
 }
 
+std::vector<std::string> sweep_unused(const std::vector<Param>& params, std::vector<bool>& ready, bool find_unused,
+                                      const std::function<void(size_t)>& count_as_zero) {
+  std::vector<std::string> unused;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (ready[k]) continue;
+    if (!find_unused) {
+      unused.push_back(params[k].name);
+      continue;
+    }
+    ready[k] = true;
+    count_as_zero(k);
+  }
+  return unused;
+}
+
 void throw_unused(const std::string& who, std::vector<std::string> names) {
   if (names.size() > 3) names.resize(3), names.push_back("...");
   throw std::runtime_error(fmt::format("{}: parameters got no gradient in this backward: {}; if the model really leaves "

@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/nn/params.h"
+
 namespace torch::autograd {
 struct Node;
 }
@@ -21,6 +23,12 @@ namespace meshtrain {
 // Throws std::invalid_argument "<name> does not require grad" when it does not.
 std::shared_ptr<torch::autograd::Node> on_grad_ready(const at::Tensor& param, const std::string& name,
                                                      std::function<void()> ready);
+
+// After a synchronised backward: the names of parameters not `ready` (no
+// gradient), or, with `find_unused`, none: each is marked ready and handed
+// to `count_as_zero` instead.
+std::vector<std::string> sweep_unused(const std::vector<Param>& params, std::vector<bool>& ready, bool find_unused,
+                                      const std::function<void(size_t)>& count_as_zero);
 
 // The error for parameters that got no gradient ("ddp", "zero"), naming up to three.
 [[noreturn]] void throw_unused(const std::string& who, std::vector<std::string> names);

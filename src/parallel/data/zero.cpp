@@ -337,16 +337,9 @@ void ShardedDataParallel::zero_grad() {
 void ShardedDataParallel::after_backward() {
   State& s = *s_;
   if (s.o.stage == 1) return;  // gradients accumulate whole until finish()
-  std::vector<std::string> unused;
-  for (size_t k = 0; k < s.params.size(); ++k) {
-    if (s.ready[k]) continue;
-    if (!s.o.find_unused) {
-      unused.push_back(s.params[k].name);
-      continue;
-    }
-    s.ready[k] = true;  // its slice of the flat gradient stays zero
-    s.flats[s.flat_of[k]].pending -= 1;
-  }
+  // An unused parameter's slice of the flat gradient stays zero.
+  std::vector<std::string> unused =
+      sweep_unused(s.params, s.ready, s.o.find_unused, [&](size_t k) { s.flats[s.flat_of[k]].pending -= 1; });
   if (!unused.empty()) {
     if (s.last_launched >= 0) s.complete(s.last_launched);
     s.reset_backward();
