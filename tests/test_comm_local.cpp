@@ -6,6 +6,7 @@
 
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/comm/comm.h"
+#include "src/comm/sum_rows.h"
 
 namespace meshtrain {
 namespace {
@@ -42,6 +43,29 @@ TEST(CommLocal, AlgorithmNames) {
   EXPECT_EQ(parse_gather_algo("ring"), GatherAlgo::Ring);
   EXPECT_EQ(parse_scatter_algo("alltoall"), ScatterAlgo::AllToAll);
   EXPECT_THROW(parse_gather_algo("tree"), std::invalid_argument);
+  EXPECT_EQ(parse_scatter_algo("shm"), ScatterAlgo::Shm);
+  EXPECT_EQ(parse_gather_algo(to_string(GatherAlgo::Shm)), GatherAlgo::Shm);
+}
+
+TEST(CommLocal, OnePassSumOfRows) {
+  // Row counts around the four-row groups, a length that is not a whole number
+  // of blocks, and the output aliasing each row in turn.
+  const int64_t m = 3 * 4096 + 17;
+  for (int n = 1; n <= 9; ++n) {
+    at::Tensor rows = at::randn({n, m});
+    at::Tensor want = rows.sum(0);
+    std::vector<const float*> p(n);
+    for (int r = 0; r < n; ++r) p[r] = rows[r].data_ptr<float>();
+    at::Tensor out = at::empty({m});
+    sum_rows(out.data_ptr<float>(), p.data(), n, m);
+    EXPECT_TRUE(at::allclose(out, want, 1e-5, 1e-5)) << n << " rows";
+    for (int alias = 0; alias < n; ++alias) {
+      at::Tensor copy = rows.clone();
+      for (int r = 0; r < n; ++r) p[r] = copy[r].data_ptr<float>();
+      sum_rows(copy[alias].data_ptr<float>(), p.data(), n, m);
+      EXPECT_TRUE(at::allclose(copy[alias], want, 1e-5, 1e-5)) << n << " rows, out = row " << alias;
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // ranks over Gloo. Inputs are small integers, exact in every dtype, so results
 // are compared exactly, except the bf16 accumulation test, whose expectation is
 // the fp32 sum rounded once to bf16.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
@@ -64,7 +66,9 @@ TEST(Comm, AllReduceAvgOnIntegersIsAnError) {
 TEST(Comm, AllGatherEveryAlgorithm) {
   Comm& c = runtime().world();
   const int n = c.size(), me = c.rank();
-  for (auto algo : {GatherAlgo::Auto, GatherAlgo::Broadcast, GatherAlgo::Ring, GatherAlgo::List}) {
+  std::vector<GatherAlgo> algos{GatherAlgo::Auto, GatherAlgo::Broadcast, GatherAlgo::Ring, GatherAlgo::List};
+  if (c.shm_available()) algos.push_back(GatherAlgo::Shm);
+  for (auto algo : algos) {
     for (auto dt : kDtypes) {
       const int64_t m = 7;
       at::Tensor in = ints(m, 5, 10 * me, dt), out = at::zeros({n, m}, dt);
@@ -78,7 +82,9 @@ TEST(Comm, AllGatherEveryAlgorithm) {
 TEST(Comm, ReduceScatterEveryAlgorithm) {
   Comm& c = runtime().world();
   const int n = c.size(), me = c.rank();
-  for (auto algo : {ScatterAlgo::Auto, ScatterAlgo::AllToAll, ScatterAlgo::Ring, ScatterAlgo::AllReduce}) {
+  std::vector<ScatterAlgo> algos{ScatterAlgo::Auto, ScatterAlgo::AllToAll, ScatterAlgo::Ring, ScatterAlgo::AllReduce};
+  if (c.shm_available()) algos.push_back(ScatterAlgo::Shm);
+  for (auto algo : algos) {
     for (auto dt : kDtypes) {
       const int64_t m = 5;
       at::Tensor in = ints(n * m, 3, me, dt), out = at::zeros({m}, dt);
@@ -119,6 +125,83 @@ TEST(Comm, LargeReduceScatterAndAllGatherTakeTheRingInPieces) {
     c.all_gather(out, in);
     EXPECT_TRUE(same(out, at::arange(m, at::kLong).remainder(5).repeat({n, 1}) + at::arange(n, at::kLong).unsqueeze(1)))
         << name(dt);
+  }
+}
+
+TEST(Comm, InPlaceGatherAndScatterEveryAlgorithm) {
+  // ZeRO gathers into the flat its shard is a view of, and reduce-scatters a
+  // gradient into its own chunk: `in` aliases this rank's part of `out` / `out`
+  // aliases this rank's chunk of `in`.
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank();
+  const int64_t m = 3000;  // > one block of the one-pass sum
+  std::vector<GatherAlgo> gathers{GatherAlgo::Auto, GatherAlgo::Broadcast, GatherAlgo::Ring};
+  std::vector<ScatterAlgo> scatters{ScatterAlgo::Auto, ScatterAlgo::AllToAll, ScatterAlgo::Ring};
+  if (c.shm_available()) {
+    gathers.push_back(GatherAlgo::Shm);
+    scatters.push_back(ScatterAlgo::Shm);
+  }
+  for (auto dt : {at::kFloat, at::kBFloat16}) {
+    for (auto algo : gathers) {
+      at::Tensor flat = at::zeros({n * m}, dt);
+      at::Tensor shard = flat.narrow(0, me * m, m);
+      shard.copy_(ints(m, 5, 10 * me, dt));
+      c.all_gather(flat, shard, algo);
+      at::Tensor want = at::arange(m, at::kLong).remainder(5).repeat({n}) + at::arange(n, at::kLong).repeat_interleave(m) * 10;
+      EXPECT_TRUE(same(flat, want)) << to_string(algo) << " " << name(dt);
+    }
+    for (auto algo : scatters) {
+      at::Tensor grad = ints(n * m, 3, me, dt);
+      at::Tensor mine = grad.narrow(0, me * m, m);
+      c.reduce_scatter(mine, grad, ReduceOp::Sum, algo);
+      EXPECT_TRUE(same(mine, (at::arange(m, at::kLong) + me * m).remainder(3) * n + n * (n - 1) / 2))
+          << to_string(algo) << " " << name(dt);
+    }
+  }
+}
+
+TEST(Comm, SharedMemoryBuffersSurviveRanksOfDifferentSpeed) {
+  // Consecutive operations alternate between two buffers per rank (shm_group.h);
+  // a rank that runs ahead must never overwrite what a slower one still reads.
+  // One rank at a time is held back, and each round's data differs.
+  Comm& c = runtime().world();
+  if (!c.shm_available()) GTEST_SKIP() << "no shared memory between these ranks";
+  const int n = c.size(), me = c.rank();
+  const int64_t m = int64_t{1} << 16;
+  for (int round = 0; round < 24; ++round) {
+    if (me == round % n) usleep(2000);
+    at::Tensor in = at::full({n * m}, static_cast<float>(round * 100 + me));
+    at::Tensor out = at::empty({m});
+    c.reduce_scatter(out, in, ReduceOp::Sum, ScatterAlgo::Shm);
+    EXPECT_EQ(out.min().item<float>(), static_cast<float>(n * round * 100 + n * (n - 1) / 2)) << round;
+    EXPECT_EQ(out.max().item<float>(), out.min().item<float>()) << round;
+    at::Tensor g = at::empty({n * m});
+    c.all_gather(g, at::full({m}, static_cast<float>(round + me)), GatherAlgo::Shm);
+    EXPECT_TRUE(g.view({n, m}).equal((at::arange(n, at::kFloat) + round).unsqueeze(1).expand({n, m}))) << round;
+  }
+}
+
+TEST(Comm, SharedMemoryIsOneDecisionForTheWholeGroup) {
+  // MESHTRAIN_SHM=0 on one rank turns shared memory off for the group on every
+  // rank (a rank deciding alone would deadlock the others); Auto then uses Gloo,
+  // and asking for shm is one clear error.
+  Comm& world = runtime().world();
+  if (world.rank() == 0) setenv("MESHTRAIN_SHM", "0", 1);
+  std::vector<int> all(world.size());
+  for (int r = 0; r < world.size(); ++r) all[r] = r;
+  auto g = runtime().new_group(all, "noshm");
+  EXPECT_FALSE(g->shm_available());
+  unsetenv("MESHTRAIN_SHM");
+  const int n = g->size(), me = g->rank();
+  at::Tensor in = ints(n * 4, 3, me, at::kFloat), out = at::zeros({4});
+  g->reduce_scatter(out, in);
+  EXPECT_TRUE(same(out, (at::arange(4, at::kLong) + me * 4).remainder(3) * n + n * (n - 1) / 2));
+  try {
+    g->reduce_scatter(out, in, ReduceOp::Sum, ScatterAlgo::Shm);
+    ADD_FAILURE() << "shm on a group without shared memory did not throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("MESHTRAIN_SHM=0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use auto"), std::string::npos) << e.what();
   }
 }
 

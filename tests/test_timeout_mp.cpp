@@ -1,6 +1,8 @@
 // A collective that another rank never joins fails after the configured timeout
 // with an error naming the op, the group, the sequence number and the shape.
-// Rank 1 skips the call (and stays alive past the timeout); rank 0 checks the text.
+// Rank 1 skips the call (and stays alive past the timeouts); rank 0 checks the text,
+// first of a reduce-scatter over shared memory (its barrier's timeout), then of
+// an all-reduce over Gloo.
 #include <unistd.h>
 
 #include <ATen/Functions.h>
@@ -24,8 +26,12 @@ int main() {
   }
   at::Tensor t = at::ones({4, 8});
   rt->world().all_reduce(t);  // sequence 1: both ranks join
+  auto pair = rt->new_group({0, 1}, "pair");
+  at::Tensor half = at::zeros({2, 8});
+  pair->reduce_scatter(half, t);  // both join: the pair's shared memory exists now
+  const bool shm = pair->shm_available();
   if (rt->rank() == 1) {
-    sleep(6);  // miss sequence 2 on purpose, but stay connected past the timeout
+    sleep(8);  // miss the next calls on purpose, but stay connected past the timeouts
     std::fflush(nullptr);
     _exit(0);
   }
@@ -36,6 +42,29 @@ int main() {
       ++failures;
     }
   };
+  if (shm) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      pair->reduce_scatter(half, t, ReduceOp::Sum, ScatterAlgo::Shm);
+      fmt::print("FAIL: the shared-memory reduce_scatter did not time out\n");
+      ++failures;
+    } catch (const CommError& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string msg = e.what();
+      fmt::print("got (after {:.1f} s): {}\n", s, msg);
+      expect(msg, "reduce_scatter");
+      expect(msg, "group 'pair'");
+      expect(msg, "sequence 2");
+      expect(msg, "shape [4, 8]");
+      expect(msg, "shared-memory barrier");
+      if (s < 1.5 || s > 30) {
+        fmt::print("FAIL: took {:.1f} s for a 2 s timeout\n", s);
+        ++failures;
+      }
+    }
+  } else {
+    fmt::print("note: no shared memory between the ranks here; its timeout is not tested\n");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   try {
     rt->world().all_reduce(t);

@@ -76,6 +76,7 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
     std::vector<GatherAlgo> algos{o.gather_algo};
     if (o.compare) {
       algos = {GatherAlgo::Broadcast, GatherAlgo::Ring, GatherAlgo::List};
+      if (comm.shm_available()) algos.insert(algos.begin(), GatherAlgo::Shm);
       if (comm.backend_kind() == BackendKind::Nccl) algos.insert(algos.begin(), GatherAlgo::Native);
     }
     for (auto a : algos) {
@@ -94,6 +95,7 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
     std::vector<ScatterAlgo> algos{o.scatter_algo};
     if (o.compare) {
       algos = {ScatterAlgo::AllToAll, ScatterAlgo::Ring, ScatterAlgo::AllReduce};
+      if (comm.shm_available()) algos.insert(algos.begin(), ScatterAlgo::Shm);
       if (comm.backend_kind() == BackendKind::Nccl) algos.insert(algos.begin(), ScatterAlgo::Native);
     }
     for (auto a : algos) {

@@ -7,9 +7,12 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <iostream>
 
 #include "comm/backend.h"
+#include "comm/shm_group.h"
+#include "comm/sum_rows.h"
 
 namespace meshtrain {
 namespace {
@@ -59,20 +62,29 @@ void combine(at::Tensor& acc, const at::Tensor& x, ReduceOp op) {
   else acc.add_(x);
 }
 
-// Reduces the n rows of `chunks` ([n, m]) into `out` (m elements), in rank
-// order (so every rank sums in the same order), accumulating 16-bit types in
-// fp32. Sequential adds: a sum over dim 0 was measured 2-4x slower here.
-void reduce_chunks(const at::Tensor& out, const at::Tensor& chunks, ReduceOp op, int n) {
+// Reduces `rows` (n tensors of m elements, of out's dtype) into `out`, in row
+// order, accumulating 16-bit types in fp32. fp32 sums take one pass
+// (sum_rows.h); the rest sequential adds (a sum over dim 0 was measured 2-4x
+// slower here). `out` may be one of the rows.
+void reduce_rows(const at::Tensor& out, const std::vector<at::Tensor>& rows, ReduceOp op) {
+  const int n = static_cast<int>(rows.size());
   at::Tensor o = out.view(-1);
-  if (!is_16bit(o) && op != ReduceOp::Max) {
-    at::add_out(o, chunks[0], chunks[1]);
-    for (int k = 2; k < n; ++k) o.add_(chunks[k]);
+  if (o.scalar_type() == at::kFloat && op != ReduceOp::Max) {
+    std::vector<const float*> p(n);
+    for (int k = 0; k < n; ++k) p[k] = rows[k].data_ptr<float>();
+    sum_rows(o.data_ptr<float>(), p.data(), n, o.numel());
   } else {
-    at::Tensor acc = is_16bit(o) ? chunks[0].to(at::kFloat) : chunks[0].clone();
-    for (int k = 1; k < n; ++k) combine(acc, chunks[k], op);
+    at::Tensor acc = is_16bit(o) ? rows[0].to(at::kFloat) : rows[0].clone();
+    for (int k = 1; k < n; ++k) combine(acc, rows[k], op);
     o.copy_(acc);
   }
   if (op == ReduceOp::Avg) o.div_(n);
+}
+
+std::vector<at::Tensor> unbind_rows(const at::Tensor& chunks) {
+  std::vector<at::Tensor> rows;
+  for (int64_t k = 0; k < chunks.size(0); ++k) rows.push_back(chunks[k]);
+  return rows;
 }
 
 }  // namespace
@@ -90,6 +102,7 @@ const char* to_string(GatherAlgo a) {
   switch (a) {
     case GatherAlgo::Auto: return "auto";
     case GatherAlgo::Native: return "native";
+    case GatherAlgo::Shm: return "shm";
     case GatherAlgo::Broadcast: return "broadcast";
     case GatherAlgo::Ring: return "ring";
     case GatherAlgo::List: return "list";
@@ -101,6 +114,7 @@ const char* to_string(ScatterAlgo a) {
   switch (a) {
     case ScatterAlgo::Auto: return "auto";
     case ScatterAlgo::Native: return "native";
+    case ScatterAlgo::Shm: return "shm";
     case ScatterAlgo::AllToAll: return "alltoall";
     case ScatterAlgo::Ring: return "ring";
     case ScatterAlgo::AllReduce: return "allreduce";
@@ -109,18 +123,19 @@ const char* to_string(ScatterAlgo a) {
 }
 
 GatherAlgo parse_gather_algo(const std::string& s) {
-  for (auto a : {GatherAlgo::Auto, GatherAlgo::Native, GatherAlgo::Broadcast, GatherAlgo::Ring, GatherAlgo::List})
+  for (auto a : {GatherAlgo::Auto, GatherAlgo::Native, GatherAlgo::Shm, GatherAlgo::Broadcast, GatherAlgo::Ring,
+                 GatherAlgo::List})
     if (s == to_string(a)) return a;
   throw std::invalid_argument(
-      fmt::format("unknown all_gather algorithm '{}'; use auto, native, broadcast, ring or list", s));
+      fmt::format("unknown all_gather algorithm '{}'; use auto, native, shm, broadcast, ring or list", s));
 }
 
 ScatterAlgo parse_scatter_algo(const std::string& s) {
-  for (auto a : {ScatterAlgo::Auto, ScatterAlgo::Native, ScatterAlgo::AllToAll, ScatterAlgo::Ring,
+  for (auto a : {ScatterAlgo::Auto, ScatterAlgo::Native, ScatterAlgo::Shm, ScatterAlgo::AllToAll, ScatterAlgo::Ring,
                  ScatterAlgo::AllReduce})
     if (s == to_string(a)) return a;
-  throw std::invalid_argument(
-      fmt::format("unknown reduce_scatter algorithm '{}'; use auto, native, alltoall, ring or allreduce", s));
+  throw std::invalid_argument(fmt::format(
+      "unknown reduce_scatter algorithm '{}'; use auto, native, shm, alltoall, ring or allreduce", s));
 }
 
 // ---------------------------------------------------------------- CommWork
@@ -258,15 +273,23 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
     out.view(-1).copy_(in.view(-1));
     { w.done_ = true; return w; }
   }
+  const int64_t in_bytes = in.numel() * in.element_size();
   if (algo == GatherAlgo::Auto) {
     const bool big = out.numel() * out.element_size() >= kRingGatherMinBytes;
-    algo = kind_ == BackendKind::Nccl ? GatherAlgo::Native : (n == 2 || big) ? GatherAlgo::Ring : GatherAlgo::Broadcast;
+    algo = kind_ == BackendKind::Nccl ? GatherAlgo::Native
+           : shm(in_bytes)            ? GatherAlgo::Shm
+           : (n == 2 || big)          ? GatherAlgo::Ring
+                                      : GatherAlgo::Broadcast;
   }
   at::Tensor o = as_transport(out, native_bf16()).view(-1);
   at::Tensor i = as_transport(in, native_bf16()).view(-1);
   switch (algo) {
     case GatherAlgo::Native:
       w.works_.push_back(backend_all_gather_base(*pg_, o, i));
+      break;
+    case GatherAlgo::Shm:
+      shm_all_gather(o, i, w.what_);
+      w.done_ = true;
       break;
     case GatherAlgo::Broadcast:
       // Each rank's slice of the output is broadcast from its owner (PLATFORM.md:
@@ -339,8 +362,11 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
     { w.done_ = true; return w; }
   }
   if (algo == ScatterAlgo::Auto) {
-    const bool big = in.numel() * in.element_size() >= kRingScatterMinBytes;
-    algo = kind_ == BackendKind::Nccl ? ScatterAlgo::Native : big ? ScatterAlgo::Ring : ScatterAlgo::AllToAll;
+    const int64_t bytes = in.numel() * in.element_size();
+    algo = kind_ == BackendKind::Nccl       ? ScatterAlgo::Native
+           : shm(bytes)                     ? ScatterAlgo::Shm
+           : bytes >= kRingScatterMinBytes  ? ScatterAlgo::Ring
+                                            : ScatterAlgo::AllToAll;
   }
   switch (algo) {
     case ScatterAlgo::Native: {
@@ -356,9 +382,13 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
       at::Tensor ro = as_transport(recv, native_bf16()), ri = as_transport(in, native_bf16()).view(-1);
       std::vector<int64_t> splits;  // empty = equal
       w.works_.push_back(pg_->alltoall_base(ro, ri, splits, splits));
-      w.finish_ = [out, recv, op, n, m]() { reduce_chunks(out, recv.view({n, m}), op, n); };
+      w.finish_ = [out, recv, op, n, m]() { reduce_rows(out, unbind_rows(recv.view({n, m})), op); };
       break;
     }
+    case ScatterAlgo::Shm:
+      shm_reduce_scatter(out, in, op, w.what_);
+      w.done_ = true;
+      break;
     case ScatterAlgo::Ring:
       ring_reduce_scatter(out, in, op, w.what_);
       w.done_ = true;
@@ -449,6 +479,90 @@ void Comm::ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, Redu
   } catch (const std::exception& e) {
     throw CommError(fmt::format("{} (ring) did not complete: {}", what, e.what()));
   }
+}
+
+// ------------------------------------------------------- shared memory
+
+bool Comm::shm_available() { return shm(1) != nullptr; }
+
+ShmGroup* Comm::shm(int64_t bytes) {
+  if (shm_off_ || kind_ != BackendKind::Gloo || size() < 2) return nullptr;
+  if (shm_ && shm_->capacity() >= bytes) return shm_.get();
+  // Grow to a power of two (at least 1 MiB), so a run's few sizes settle fast.
+  int64_t capacity = int64_t{1} << 20;
+  while (capacity < bytes) capacity *= 2;
+  shm_.reset();  // the old segments go first: the new ones take their place in /dev/shm
+  shm_ = ShmGroup::create(*pg_, index_, size(), capacity, timeout_, &shm_why_);
+  if (!shm_) {
+    shm_off_ = true;  // every rank got the same answer (create agrees over the group)
+    if (index_ == 0 && shm_why_.rfind("cannot", 0) == 0) {
+      std::cerr << fmt::format("meshtrain: group '{}' collectives go over Gloo, not shared memory: {}\n", name_,
+                               shm_why_);
+    }
+  }
+  return shm_.get();
+}
+
+ShmGroup& Comm::shm_or_throw(int64_t bytes, const char* op) {
+  ShmGroup* g = shm(bytes);
+  if (!g) {
+    throw std::invalid_argument(fmt::format(
+        "{} algorithm 'shm' on group '{}': the group has no shared memory ({}); use auto", op, name_,
+        kind_ != BackendKind::Gloo ? "not a Gloo group" : size() < 2 ? "one rank" : shm_why_));
+  }
+  return *g;
+}
+
+// Each rank puts its input in its segment; after the barrier every rank copies
+// every segment out. `in` may be this rank's slice of `out`.
+void Comm::shm_all_gather(const at::Tensor& o, const at::Tensor& i, const std::string& what) {
+  const int n = size(), me = index_;
+  const int64_t row = i.numel() * i.element_size();
+  ShmGroup& g = shm_or_throw(row, "all_gather");
+  g.next();
+  const auto* src = static_cast<const uint8_t*>(i.data_ptr());
+  auto* dst = static_cast<uint8_t*>(o.data_ptr());
+  std::memcpy(g.mine(), src, row);
+  try {
+    g.barrier();
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} (shm) did not complete: {}", what, e.what()));
+  }
+  for (int r = 0; r < n; ++r) {
+    const uint8_t* from = r == me ? src : g.peer(r);
+    if (from != dst + r * row) std::memmove(dst + r * row, from, row);
+  }
+}
+
+// Each rank copies the chunks the others own into its segment; after the
+// barrier each sums its own chunk over the ranks in rank order, reading its own
+// contribution from `in` and the others' from their segments (one pass for
+// fp32: sum_rows.h). `out` may be this rank's chunk of `in`.
+void Comm::shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what) {
+  const int n = size(), me = index_;
+  const int64_t m = out.numel();
+  const int64_t row = m * in.element_size();
+  ShmGroup& g = shm_or_throw(n * row, "reduce_scatter");
+  g.next();
+  const auto* src = static_cast<const uint8_t*>(in.data_ptr());
+  for (int r = 0; r < n; ++r) {
+    if (r != me) std::memcpy(g.mine() + r * row, src + r * row, row);
+  }
+  try {
+    g.barrier();
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} (shm) did not complete: {}", what, e.what()));
+  }
+  std::vector<at::Tensor> rows;
+  for (int r = 0; r < n; ++r) {
+    if (r == me) {
+      rows.push_back(in.view(-1).narrow(0, me * m, m));
+    } else {
+      void* p = const_cast<uint8_t*>(g.peer(r) + me * row);
+      rows.push_back(at::from_blob(p, {m}, in.options()));
+    }
+  }
+  reduce_rows(out, rows, op);
 }
 
 CommWork Comm::broadcast_async(const at::Tensor& t, int root) {

@@ -84,7 +84,9 @@ std::unique_ptr<Comm> Runtime::new_group(const std::vector<int>& ranks, const st
   bo.timeout = opts_.timeout;
   bo.host = is_loopback(env_.master_addr) ? "127.0.0.1" : "";
   auto pg = make_backend(prefixed, index, static_cast<int>(ranks.size()), bo);
-  return std::make_unique<Comm>(std::move(pg), opts_.backend, name, ranks, index);
+  auto comm = std::make_unique<Comm>(std::move(pg), opts_.backend, name, ranks, index);
+  comm->set_timeout(opts_.timeout);
+  return comm;
 }
 
 }  // namespace meshtrain

@@ -20,6 +20,7 @@
 //     (size x nccl-tests' bus factor: 2(n-1)/n all_reduce, (n-1)/n gather/scatter).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,23 +40,33 @@ class Work;
 
 namespace meshtrain {
 
+class ShmGroup;
+
 enum class ReduceOp { Sum, Avg, Max };
 
-// All-gather algorithms. Auto = Native on NCCL; on Gloo Ring for 2 ranks or
-// outputs >= 16 MiB, else Broadcast (measured: docs/bench-comm.md).
+// All-gather algorithms. Auto = Native on NCCL; on Gloo Shm when the group's
+// ranks share a host, else Ring for 2 ranks or outputs >= 16 MiB, else
+// Broadcast (measured: docs/bench-comm.md).
+//   Shm:       each rank copies its input into its shared-memory segment, and
+//              every rank copies all segments out (comm/shm_group.h); completes
+//              within the call.
 //   Broadcast: n async broadcasts, each into its slice of the output.
 //   Ring:      n-1 send/recv steps around the ring (bandwidth-optimal);
 //              completes within the call (not asynchronous).
 //   List:      Gloo's own list all-gather (slow at size; benchmarks only).
-enum class GatherAlgo { Auto, Native, Broadcast, Ring, List };
+enum class GatherAlgo { Auto, Native, Shm, Broadcast, Ring, List };
 
-// Reduce-scatter algorithms. Auto = Native on NCCL; on Gloo Ring for inputs
-// >= 4 MiB, else AllToAll (measured: docs/bench-comm.md).
+// Reduce-scatter algorithms. Auto = Native on NCCL; on Gloo Shm when the
+// group's ranks share a host, else Ring for inputs >= 4 MiB, else AllToAll
+// (measured: docs/bench-comm.md).
+//   Shm:       each rank copies the chunks the others own into its shared-memory
+//              segment; each sums its own chunk from all segments in one pass;
+//              completes within the call.
 //   AllToAll:  all_to_all of the chunks, then a local sum over the n received chunks.
 //   Ring:      n-1 send/recv steps, partial sums travel around the ring, in
 //              pieces so that adding overlaps receiving; completes within the call.
 //   AllReduce: all_reduce the whole input, keep this rank's chunk.
-enum class ScatterAlgo { Auto, Native, AllToAll, Ring, AllReduce };
+enum class ScatterAlgo { Auto, Native, Shm, AllToAll, Ring, AllReduce };
 
 const char* to_string(ReduceOp op);
 const char* to_string(GatherAlgo a);
@@ -113,6 +124,12 @@ class Comm {
   BackendKind backend_kind() const { return kind_; }
   uint64_t seq() const { return seq_; }
   PGBackend* backend() const { return pg_.get(); }  // raw group, for baselines only
+  // How long a shared-memory barrier waits for the other ranks (the process
+  // group has its own, set when it is made).
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  // Whether the Shm algorithms can run on this group, deciding it (collectively:
+  // every rank must call this at the same point) on the first call.
+  bool shm_available();
 
   // In place on `t`.
   CommWork all_reduce_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
@@ -159,6 +176,12 @@ class Comm {
   void ring_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
   bool native_bf16() const;
+  // The group's shared memory with room for `bytes` per rank, or null when the
+  // group has none (collective when it is first made or must grow).
+  ShmGroup* shm(int64_t bytes);
+  ShmGroup& shm_or_throw(int64_t bytes, const char* op);
+  void shm_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
+  void shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
   // Scratch memory reused across calls (PLATFORM.md: fresh large buffers cost
   // page faults every step). Only synchronous algorithms use it.
   at::Tensor workspace(int64_t numel, at::ScalarType dtype);
@@ -171,6 +194,10 @@ class Comm {
   uint64_t seq_ = 0;
   std::map<std::string, OpStats> stats_;
   at::Tensor workspace_;  // bytes
+  std::chrono::milliseconds timeout_{300000};
+  std::unique_ptr<ShmGroup> shm_;
+  bool shm_off_ = false;  // decided by every rank together: no shared memory
+  std::string shm_why_;   // why not
 };
 
 }  // namespace meshtrain

@@ -1,0 +1,71 @@
+// Internal: shared memory between the ranks of one group that run on one host.
+//
+// Over loopback TCP every byte a collective moves is copied twice by the kernel
+// (into the socket, out of it), and on a host whose ranks share few cores those
+// copies are the collective's cost. Ranks on one host can instead read each
+// other's data where it lies, as NCCL's and MPI's intra-node transports do: each
+// rank owns a segment in /dev/shm that every other rank of the group maps.
+//
+// Layout of a segment: one page of header (in group rank 0's segment: the
+// barrier), then two buffers of `capacity` bytes. Operation k writes buffer k%2.
+//
+// Invariant (why one barrier per operation suffices): a rank reads peers'
+// buffers of operation k only after the barrier of k, and arrives at the barrier
+// of k+1 only after those reads. So when any rank passes the barrier of k+1,
+// every rank has finished reading operation k's buffers, and operation k+2 may
+// overwrite them.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/compat.h"
+
+namespace meshtrain {
+
+class ShmGroup {
+ public:
+  // Collective over `pg` (every rank of the group calls it with the same
+  // `capacity`). Returns null on every rank when the ranks are not all on this
+  // host, when any rank has MESHTRAIN_SHM=0, or when /dev/shm cannot hold the
+  // segments of any rank (then `why` says which). Uses `pg` directly, so
+  // the setup does not show in Comm's counters.
+  static std::unique_ptr<ShmGroup> create(PGBackend& pg, int index, int size, int64_t capacity,
+                                          std::chrono::milliseconds timeout, std::string* why);
+  ~ShmGroup();
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  int64_t capacity() const { return capacity_; }
+
+  // Starts the next operation: selects its buffer in every segment.
+  void next() { ++op_; }
+  // This rank's buffer for the current operation (written before the barrier).
+  uint8_t* mine() const { return buffer(index_); }
+  // Rank r's buffer for the current operation (read after the barrier).
+  const uint8_t* peer(int r) const { return buffer(r); }
+
+  // Waits until every rank of the group has reached the barrier of the current
+  // operation. Throws std::runtime_error after `timeout` (a rank that never
+  // came: it failed, or it made a different call).
+  void barrier();
+
+ private:
+  struct Header;
+  ShmGroup(int index, int size, int64_t capacity, std::chrono::milliseconds timeout);
+  uint8_t* buffer(int r) const;
+
+  int index_, size_;
+  int64_t capacity_;
+  std::chrono::milliseconds timeout_;
+  uint64_t op_ = 0;
+  size_t map_bytes_ = 0;
+  std::vector<uint8_t*> maps_;  // segment of each group rank, mapped here
+  Header* header_ = nullptr;    // in rank 0's segment
+};
+
+}  // namespace meshtrain
