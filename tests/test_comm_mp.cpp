@@ -9,6 +9,8 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <fmt/format.h>
+
 #include "meshtrain/comm/comm.h"
 #include "tests/mp.h"
 
@@ -27,22 +29,30 @@ bool same(const at::Tensor& a, const at::Tensor& b) {
 
 std::string name(at::ScalarType dt) { return c10::toString(dt); }
 
-TEST(Comm, AllReduceSumMaxAvg) {
+TEST(Comm, AllReduceSumMaxAvgEveryAlgorithm) {
   Comm& c = runtime().world();
   const int n = c.size(), me = c.rank();
-  for (auto dt : kDtypes) {
-    at::Tensor t = ints(10, 4, me, dt);
-    c.all_reduce(t);
-    EXPECT_TRUE(same(t, at::arange(10, at::kLong).remainder(4) * n + n * (n - 1) / 2)) << name(dt);
+  std::vector<ReduceAlgo> algos{ReduceAlgo::Auto, ReduceAlgo::Native};
+  if (c.shm_available()) algos.push_back(ReduceAlgo::Shm);
+  for (auto algo : algos) {
+    // 10 elements: fewer than ranks per part on some; 1 element: parts of zero.
+    for (int64_t len : {10, 1}) {
+      for (auto dt : kDtypes) {
+        const std::string what = fmt::format("{} {} x{}", to_string(algo), name(dt), len);
+        at::Tensor t = ints(len, 4, me, dt);
+        c.all_reduce(t, ReduceOp::Sum, algo);
+        EXPECT_TRUE(same(t, at::arange(len, at::kLong).remainder(4) * n + n * (n - 1) / 2)) << what;
 
-    at::Tensor m = ints(10, 4, me, dt);
-    c.all_reduce(m, ReduceOp::Max);
-    EXPECT_TRUE(same(m, at::arange(10, at::kLong).remainder(4) + (n - 1))) << name(dt);
+        at::Tensor m = ints(len, 4, me, dt);
+        c.all_reduce(m, ReduceOp::Max, algo);
+        EXPECT_TRUE(same(m, at::arange(len, at::kLong).remainder(4) + (n - 1))) << what;
 
-    if (at::isFloatingType(dt)) {
-      at::Tensor a = at::full({6}, static_cast<double>(2 * me), at::TensorOptions().dtype(dt));
-      c.all_reduce(a, ReduceOp::Avg);
-      EXPECT_TRUE(same(a, at::full({6}, static_cast<double>(n - 1), at::kDouble))) << name(dt);
+        if (at::isFloatingType(dt)) {
+          at::Tensor a = at::full({len}, static_cast<double>(2 * me), at::TensorOptions().dtype(dt));
+          c.all_reduce(a, ReduceOp::Avg, algo);
+          EXPECT_TRUE(same(a, at::full({len}, static_cast<double>(n - 1), at::kDouble))) << what;
+        }
+      }
     }
   }
 }
@@ -52,10 +62,14 @@ TEST(Comm, AllReduceBf16AccumulatesInFp32) {
   const int n = c.size(), me = c.rank();
   // 256 + 1 + 1 + ... is not representable step by step in bf16 (8-bit mantissa);
   // the fp32 sum rounded once is what Comm promises.
-  at::Tensor t = at::full({4}, me == 0 ? 256.0 : 1.0, at::kBFloat16);
-  c.all_reduce(t);
   const float want = at::tensor({256.0f + (n - 1)}, at::kFloat).to(at::kBFloat16).item<float>();
-  EXPECT_EQ(t[0].item<float>(), want);
+  std::vector<ReduceAlgo> algos{ReduceAlgo::Native};
+  if (c.shm_available()) algos.push_back(ReduceAlgo::Shm);
+  for (auto algo : algos) {
+    at::Tensor t = at::full({4}, me == 0 ? 256.0 : 1.0, at::kBFloat16);
+    c.all_reduce(t, ReduceOp::Sum, algo);
+    EXPECT_EQ(t[0].item<float>(), want) << to_string(algo);
+  }
 }
 
 TEST(Comm, AllReduceAvgOnIntegersIsAnError) {
@@ -105,6 +119,31 @@ TEST(Comm, ReduceScatterEveryAlgorithm) {
       }
     }
   }
+}
+
+TEST(Comm, SharedMemoryOpsLargerThanTheirBufferRunInPieces) {
+  // Just over 32 MiB of fp32 per rank: more than one buffer (kShmPieceBytes in
+  // comm.cpp), so a whole piece and a short one; values differ along the tensor
+  // so a piece written to the wrong place shows. (int32 patterns, float
+  // compares: tensors this size are slow to build in int64.)
+  Comm& c = runtime().world();
+  if (!c.shm_available()) GTEST_SKIP() << "no shared memory between these ranks";
+  const int n = c.size(), me = c.rank();
+  const int64_t m = (int64_t{32} << 20) / 4 + 3;
+  auto pattern = [](int64_t len, int64_t start) {
+    return at::arange(start, start + len, at::kInt).remainder(1000).to(at::kFloat);
+  };
+  at::Tensor t = pattern(m, 0) + me;
+  c.all_reduce(t, ReduceOp::Sum, ReduceAlgo::Shm);
+  EXPECT_TRUE(t.equal(pattern(m, 0) * n + n * (n - 1) / 2));
+
+  at::Tensor out = at::zeros({n, m});
+  c.all_gather(out, pattern(m, 0) + 10 * me, GatherAlgo::Shm);
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(out[r].equal(pattern(m, 0) + 10 * r)) << "from rank " << r;
+
+  at::Tensor in = pattern(n * m, 0) + me, mine = at::zeros({m});
+  c.reduce_scatter(mine, in, ReduceOp::Sum, ScatterAlgo::Shm);
+  EXPECT_TRUE(mine.equal(pattern(m, me * m) * n + n * (n - 1) / 2));
 }
 
 TEST(Comm, LargeReduceScatterAndAllGatherTakeTheRingInPieces) {
@@ -178,6 +217,10 @@ TEST(Comm, SharedMemoryBuffersSurviveRanksOfDifferentSpeed) {
     at::Tensor g = at::empty({n * m});
     c.all_gather(g, at::full({m}, static_cast<float>(round + me)), GatherAlgo::Shm);
     EXPECT_TRUE(g.view({n, m}).equal((at::arange(n, at::kFloat) + round).unsqueeze(1).expand({n, m}))) << round;
+    at::Tensor r = at::full({m}, static_cast<float>(round * 10 + me));
+    c.all_reduce(r, ReduceOp::Sum, ReduceAlgo::Shm);
+    EXPECT_EQ(r.min().item<float>(), static_cast<float>(n * round * 10 + n * (n - 1) / 2)) << round;
+    EXPECT_EQ(r.max().item<float>(), r.min().item<float>()) << round;
   }
 }
 

@@ -48,12 +48,22 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
   if (op == "all_reduce") {
     at::Tensor t = at::zeros({count}, opt);
     auto want = [=]() { return at::arange(count, at::kLong).remainder(3) * n + n * (n - 1) / 2; };
-    vs.push_back({"all_reduce", [&comm, t]() { comm.all_reduce(t); },
-                  [&comm, t, count, me, dt, want]() {
-                    t.copy_(pattern(count, 3, me, dt));
-                    comm.all_reduce(t);
-                    return count_wrong(t, want());
-                  }});
+    // With --compare: Comm through the backend's own all-reduce (its overhead
+    // over the raw call below is the wrapper's) and through shared memory.
+    std::vector<ReduceAlgo> algos{ReduceAlgo::Auto};
+    if (o.compare) {
+      algos = {ReduceAlgo::Native};
+      if (comm.shm_available()) algos.push_back(ReduceAlgo::Shm);
+    }
+    for (auto a : algos) {
+      const std::string label = a == ReduceAlgo::Auto ? "all_reduce" : fmt::format("all_reduce[{}]", to_string(a));
+      vs.push_back({label, [&comm, t, a]() { comm.all_reduce(t, ReduceOp::Sum, a); },
+                    [&comm, t, a, count, me, dt, want]() {
+                      t.copy_(pattern(count, 3, me, dt));
+                      comm.all_reduce(t, ReduceOp::Sum, a);
+                      return count_wrong(t, want());
+                    }});
+    }
     if (o.compare && comm.backend() != nullptr) {
       PGBackend* pg = comm.backend();
       vs.push_back({"all_reduce[raw]",

@@ -44,6 +44,14 @@ class ShmGroup;
 
 enum class ReduceOp { Sum, Avg, Max };
 
+// All-reduce algorithms. Auto = Shm on Gloo when the group's ranks share a
+// host, else Native (measured: docs/bench-comm.md).
+//   Native: the backend's own (Gloo's ring, NCCL).
+//   Shm:    each rank copies its tensor into its shared-memory segment; each
+//           reduces its 1/n of every segment in one pass into its own; each
+//           copies every reduced part out (two barriers); within the call.
+enum class ReduceAlgo { Auto, Native, Shm };
+
 // All-gather algorithms. Auto = Native on NCCL; on Gloo Shm when the group's
 // ranks share a host, else Ring for 2 ranks or outputs >= 16 MiB, else
 // Broadcast (measured: docs/bench-comm.md).
@@ -69,6 +77,7 @@ enum class GatherAlgo { Auto, Native, Shm, Broadcast, Ring, List };
 enum class ScatterAlgo { Auto, Native, Shm, AllToAll, Ring, AllReduce };
 
 const char* to_string(ReduceOp op);
+const char* to_string(ReduceAlgo a);
 const char* to_string(GatherAlgo a);
 const char* to_string(ScatterAlgo a);
 GatherAlgo parse_gather_algo(const std::string& s);
@@ -132,8 +141,10 @@ class Comm {
   bool shm_available();
 
   // In place on `t`.
-  CommWork all_reduce_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
-  void all_reduce(const at::Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op).wait(); }
+  CommWork all_reduce_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum, ReduceAlgo algo = ReduceAlgo::Auto);
+  void all_reduce(const at::Tensor& t, ReduceOp op = ReduceOp::Sum, ReduceAlgo algo = ReduceAlgo::Auto) {
+    all_reduce_async(t, op, algo).wait();
+  }
 
   // out holds size() * in.numel() elements; rank r's `in` lands at [r*n, (r+1)*n).
   CommWork all_gather_async(const at::Tensor& out, const at::Tensor& in, GatherAlgo algo = GatherAlgo::Auto);
@@ -180,6 +191,7 @@ class Comm {
   // group has none (collective when it is first made or must grow).
   ShmGroup* shm(int64_t bytes);
   ShmGroup& shm_or_throw(int64_t bytes, const char* op);
+  void shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& what);
   void shm_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
   // Scratch memory reused across calls (PLATFORM.md: fresh large buffers cost
