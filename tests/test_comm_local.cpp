@@ -45,6 +45,8 @@ TEST(CommLocal, AlgorithmNames) {
   EXPECT_THROW(parse_gather_algo("tree"), std::invalid_argument);
   EXPECT_EQ(parse_scatter_algo("shm"), ScatterAlgo::Shm);
   EXPECT_EQ(parse_gather_algo(to_string(GatherAlgo::Shm)), GatherAlgo::Shm);
+  EXPECT_EQ(parse_reduce_algo("shm"), ReduceAlgo::Shm);
+  EXPECT_THROW(parse_reduce_algo("ring"), std::invalid_argument);
 }
 
 TEST(CommLocal, OnePassSumOfRows) {

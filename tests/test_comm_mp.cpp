@@ -248,6 +248,20 @@ TEST(Comm, SharedMemoryIsOneDecisionForTheWholeGroup) {
   }
 }
 
+TEST(Comm, SharedMemoryHoldsCpuTensorsOnly) {
+  // A device tensor on a Gloo group is never copied through /dev/shm: asking for
+  // shm is an error naming the device (checked before any traffic).
+  Comm& c = runtime().world();
+  if (!c.shm_available()) GTEST_SKIP() << "no shared memory between these ranks";
+  at::Tensor t = at::empty({8}, at::TensorOptions().device(at::kMeta));
+  try {
+    c.all_reduce(t, ReduceOp::Sum, ReduceAlgo::Shm);
+    ADD_FAILURE() << "shm took a meta tensor";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("on meta"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Comm, BroadcastFromEveryRoot) {
   Comm& c = runtime().world();
   for (int root = 0; root < c.size(); ++root) {

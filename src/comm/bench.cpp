@@ -50,7 +50,7 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
     auto want = [=]() { return at::arange(count, at::kLong).remainder(3) * n + n * (n - 1) / 2; };
     // With --compare: Comm through the backend's own all-reduce (its overhead
     // over the raw call below is the wrapper's) and through shared memory.
-    std::vector<ReduceAlgo> algos{ReduceAlgo::Auto};
+    std::vector<ReduceAlgo> algos{o.reduce_algo};
     if (o.compare) {
       algos = {ReduceAlgo::Native};
       if (comm.shm_available()) algos.push_back(ReduceAlgo::Shm);

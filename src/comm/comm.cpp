@@ -135,6 +135,12 @@ const char* to_string(ScatterAlgo a) {
   return "?";
 }
 
+ReduceAlgo parse_reduce_algo(const std::string& s) {
+  for (auto a : {ReduceAlgo::Auto, ReduceAlgo::Native, ReduceAlgo::Shm})
+    if (s == to_string(a)) return a;
+  throw std::invalid_argument(fmt::format("unknown all_reduce algorithm '{}'; use auto, native or shm", s));
+}
+
 GatherAlgo parse_gather_algo(const std::string& s) {
   for (auto a : {GatherAlgo::Auto, GatherAlgo::Native, GatherAlgo::Shm, GatherAlgo::Broadcast, GatherAlgo::Ring,
                  GatherAlgo::List})
@@ -258,7 +264,8 @@ CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, ReduceAlgo alg
   CommWork w = make_work("all_reduce", t);
   if (n == 1) { w.done_ = true; return w; }
   if (algo == ReduceAlgo::Auto) {
-    algo = kind_ == BackendKind::Gloo && shm(t.numel() * t.element_size()) ? ReduceAlgo::Shm : ReduceAlgo::Native;
+    const bool shared = kind_ == BackendKind::Gloo && t.is_cpu() && shm(t.numel() * t.element_size());
+    algo = shared ? ReduceAlgo::Shm : ReduceAlgo::Native;
   }
   if (algo == ReduceAlgo::Shm) {
     shm_all_reduce(t, op, w.what_);
@@ -297,10 +304,10 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
   const int64_t in_bytes = in.numel() * in.element_size();
   if (algo == GatherAlgo::Auto) {
     const bool big = out.numel() * out.element_size() >= kRingGatherMinBytes;
-    algo = kind_ == BackendKind::Nccl ? GatherAlgo::Native
-           : shm(in_bytes)            ? GatherAlgo::Shm
-           : (n == 2 || big)          ? GatherAlgo::Ring
-                                      : GatherAlgo::Broadcast;
+    algo = kind_ == BackendKind::Nccl       ? GatherAlgo::Native
+           : in.is_cpu() && shm(in_bytes)  ? GatherAlgo::Shm
+           : (n == 2 || big)               ? GatherAlgo::Ring
+                                           : GatherAlgo::Broadcast;
   }
   at::Tensor o = as_transport(out, native_bf16()).view(-1);
   at::Tensor i = as_transport(in, native_bf16()).view(-1);
@@ -385,7 +392,7 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
   if (algo == ScatterAlgo::Auto) {
     const int64_t bytes = in.numel() * in.element_size();
     algo = kind_ == BackendKind::Nccl       ? ScatterAlgo::Native
-           : shm(bytes)                     ? ScatterAlgo::Shm
+           : in.is_cpu() && shm(bytes)      ? ScatterAlgo::Shm
            : bytes >= kRingScatterMinBytes  ? ScatterAlgo::Ring
                                             : ScatterAlgo::AllToAll;
   }
@@ -525,7 +532,12 @@ ShmGroup* Comm::shm(int64_t bytes) {
   return shm_.get();
 }
 
-ShmGroup& Comm::shm_or_throw(int64_t bytes, const char* op) {
+ShmGroup& Comm::shm_or_throw(const at::Tensor& t, int64_t bytes, const char* op) {
+  if (!t.is_cpu()) {
+    throw std::invalid_argument(
+        fmt::format("{} algorithm 'shm' on group '{}': the tensor is on {}, shared memory holds CPU tensors; use auto",
+                    op, name_, t.device().str()));
+  }
   ShmGroup* g = shm(bytes);
   if (!g) {
     throw std::invalid_argument(fmt::format(
@@ -565,7 +577,7 @@ at::Tensor peer_tensor(const uint8_t* p, int64_t numel, const at::Tensor& like) 
 void Comm::shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& what) {
   const int n = size(), me = index_;
   const int64_t elem = t.element_size(), numel = t.numel();
-  ShmGroup& g = shm_or_throw(numel * elem, "all_reduce");
+  ShmGroup& g = shm_or_throw(t, numel * elem, "all_reduce");
   const int64_t step = piece_elements(g, elem);
   at::Tensor flat = t.view(-1);
   auto* data = static_cast<uint8_t*>(t.data_ptr());
@@ -594,7 +606,7 @@ void Comm::shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& w
 void Comm::shm_all_gather(const at::Tensor& o, const at::Tensor& i, const std::string& what) {
   const int n = size(), me = index_;
   const int64_t elem = i.element_size(), m = i.numel();
-  ShmGroup& g = shm_or_throw(m * elem, "all_gather");
+  ShmGroup& g = shm_or_throw(i, m * elem, "all_gather");
   const int64_t step = piece_elements(g, elem);
   const auto* src = static_cast<const uint8_t*>(i.data_ptr());
   auto* dst = static_cast<uint8_t*>(o.data_ptr());
@@ -619,7 +631,7 @@ void Comm::shm_all_gather(const at::Tensor& o, const at::Tensor& i, const std::s
 void Comm::shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what) {
   const int n = size(), me = index_;
   const int64_t elem = in.element_size(), m = out.numel();
-  ShmGroup& g = shm_or_throw(n * m * elem, "reduce_scatter");
+  ShmGroup& g = shm_or_throw(in, n * m * elem, "reduce_scatter");
   const int64_t step = piece_elements(g, n * elem);
   const auto* src = static_cast<const uint8_t*>(in.data_ptr());
   at::Tensor o = out.view(-1), chunk = in.view(-1).narrow(0, me * m, m);

@@ -24,10 +24,11 @@ struct CommBenchOptions {
   int64_t max_bytes = 1 << 26;
   int warmup = 2;
   int iters = 5;
+  ReduceAlgo reduce_algo = ReduceAlgo::Auto;
   GatherAlgo gather_algo = GatherAlgo::Auto;
   ScatterAlgo scatter_algo = ScatterAlgo::Auto;
-  // Also time every algorithm of all_gather and reduce_scatter, and the raw
-  // backend's all_reduce (and list all-gather), as rows beside Comm's.
+  // Also time every algorithm of all_reduce, all_gather and reduce_scatter,
+  // and the raw backend's all_reduce, as rows beside Comm's.
   bool compare = false;
 };
 

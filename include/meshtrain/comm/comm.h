@@ -80,6 +80,7 @@ const char* to_string(ReduceOp op);
 const char* to_string(ReduceAlgo a);
 const char* to_string(GatherAlgo a);
 const char* to_string(ScatterAlgo a);
+ReduceAlgo parse_reduce_algo(const std::string& s);
 GatherAlgo parse_gather_algo(const std::string& s);
 ScatterAlgo parse_scatter_algo(const std::string& s);
 
@@ -190,7 +191,7 @@ class Comm {
   // The group's shared memory with room for `bytes` per rank, or null when the
   // group has none (collective when it is first made or must grow).
   ShmGroup* shm(int64_t bytes);
-  ShmGroup& shm_or_throw(int64_t bytes, const char* op);
+  ShmGroup& shm_or_throw(const at::Tensor& t, int64_t bytes, const char* op);
   void shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& what);
   void shm_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
