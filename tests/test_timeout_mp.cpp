@@ -2,7 +2,8 @@
 // with an error naming the op, the group, the sequence number and the shape.
 // Rank 1 skips the call (and stays alive past the timeouts); rank 0 checks the text,
 // first of a reduce-scatter over shared memory (its barrier's timeout), then of
-// an all-reduce over Gloo.
+// an all-reduce over Gloo. Then rank 1 exits while rank 0 waits for it at a
+// shared-memory barrier: rank 0's error names it at once, not after the timeout.
 #include <unistd.h>
 
 #include <ATen/Functions.h>
@@ -29,9 +30,13 @@ int main() {
   auto pair = rt->new_group({0, 1}, "pair");
   at::Tensor half = at::zeros({2, 8});
   pair->reduce_scatter(half, t);  // both join: the pair's shared memory exists now
-  const bool shm = pair->shm_available();
+  auto pair2 = rt->new_group({0, 1}, "pair2");
+  pair2->reduce_scatter(half, t);
+  const bool shm = pair->shm_available() && pair2->shm_available();
   if (rt->rank() == 1) {
-    sleep(8);  // miss the next calls on purpose, but stay connected past the timeouts
+    // Miss the next calls on purpose, stay connected past rank 0's two timeouts
+    // (at ~2 s and ~4 s), then exit while rank 0 waits in pair2 (until ~6 s).
+    sleep(5);
     std::fflush(nullptr);
     _exit(0);
   }
@@ -65,9 +70,9 @@ int main() {
   } else {
     fmt::print("note: no shared memory between the ranks here; its timeout is not tested\n");
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  auto t0 = std::chrono::steady_clock::now();
   try {
-    rt->world().all_reduce(t);
+    rt->world().all_reduce(t, ReduceOp::Sum, ReduceAlgo::Native);  // Gloo's own timeout
     fmt::print("FAIL: the all_reduce did not time out\n");
     ++failures;
   } catch (const CommError& e) {
@@ -82,6 +87,25 @@ int main() {
     if (s > 30) {
       fmt::print("FAIL: took {:.1f} s for a 2 s timeout\n", s);
       ++failures;
+    }
+  }
+  if (shm) {
+    t0 = std::chrono::steady_clock::now();
+    try {
+      pair2->reduce_scatter(half, t, ReduceOp::Sum, ScatterAlgo::Shm);
+      fmt::print("FAIL: the reduce_scatter with an exited rank did not fail\n");
+      ++failures;
+    } catch (const CommError& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string msg = e.what();
+      fmt::print("got (after {:.1f} s): {}\n", s, msg);
+      expect(msg, "group 'pair2'");
+      expect(msg, "group rank 1");
+      expect(msg, "exited");
+      if (s > 1.9) {
+        fmt::print("FAIL: took {:.1f} s: the exit was not noticed before the 2 s timeout\n", s);
+        ++failures;
+      }
     }
   }
   fmt::print("{}\n", failures ? "timeout test FAILED" : "timeout test passed");

@@ -18,6 +18,7 @@
 #ifdef __linux__
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -88,9 +89,13 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
   static std::atomic<int64_t> serial{0};
   const int64_t host = host_id();
   const int64_t my_serial = serial++;
-  // [host, -host] agree iff every rank has the same host; rank 0 names the segments.
-  at::Tensor agreed = all_max(pg, {host, -host, shm_wanted() ? 0 : 1, index == 0 ? getpid() : 0,
-                                   index == 0 ? my_serial : 0});
+  // [host, -host] agree iff every rank has the same host; rank 0 names the
+  // segments; slot 5 + r holds rank r's pid.
+  std::vector<int64_t> mine_in{host, -host, shm_wanted() ? 0 : 1, index == 0 ? getpid() : 0,
+                               index == 0 ? my_serial : 0};
+  mine_in.resize(5 + size, 0);
+  mine_in[5 + index] = getpid();
+  at::Tensor agreed = all_max(pg, mine_in);
   auto a = agreed.accessor<int64_t, 1>();
   if (a[0] != -a[1]) {
     *why = "the ranks of this group are not all on one host";
@@ -101,6 +106,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
     return nullptr;
   }
   std::unique_ptr<ShmGroup> g(new ShmGroup(index, size, capacity, timeout));
+  for (int r = 0; r < size; ++r) g->pids_.push_back(a[5 + r]);
   g->map_bytes_ = kHeaderBytes + 2 * static_cast<size_t>(capacity);
   const std::string mine = segment_path(a[3], a[4], index);
 
@@ -125,16 +131,23 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
     }
     close(fd);
   }
-  auto fail_if_any = [&](const char* stage) {
-    at::Tensor bad = all_max(pg, {error.empty() ? 0 : 1});
-    if (bad.item<int64_t>() == 0) return false;
+  // Whether this rank sees every other rank's process (not so across pid
+  // namespaces): only then does the barrier watch for ranks that are gone.
+  bool sees_all = true;
+  for (int r = 0; r < size; ++r) sees_all = sees_all && kill(static_cast<pid_t>(a[5 + r]), 0) == 0;
+  auto fail_if_any = [&](const char* stage, bool* blind = nullptr) {
+    at::Tensor bad = all_max(pg, {error.empty() ? 0 : 1, sees_all ? 0 : 1});
+    if (blind) *blind = bad[1].item<int64_t>() != 0;
+    if (bad[0].item<int64_t>() == 0) return false;
     *why = error.empty() ? fmt::format("another rank could not {}", stage) : error;
     return true;
   };
-  if (fail_if_any("create its segment")) {
+  bool blind = false;
+  if (fail_if_any("create its segment", &blind)) {
     unlink(mine.c_str());
     return nullptr;
   }
+  if (blind) g->pids_.clear();
   for (int r = 0; r < size && error.empty(); ++r) {
     if (r == index) continue;
     const std::string path = segment_path(a[3], a[4], r);
@@ -181,9 +194,17 @@ void ShmGroup::barrier() {
   while (h->generation.load(std::memory_order_acquire) == gen) {
     timespec slice{0, 50'000'000};
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->generation), FUTEX_WAIT, gen, &slice, nullptr, 0);
+    for (size_t r = 0; r < pids_.size(); ++r) {
+      if (kill(static_cast<pid_t>(pids_[r]), 0) != 0 && errno == ESRCH) {
+        throw std::runtime_error(fmt::format(
+            "group rank {} (pid {}) exited while the others waited for it at the shared-memory barrier", r, pids_[r]));
+      }
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       throw std::runtime_error(fmt::format(
-          "timed out after {} s at the shared-memory barrier: {} of {} ranks arrived", timeout_.count() / 1000.0,
+          "timed out after {} s at the shared-memory barrier: {} of {} ranks arrived; a rank that never arrives "
+          "usually made a different call (compare the sequence numbers the ranks report)",
+          timeout_.count() / 1000.0,
           h->arrived.load(), size_));
     }
   }

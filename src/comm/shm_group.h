@@ -50,8 +50,9 @@ class ShmGroup {
   const uint8_t* peer(int r) const { return buffer(r); }
 
   // Waits until every rank of the group has reached the barrier of the current
-  // operation. Throws std::runtime_error after `timeout` (a rank that never
-  // came: it failed, or it made a different call).
+  // operation. Throws std::runtime_error when a rank's process is gone (checked
+  // every 50 ms while waiting), or after `timeout` (a rank that never came: it
+  // hangs, or it made a different call).
   void barrier();
 
  private:
@@ -65,6 +66,7 @@ class ShmGroup {
   uint64_t op_ = 0;
   size_t map_bytes_ = 0;
   std::vector<uint8_t*> maps_;  // segment of each group rank, mapped here
+  std::vector<int64_t> pids_;   // of each group rank; empty if some rank cannot see the others
   Header* header_ = nullptr;    // in rank 0's segment
 };
 
