@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/runtime/runtime.h"
@@ -31,6 +33,7 @@ int main() {
   at::Tensor half = at::zeros({2, 8});
   pair->reduce_scatter(half, t);  // both join: the pair's shared memory exists now
   auto pair2 = rt->new_group({0, 1}, "pair2");
+  pair2->set_timeout(std::chrono::seconds(10));  // its shared-memory barrier: far beyond the exit
   pair2->reduce_scatter(half, t);
   const bool shm = pair->shm_available() && pair2->shm_available();
   if (rt->rank() == 1) {
@@ -41,72 +44,45 @@ int main() {
     _exit(0);
   }
   int failures = 0;
-  auto expect = [&](const std::string& msg, const std::string& part) {
-    if (msg.find(part) == std::string::npos) {
-      fmt::print("FAIL: error text lacks '{}'\n", part);
-      ++failures;
-    }
-  };
-  if (shm) {
+  // Runs `call`, which must throw CommError within [min_s, max_s] seconds with
+  // every one of `parts` in its text.
+  auto expect_error = [&](const char* what, const std::function<void()>& call, std::vector<std::string> parts,
+                          double min_s, double max_s) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      pair->reduce_scatter(half, t, ReduceOp::Sum, ScatterAlgo::Shm);
-      fmt::print("FAIL: the shared-memory reduce_scatter did not time out\n");
+      call();
+      fmt::print("FAIL: {} did not fail\n", what);
       ++failures;
     } catch (const CommError& e) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::string msg = e.what();
+      const std::string msg = e.what();
       fmt::print("got (after {:.1f} s): {}\n", s, msg);
-      expect(msg, "reduce_scatter");
-      expect(msg, "group 'pair'");
-      expect(msg, "sequence 2");
-      expect(msg, "shape [4, 8]");
-      expect(msg, "shared-memory barrier");
-      if (s < 1.5 || s > 30) {
-        fmt::print("FAIL: took {:.1f} s for a 2 s timeout\n", s);
+      for (const auto& part : parts) {
+        if (msg.find(part) == std::string::npos) {
+          fmt::print("FAIL: {}: error text lacks '{}'\n", what, part);
+          ++failures;
+        }
+      }
+      if (s < min_s || s > max_s) {
+        fmt::print("FAIL: {} failed after {:.1f} s, expected {}-{} s\n", what, s, min_s, max_s);
         ++failures;
       }
     }
-  } else {
-    fmt::print("note: no shared memory between the ranks here; its timeout is not tested\n");
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    rt->world().all_reduce(t, ReduceOp::Sum, ReduceAlgo::Native);  // Gloo's own timeout
-    fmt::print("FAIL: the all_reduce did not time out\n");
-    ++failures;
-  } catch (const CommError& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::string msg = e.what();
-    fmt::print("got (after {:.1f} s): {}\n", s, msg);
-    expect(msg, "all_reduce");
-    expect(msg, "group 'world'");
-    expect(msg, "sequence 2");
-    expect(msg, "shape [4, 8]");
-    expect(msg, "dtype Float");
-    if (s > 30) {
-      fmt::print("FAIL: took {:.1f} s for a 2 s timeout\n", s);
-      ++failures;
-    }
-  }
+  };
+  if (!shm) fmt::print("note: no shared memory between the ranks here; its errors are not tested\n");
   if (shm) {
-    t0 = std::chrono::steady_clock::now();
-    try {
-      pair2->reduce_scatter(half, t, ReduceOp::Sum, ScatterAlgo::Shm);
-      fmt::print("FAIL: the reduce_scatter with an exited rank did not fail\n");
-      ++failures;
-    } catch (const CommError& e) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::string msg = e.what();
-      fmt::print("got (after {:.1f} s): {}\n", s, msg);
-      expect(msg, "group 'pair2'");
-      expect(msg, "group rank 1");
-      expect(msg, "exited");
-      if (s > 1.9) {
-        fmt::print("FAIL: took {:.1f} s: the exit was not noticed before the 2 s timeout\n", s);
-        ++failures;
-      }
-    }
+    expect_error(
+        "the shared-memory reduce_scatter", [&] { pair->reduce_scatter(half, t, ReduceOp::Sum, ScatterAlgo::Shm); },
+        {"reduce_scatter", "group 'pair'", "sequence 2", "shape [4, 8]", "shared-memory barrier"}, 1.5, 30);
+  }
+  expect_error(
+      "the all_reduce over Gloo", [&] { rt->world().all_reduce(t, ReduceOp::Sum, ReduceAlgo::Native); },
+      {"all_reduce", "group 'world'", "sequence 2", "shape [4, 8]", "dtype Float"}, 0, 30);
+  if (shm) {
+    // The exit comes ~1 s into this call; the timeout would come at 10 s.
+    expect_error(
+        "the reduce_scatter with an exited rank", [&] { pair2->reduce_scatter(half, t, ReduceOp::Sum, ScatterAlgo::Shm); },
+        {"group 'pair2'", "group rank 1", "exited"}, 0, 6);
   }
   fmt::print("{}\n", failures ? "timeout test FAILED" : "timeout test passed");
   std::fflush(nullptr);
