@@ -38,10 +38,10 @@ OUT=docs/bench-zero.md
 - **Time** on 2 ranks with 2 cores, collectives over shared memory (Comm's default on one host since 2026-11-30):
   the variants are within ±6% of DDP, which is this machine's run-to-run noise (docs/bench-dp.md); the previous run,
   over loopback TCP, gave 5.49 / 5.15 / 5.68 / 5.28 s, also within it. ZeRO also shards the AdamW update itself
-  (each rank updates 1/N of the parameters), which on a CPU is a visible part of a step. Over shared memory a
-  gather completes when it is issued, so stage 3's prefetch fetches the next layer early but does not overlap
-  it with compute (over TCP it does, on Gloo's threads); on two cores the cores that compute are the ones that move
-  the bytes either way. The gathered peak is the same: unit 0 plus two layers.
+  (each rank updates 1/N of the parameters), which on a CPU is a visible part of a step. Stage 3's prefetch of the
+  next layer stays on Gloo broadcasts, which run in the background (a shared-memory gather completes inside the
+  call); its on-demand gathers and every reduce-scatter take shared memory. On two cores the cores that compute are
+  the ones that move the bytes either way. The gathered peak is unchanged: unit 0 plus two layers.
 TEXT
 } > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"

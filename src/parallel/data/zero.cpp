@@ -121,7 +121,8 @@ struct ShardedDataParallel::State {
     gathered_bytes += f.full.storage().nbytes();
     peak_gathered = std::max(peak_gathered, gathered_bytes);
     f.gather_in = shards[i].tensor.detach().to(f.full.scalar_type());
-    // Broadcast-based gathers run in the background (comm.h); the ring completes within the call.
+    // Broadcast-based gathers run in the background (comm.h); Auto (shared memory on one host, else the
+    // ring for large gathers) completes within the call.
     f.gather = shard.all_gather_async(f.full, f.gather_in, async ? GatherAlgo::Broadcast : GatherAlgo::Auto);
     f.gathered = Gathered::InFlight;
   }
