@@ -4,6 +4,8 @@
 // the fp32 sum rounded once to bf16.
 #include <unistd.h>
 
+#include <filesystem>
+
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
@@ -245,6 +247,37 @@ TEST(Comm, SharedMemoryIsOneDecisionForTheWholeGroup) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("MESHTRAIN_SHM=0"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("use auto"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Comm, SharedMemoryThatCannotBeMadeIsOneFallbackAndLeavesNoFiles) {
+  // Rank 0 cannot create its segment (its MESHTRAIN_SHM_DIR does not exist);
+  // the others can: every rank falls back to Gloo, the others remove the
+  // segments they made, and asking for shm says why.
+  Comm& world = runtime().world();
+  const int n = world.size(), me = world.rank();
+  at::Tensor pid0 = at::full({1}, static_cast<int64_t>(getpid()), at::kLong);
+  world.broadcast(pid0, 0);
+  if (me == 0) setenv("MESHTRAIN_SHM_DIR", "/nonexistent-meshtrain-shm", 1);
+  std::vector<int> all(n);
+  for (int r = 0; r < n; ++r) all[r] = r;
+  auto g = runtime().new_group(all, "badshm");
+  EXPECT_FALSE(g->shm_available());
+  unsetenv("MESHTRAIN_SHM_DIR");
+  at::Tensor in = ints(n * 4, 3, me, at::kFloat), out = at::zeros({4});
+  g->reduce_scatter(out, in);
+  EXPECT_TRUE(same(out, (at::arange(4, at::kLong) + me * 4).remainder(3) * n + n * (n - 1) / 2));
+  try {
+    g->all_gather(at::zeros({n * 4}), out, GatherAlgo::Shm);
+    ADD_FAILURE() << "shm on a group without shared memory did not throw";
+  } catch (const std::invalid_argument& e) {
+    const std::string want = me == 0 ? "cannot create /nonexistent-meshtrain-shm/" : "another rank could not create";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  world.barrier();
+  const std::string prefix = fmt::format("meshtrain-{}-", pid0.item<int64_t>());
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_NE(entry.path().filename().string().rfind(prefix, 0), 0u) << "left behind: " << entry.path();
   }
 }
 

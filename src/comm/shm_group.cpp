@@ -63,8 +63,15 @@ at::Tensor all_max(PGBackend& pg, std::vector<int64_t> values) {
   return t;
 }
 
+// Where the segments live: a tmpfs, /dev/shm unless MESHTRAIN_SHM_DIR names
+// another (containers often give /dev/shm only 64 MiB).
+std::string shm_dir() {
+  const char* v = std::getenv("MESHTRAIN_SHM_DIR");
+  return v && *v ? v : "/dev/shm";
+}
+
 std::string segment_path(int64_t pid0, int64_t serial0, int rank) {
-  return fmt::format("/dev/shm/meshtrain-{}-{}-{}", pid0, serial0, rank);
+  return fmt::format("{}/meshtrain-{}-{}-{}", shm_dir(), pid0, serial0, rank);
 }
 
 }  // namespace
@@ -123,7 +130,8 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
   } else {
     const int rc = posix_fallocate(fd, 0, static_cast<off_t>(g->map_bytes_));
     if (rc != 0) {
-      error = fmt::format("cannot reserve {} MiB in /dev/shm: {}", g->map_bytes_ >> 20, std::strerror(rc));
+      error = fmt::format("cannot reserve {} MiB in {}: {} (MESHTRAIN_SHM_DIR may name a larger tmpfs)",
+                          g->map_bytes_ >> 20, shm_dir(), std::strerror(rc));
     } else {
       void* p = mmap(nullptr, g->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (p == MAP_FAILED) error = fmt::format("cannot map {}: {}", mine, std::strerror(errno));
@@ -153,7 +161,8 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
     const std::string path = segment_path(a[3], a[4], r);
     fd = open(path.c_str(), O_RDWR);
     if (fd < 0) {
-      error = fmt::format("cannot open {} of group rank {}: {} (a separate /dev/shm?)", path, r, std::strerror(errno));
+      error = fmt::format("cannot open {} of group rank {}: {} (ranks with separate {}s, or different "
+                          "MESHTRAIN_SHM_DIR?)", path, r, std::strerror(errno), shm_dir());
       break;
     }
     void* p = mmap(nullptr, g->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -162,7 +171,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
     else g->maps_[r] = static_cast<uint8_t*>(p);
   }
   // Every rank has mapped every segment (or failed): the names can go. A crash
-  // before this line leaves files in /dev/shm named after rank 0's pid.
+  // before this line leaves files in the shm directory named after rank 0's pid.
   const bool failed = fail_if_any("map the segments");
   unlink(mine.c_str());
   if (failed) return nullptr;

@@ -31,8 +31,8 @@ class ShmGroup {
  public:
   // Collective over `pg` (every rank of the group calls it with the same
   // `capacity`). Returns null on every rank when the ranks are not all on this
-  // host, when any rank has MESHTRAIN_SHM=0, or when /dev/shm cannot hold the
-  // segments of any rank (then `why` says which). Uses `pg` directly, so
+  // host, when any rank has MESHTRAIN_SHM=0, or when any rank cannot make or
+  // map the segments in /dev/shm (or MESHTRAIN_SHM_DIR); `why` says which. Uses `pg` directly, so
   // the setup does not show in Comm's counters.
   static std::unique_ptr<ShmGroup> create(PGBackend& pg, int index, int size, int64_t capacity,
                                           std::chrono::milliseconds timeout, std::string* why);
