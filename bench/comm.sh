@@ -42,15 +42,17 @@ TXT
   for n in 2 4; do
     echo "## all_reduce 64 MiB fp32, $n ranks: Comm vs raw ProcessGroupGloo"
     echo
-    echo "\`$BIN bench comm --nproc $n --ops all_reduce,all_gather,reduce_scatter --min 64M --max 64M --compare --iters $ITERS\`"
+    echo "\`$BIN bench comm --nproc $n --ops all_reduce,all_gather,reduce_scatter,broadcast --min 64M --max 64M --compare --iters $ITERS\`"
     echo
     echo '```'
-    "$BIN" bench comm --nproc "$n" --ops all_reduce,all_gather,reduce_scatter --min 64M --max 64M --compare \
+    "$BIN" bench comm --nproc "$n" --ops all_reduce,all_gather,reduce_scatter,broadcast --min 64M --max 64M --compare \
       --iters "$ITERS" | strip | tee /tmp/meshtrain_bench_$n.txt
     echo '```'
     awk '$1=="all_reduce[native]"{c=$5} $1=="all_reduce[raw]"{r=$5; rb=$7}
+         $1=="broadcast[native]"{bn=$5} $1=="broadcast[shm]"{bs=$5}
          $1 ~ /^all_gather\[/ || $1 ~ /^reduce_scatter\[/ || $1=="all_reduce[shm]" {name[++k]=$1; bw[k]=$7}
          END{print "- Comm all_reduce over Gloo ([native]) time / raw Gloo time = " sprintf("%.3f", c/r) " (" sprintf("%+.1f", (c/r-1)*100) "%)"
+             if (bs > 0) print "- broadcast[shm] time / broadcast[native] (Gloo) time = " sprintf("%.3f", bs/bn)
              for (i = 1; i <= k; i++) print "- " name[i] " busbw " bw[i] " GB/s = " sprintf("%.2f", bw[i]/rb) " x raw all_reduce busbw"}' \
       /tmp/meshtrain_bench_$n.txt | sort
     echo

@@ -146,6 +146,10 @@ TEST(Comm, SharedMemoryOpsLargerThanTheirBufferRunInPieces) {
   at::Tensor in = pattern(n * m, 0) + me, mine = at::zeros({m});
   c.reduce_scatter(mine, in, ReduceOp::Sum, ScatterAlgo::Shm);
   EXPECT_TRUE(mine.equal(pattern(m, me * m) * n + n * (n - 1) / 2));
+
+  at::Tensor b = me == n - 1 ? pattern(m, 7) : at::zeros({m});
+  c.broadcast(b, n - 1, BroadcastAlgo::Shm);
+  EXPECT_TRUE(b.equal(pattern(m, 7)));
 }
 
 TEST(Comm, LargeReduceScatterAndAllGatherTakeTheRingInPieces) {
@@ -219,6 +223,10 @@ TEST(Comm, SharedMemoryBuffersSurviveRanksOfDifferentSpeed) {
     at::Tensor g = at::empty({n * m});
     c.all_gather(g, at::full({m}, static_cast<float>(round + me)), GatherAlgo::Shm);
     EXPECT_TRUE(g.view({n, m}).equal((at::arange(n, at::kFloat) + round).unsqueeze(1).expand({n, m}))) << round;
+    at::Tensor bc = at::full({m}, static_cast<float>(me == round % n ? round : -1));
+    c.broadcast(bc, round % n, BroadcastAlgo::Shm);
+    EXPECT_EQ(bc.min().item<float>(), static_cast<float>(round)) << round;
+    EXPECT_EQ(bc.max().item<float>(), static_cast<float>(round)) << round;
     at::Tensor r = at::full({m}, static_cast<float>(round * 10 + me));
     c.all_reduce(r, ReduceOp::Sum, ReduceAlgo::Shm);
     EXPECT_EQ(r.min().item<float>(), static_cast<float>(n * round * 10 + n * (n - 1) / 2)) << round;
@@ -295,13 +303,17 @@ TEST(Comm, SharedMemoryHoldsCpuTensorsOnly) {
   }
 }
 
-TEST(Comm, BroadcastFromEveryRoot) {
+TEST(Comm, BroadcastFromEveryRootEveryAlgorithm) {
   Comm& c = runtime().world();
-  for (int root = 0; root < c.size(); ++root) {
-    for (auto dt : kDtypes) {
-      at::Tensor t = c.rank() == root ? ints(9, 7, root, dt) : at::zeros({9}, dt);
-      c.broadcast(t, root);
-      EXPECT_TRUE(same(t, ints(9, 7, root, at::kLong))) << "root " << root << " " << name(dt);
+  std::vector<BroadcastAlgo> algos{BroadcastAlgo::Auto, BroadcastAlgo::Native};
+  if (c.shm_available()) algos.push_back(BroadcastAlgo::Shm);
+  for (auto algo : algos) {
+    for (int root = 0; root < c.size(); ++root) {
+      for (auto dt : kDtypes) {
+        at::Tensor t = c.rank() == root ? ints(9, 7, root, dt) : at::zeros({9}, dt);
+        c.broadcast(t, root, algo);
+        EXPECT_TRUE(same(t, ints(9, 7, root, at::kLong))) << to_string(algo) << " root " << root << " " << name(dt);
+      }
     }
   }
 }

@@ -130,12 +130,20 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
                   }});
   } else if (op == "broadcast") {
     at::Tensor t = at::zeros({count}, opt);
-    vs.push_back({"broadcast", [&comm, t]() { comm.broadcast(t, 0); },
-                  [&comm, t, count, me, dt]() {
-                    t.copy_(me == 0 ? pattern(count, 7, 1, dt) : at::zeros({count}, dt));
-                    comm.broadcast(t, 0);
-                    return count_wrong(t, at::arange(count, at::kLong).remainder(7) + 1);
-                  }});
+    std::vector<BroadcastAlgo> algos{BroadcastAlgo::Auto};
+    if (o.compare) {
+      algos = {BroadcastAlgo::Native};
+      if (comm.shm_available()) algos.push_back(BroadcastAlgo::Shm);
+    }
+    for (auto a : algos) {
+      const std::string label = a == BroadcastAlgo::Auto ? "broadcast" : fmt::format("broadcast[{}]", to_string(a));
+      vs.push_back({label, [&comm, t, a]() { comm.broadcast(t, 0, a); },
+                    [&comm, t, a, count, me, dt]() {
+                      t.copy_(me == 0 ? pattern(count, 7, 1, dt) : at::zeros({count}, dt));
+                      comm.broadcast(t, 0, a);
+                      return count_wrong(t, at::arange(count, at::kLong).remainder(7) + 1);
+                    }});
+    }
   } else {
     throw std::invalid_argument(
         fmt::format("unknown op '{}'; use all_reduce, all_gather, reduce_scatter, all_to_all or broadcast", op));

@@ -111,6 +111,15 @@ const char* to_string(ReduceAlgo a) {
   return "?";
 }
 
+const char* to_string(BroadcastAlgo a) {
+  switch (a) {
+    case BroadcastAlgo::Auto: return "auto";
+    case BroadcastAlgo::Native: return "native";
+    case BroadcastAlgo::Shm: return "shm";
+  }
+  return "?";
+}
+
 const char* to_string(GatherAlgo a) {
   switch (a) {
     case GatherAlgo::Auto: return "auto";
@@ -600,6 +609,22 @@ void Comm::shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& w
   }
 }
 
+// Per piece: the root copies its piece into its segment; after the barrier the
+// others copy it out.
+void Comm::shm_broadcast(const at::Tensor& t, int root, const std::string& what) {
+  const int64_t elem = t.element_size(), numel = t.numel();
+  ShmGroup& g = shm_or_throw(t, numel * elem, "broadcast");
+  const int64_t step = piece_elements(g, elem);
+  auto* data = static_cast<uint8_t*>(t.data_ptr());
+  for (int64_t lo = 0; lo < numel; lo += step) {
+    const int64_t bytes = std::min(step, numel - lo) * elem;
+    g.next();
+    if (index_ == root) std::memcpy(g.mine(), data + lo * elem, bytes);
+    shm_barrier(g, what);
+    if (index_ != root) std::memcpy(data + lo * elem, g.peer(root), bytes);
+  }
+}
+
 // Per piece: each rank puts its piece of the input in its segment; after the
 // barrier every rank copies every segment out. `in` may be this rank's slice
 // of `out`.
@@ -650,7 +675,7 @@ void Comm::shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, Reduc
   }
 }
 
-CommWork Comm::broadcast_async(const at::Tensor& t, int root) {
+CommWork Comm::broadcast_async(const at::Tensor& t, int root, BroadcastAlgo algo) {
   check_contiguous("broadcast", t);
   if (root < 0 || root >= size()) {
     throw std::invalid_argument(fmt::format("broadcast on group '{}': root {} outside 0..{}", name_, root, size() - 1));
@@ -658,6 +683,15 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root) {
   count("broadcast", t, 1.0);
   CommWork w = make_work("broadcast", t);
   if (size() == 1) { w.done_ = true; return w; }
+  if (algo == BroadcastAlgo::Auto) {
+    const bool shared = kind_ == BackendKind::Gloo && t.is_cpu() && shm(t.numel() * t.element_size());
+    algo = shared ? BroadcastAlgo::Shm : BroadcastAlgo::Native;
+  }
+  if (algo == BroadcastAlgo::Shm) {
+    shm_broadcast(t, root, w.what_);
+    w.done_ = true;
+    return w;
+  }
   std::vector<at::Tensor> v{as_transport(t, native_bf16())};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;

@@ -52,6 +52,10 @@ enum class ReduceOp { Sum, Avg, Max };
 //           copies every reduced part out (two barriers); within the call.
 enum class ReduceAlgo { Auto, Native, Shm };
 
+// Broadcast algorithms. Auto = Shm on Gloo when the group's ranks share a host,
+// else Native. Shm: the root copies into its segment, the others copy out.
+enum class BroadcastAlgo { Auto, Native, Shm };
+
 // All-gather algorithms. Auto = Native on NCCL; on Gloo Shm when the group's
 // ranks share a host, else Ring for 2 ranks or outputs >= 16 MiB, else
 // Broadcast (measured: docs/bench-comm.md).
@@ -78,6 +82,7 @@ enum class ScatterAlgo { Auto, Native, Shm, AllToAll, Ring, AllReduce };
 
 const char* to_string(ReduceOp op);
 const char* to_string(ReduceAlgo a);
+const char* to_string(BroadcastAlgo a);
 const char* to_string(GatherAlgo a);
 const char* to_string(ScatterAlgo a);
 ReduceAlgo parse_reduce_algo(const std::string& s);
@@ -162,8 +167,10 @@ class Comm {
   }
 
   // root is a group rank (0..size()-1).
-  CommWork broadcast_async(const at::Tensor& t, int root);
-  void broadcast(const at::Tensor& t, int root) { broadcast_async(t, root).wait(); }
+  CommWork broadcast_async(const at::Tensor& t, int root, BroadcastAlgo algo = BroadcastAlgo::Auto);
+  void broadcast(const at::Tensor& t, int root, BroadcastAlgo algo = BroadcastAlgo::Auto) {
+    broadcast_async(t, root, algo).wait();
+  }
 
   // Splits count rows of dim 0; empty = equal splits. out_splits[r] rows come
   // from rank r, in_splits[r] rows go to rank r.
@@ -193,6 +200,7 @@ class Comm {
   ShmGroup* shm(int64_t bytes);
   ShmGroup& shm_or_throw(const at::Tensor& t, int64_t bytes, const char* op);
   void shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& what);
+  void shm_broadcast(const at::Tensor& t, int root, const std::string& what);
   void shm_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
   // Scratch memory reused across calls (PLATFORM.md: fresh large buffers cost
