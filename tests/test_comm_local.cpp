@@ -6,7 +6,7 @@
 
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/comm/comm.h"
-#include "src/comm/sum_rows.h"
+#include "src/comm/local_reduce.h"
 
 namespace meshtrain {
 namespace {
@@ -45,8 +45,8 @@ TEST(CommLocal, AlgorithmNames) {
   EXPECT_THROW(parse_gather_algo("tree"), std::invalid_argument);
   EXPECT_EQ(parse_scatter_algo("shm"), ScatterAlgo::Shm);
   EXPECT_EQ(parse_gather_algo(to_string(GatherAlgo::Shm)), GatherAlgo::Shm);
-  EXPECT_EQ(parse_reduce_algo("shm"), ReduceAlgo::Shm);
-  EXPECT_THROW(parse_reduce_algo("ring"), std::invalid_argument);
+  EXPECT_EQ(parse_transport("shm"), Transport::Shm);
+  EXPECT_THROW(parse_transport("ring"), std::invalid_argument);
 }
 
 TEST(CommLocal, OnePassSumOfRows) {

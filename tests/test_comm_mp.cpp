@@ -34,8 +34,8 @@ std::string name(at::ScalarType dt) { return c10::toString(dt); }
 TEST(Comm, AllReduceSumMaxAvgEveryAlgorithm) {
   Comm& c = runtime().world();
   const int n = c.size(), me = c.rank();
-  std::vector<ReduceAlgo> algos{ReduceAlgo::Auto, ReduceAlgo::Native};
-  if (c.shm_available()) algos.push_back(ReduceAlgo::Shm);
+  std::vector<Transport> algos{Transport::Auto, Transport::Native};
+  if (c.shm_available()) algos.push_back(Transport::Shm);
   for (auto algo : algos) {
     // 10 elements: fewer than ranks per part on some; 1 element: parts of zero.
     for (int64_t len : {10, 1}) {
@@ -65,8 +65,8 @@ TEST(Comm, AllReduceBf16AccumulatesInFp32) {
   // 256 + 1 + 1 + ... is not representable step by step in bf16 (8-bit mantissa);
   // the fp32 sum rounded once is what Comm promises.
   const float want = at::tensor({256.0f + (n - 1)}, at::kFloat).to(at::kBFloat16).item<float>();
-  std::vector<ReduceAlgo> algos{ReduceAlgo::Native};
-  if (c.shm_available()) algos.push_back(ReduceAlgo::Shm);
+  std::vector<Transport> algos{Transport::Native};
+  if (c.shm_available()) algos.push_back(Transport::Shm);
   for (auto algo : algos) {
     at::Tensor t = at::full({4}, me == 0 ? 256.0 : 1.0, at::kBFloat16);
     c.all_reduce(t, ReduceOp::Sum, algo);
@@ -136,7 +136,7 @@ TEST(Comm, SharedMemoryOpsLargerThanTheirBufferRunInPieces) {
     return at::arange(start, start + len, at::kInt).remainder(1000).to(at::kFloat);
   };
   at::Tensor t = pattern(m, 0) + me;
-  c.all_reduce(t, ReduceOp::Sum, ReduceAlgo::Shm);
+  c.all_reduce(t, ReduceOp::Sum, Transport::Shm);
   EXPECT_TRUE(t.equal(pattern(m, 0) * n + n * (n - 1) / 2));
 
   at::Tensor out = at::zeros({n, m});
@@ -148,7 +148,7 @@ TEST(Comm, SharedMemoryOpsLargerThanTheirBufferRunInPieces) {
   EXPECT_TRUE(mine.equal(pattern(m, me * m) * n + n * (n - 1) / 2));
 
   at::Tensor b = me == n - 1 ? pattern(m, 7) : at::zeros({m});
-  c.broadcast(b, n - 1, BroadcastAlgo::Shm);
+  c.broadcast(b, n - 1, Transport::Shm);
   EXPECT_TRUE(b.equal(pattern(m, 7)));
 }
 
@@ -224,11 +224,11 @@ TEST(Comm, SharedMemoryBuffersSurviveRanksOfDifferentSpeed) {
     c.all_gather(g, at::full({m}, static_cast<float>(round + me)), GatherAlgo::Shm);
     EXPECT_TRUE(g.view({n, m}).equal((at::arange(n, at::kFloat) + round).unsqueeze(1).expand({n, m}))) << round;
     at::Tensor bc = at::full({m}, static_cast<float>(me == round % n ? round : -1));
-    c.broadcast(bc, round % n, BroadcastAlgo::Shm);
+    c.broadcast(bc, round % n, Transport::Shm);
     EXPECT_EQ(bc.min().item<float>(), static_cast<float>(round)) << round;
     EXPECT_EQ(bc.max().item<float>(), static_cast<float>(round)) << round;
     at::Tensor r = at::full({m}, static_cast<float>(round * 10 + me));
-    c.all_reduce(r, ReduceOp::Sum, ReduceAlgo::Shm);
+    c.all_reduce(r, ReduceOp::Sum, Transport::Shm);
     EXPECT_EQ(r.min().item<float>(), static_cast<float>(n * round * 10 + n * (n - 1) / 2)) << round;
     EXPECT_EQ(r.max().item<float>(), r.min().item<float>()) << round;
   }
@@ -296,7 +296,7 @@ TEST(Comm, SharedMemoryHoldsCpuTensorsOnly) {
   if (!c.shm_available()) GTEST_SKIP() << "no shared memory between these ranks";
   at::Tensor t = at::empty({8}, at::TensorOptions().device(at::kMeta));
   try {
-    c.all_reduce(t, ReduceOp::Sum, ReduceAlgo::Shm);
+    c.all_reduce(t, ReduceOp::Sum, Transport::Shm);
     ADD_FAILURE() << "shm took a meta tensor";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("on meta"), std::string::npos) << e.what();
@@ -305,8 +305,8 @@ TEST(Comm, SharedMemoryHoldsCpuTensorsOnly) {
 
 TEST(Comm, BroadcastFromEveryRootEveryAlgorithm) {
   Comm& c = runtime().world();
-  std::vector<BroadcastAlgo> algos{BroadcastAlgo::Auto, BroadcastAlgo::Native};
-  if (c.shm_available()) algos.push_back(BroadcastAlgo::Shm);
+  std::vector<Transport> algos{Transport::Auto, Transport::Native};
+  if (c.shm_available()) algos.push_back(Transport::Shm);
   for (auto algo : algos) {
     for (int root = 0; root < c.size(); ++root) {
       for (auto dt : kDtypes) {

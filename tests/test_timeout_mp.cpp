@@ -76,7 +76,7 @@ int main() {
         {"reduce_scatter", "group 'pair'", "sequence 2", "shape [4, 8]", "shared-memory barrier"}, 1.5, 30);
   }
   expect_error(
-      "the all_reduce over Gloo", [&] { rt->world().all_reduce(t, ReduceOp::Sum, ReduceAlgo::Native); },
+      "the all_reduce over Gloo", [&] { rt->world().all_reduce(t, ReduceOp::Sum, Transport::Native); },
       {"all_reduce", "group 'world'", "sequence 2", "shape [4, 8]", "dtype Float"}, 0, 30);
   if (shm) {
     // The exit comes ~1 s into this call; the timeout would come at 10 s.

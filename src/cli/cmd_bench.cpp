@@ -17,7 +17,7 @@ Run add_bench(CLI::App& app) {
   struct Opts {
     int nproc = 2;
     double timeout = 300;
-    std::string mesh, axis = "world", min = "1K", max = "64M", reduce = "auto", gather = "auto", scatter = "auto",
+    std::string mesh, axis = "world", min = "1K", max = "64M", transport = "auto", gather = "auto", scatter = "auto",
                 out;
     std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
     std::vector<std::string> dtypes{"float"};
@@ -43,7 +43,7 @@ Run add_bench(CLI::App& app) {
   cmd->add_option("--max", o->max, "largest size in bytes");
   cmd->add_option("--iters", o->bench.iters, "timed calls per size");
   cmd->add_option("--warmup", o->bench.warmup, "untimed calls per size");
-  cmd->add_option("--reduce-algo", o->reduce, "auto native shm");
+  cmd->add_option("--transport", o->transport, "all_reduce and broadcast: auto native shm");
   cmd->add_option("--gather-algo", o->gather, "auto native shm broadcast ring list");
   cmd->add_option("--scatter-algo", o->scatter, "auto native shm alltoall ring allreduce");
   cmd->add_flag("--compare", o->bench.compare, "time every algorithm and the raw backend side by side");
@@ -57,7 +57,7 @@ Run add_bench(CLI::App& app) {
     o->bench.dtypes = o->dtypes;
     o->bench.min_bytes = parse_bytes(o->min);
     o->bench.max_bytes = parse_bytes(o->max);
-    o->bench.reduce_algo = parse_reduce_algo(o->reduce);
+    o->bench.transport = parse_transport(o->transport);
     o->bench.gather_algo = parse_gather_algo(o->gather);
     o->bench.scatter_algo = parse_scatter_algo(o->scatter);
     for (const auto& d : o->dtypes) parse_dtype(d);  // fail before any traffic

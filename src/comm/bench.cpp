@@ -50,13 +50,13 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
     auto want = [=]() { return at::arange(count, at::kLong).remainder(3) * n + n * (n - 1) / 2; };
     // With --compare: Comm through the backend's own all-reduce (its overhead
     // over the raw call below is the wrapper's) and through shared memory.
-    std::vector<ReduceAlgo> algos{o.reduce_algo};
+    std::vector<Transport> algos{o.transport};
     if (o.compare) {
-      algos = {ReduceAlgo::Native};
-      if (comm.shm_available()) algos.push_back(ReduceAlgo::Shm);
+      algos = {Transport::Native};
+      if (comm.shm_available()) algos.push_back(Transport::Shm);
     }
     for (auto a : algos) {
-      const std::string label = a == ReduceAlgo::Auto ? "all_reduce" : fmt::format("all_reduce[{}]", to_string(a));
+      const std::string label = a == Transport::Auto ? "all_reduce" : fmt::format("all_reduce[{}]", to_string(a));
       vs.push_back({label, [&comm, t, a]() { comm.all_reduce(t, ReduceOp::Sum, a); },
                     [&comm, t, a, count, me, dt, want]() {
                       t.copy_(pattern(count, 3, me, dt));
@@ -130,13 +130,13 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
                   }});
   } else if (op == "broadcast") {
     at::Tensor t = at::zeros({count}, opt);
-    std::vector<BroadcastAlgo> algos{BroadcastAlgo::Auto};
+    std::vector<Transport> algos{o.transport};
     if (o.compare) {
-      algos = {BroadcastAlgo::Native};
-      if (comm.shm_available()) algos.push_back(BroadcastAlgo::Shm);
+      algos = {Transport::Native};
+      if (comm.shm_available()) algos.push_back(Transport::Shm);
     }
     for (auto a : algos) {
-      const std::string label = a == BroadcastAlgo::Auto ? "broadcast" : fmt::format("broadcast[{}]", to_string(a));
+      const std::string label = a == Transport::Auto ? "broadcast" : fmt::format("broadcast[{}]", to_string(a));
       vs.push_back({label, [&comm, t, a]() { comm.broadcast(t, 0, a); },
                     [&comm, t, a, count, me, dt]() {
                       t.copy_(me == 0 ? pattern(count, 7, 1, dt) : at::zeros({count}, dt));

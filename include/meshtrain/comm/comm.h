@@ -44,17 +44,15 @@ class ShmGroup;
 
 enum class ReduceOp { Sum, Avg, Max };
 
-// All-reduce algorithms. Auto = Shm on Gloo when the group's ranks share a
-// host, else Native (measured: docs/bench-comm.md).
-//   Native: the backend's own (Gloo's ring, NCCL).
-//   Shm:    each rank copies its tensor into its shared-memory segment; each
-//           reduces its 1/n of every segment in one pass into its own; each
-//           copies every reduced part out (two barriers); within the call.
-enum class ReduceAlgo { Auto, Native, Shm };
-
-// Broadcast algorithms. Auto = Shm on Gloo when the group's ranks share a host,
-// else Native. Shm: the root copies into its segment, the others copy out.
-enum class BroadcastAlgo { Auto, Native, Shm };
+// Which transport carries an all_reduce or a broadcast. Auto = Shm on Gloo
+// groups whose ranks share a host (CPU tensors), else Native (measured:
+// docs/bench-comm.md).
+//   Native: the backend's own (Gloo's ring or broadcast, NCCL).
+//   Shm:    through the group's shared memory (comm/shm_group.h), within the call.
+//           all_reduce: each rank copies its tensor into its segment, reduces
+//           its 1/n of every segment in one pass, and copies every reduced part
+//           out (two barriers); broadcast: the root copies in, the others out.
+enum class Transport { Auto, Native, Shm };
 
 // All-gather algorithms. Auto = Native on NCCL; on Gloo Shm when the group's
 // ranks share a host, else Ring for 2 ranks or outputs >= 16 MiB, else
@@ -81,11 +79,10 @@ enum class GatherAlgo { Auto, Native, Shm, Broadcast, Ring, List };
 enum class ScatterAlgo { Auto, Native, Shm, AllToAll, Ring, AllReduce };
 
 const char* to_string(ReduceOp op);
-const char* to_string(ReduceAlgo a);
-const char* to_string(BroadcastAlgo a);
+const char* to_string(Transport t);
 const char* to_string(GatherAlgo a);
 const char* to_string(ScatterAlgo a);
-ReduceAlgo parse_reduce_algo(const std::string& s);
+Transport parse_transport(const std::string& s);
 GatherAlgo parse_gather_algo(const std::string& s);
 ScatterAlgo parse_scatter_algo(const std::string& s);
 
@@ -147,8 +144,8 @@ class Comm {
   bool shm_available();
 
   // In place on `t`.
-  CommWork all_reduce_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum, ReduceAlgo algo = ReduceAlgo::Auto);
-  void all_reduce(const at::Tensor& t, ReduceOp op = ReduceOp::Sum, ReduceAlgo algo = ReduceAlgo::Auto) {
+  CommWork all_reduce_async(const at::Tensor& t, ReduceOp op = ReduceOp::Sum, Transport algo = Transport::Auto);
+  void all_reduce(const at::Tensor& t, ReduceOp op = ReduceOp::Sum, Transport algo = Transport::Auto) {
     all_reduce_async(t, op, algo).wait();
   }
 
@@ -167,8 +164,8 @@ class Comm {
   }
 
   // root is a group rank (0..size()-1).
-  CommWork broadcast_async(const at::Tensor& t, int root, BroadcastAlgo algo = BroadcastAlgo::Auto);
-  void broadcast(const at::Tensor& t, int root, BroadcastAlgo algo = BroadcastAlgo::Auto) {
+  CommWork broadcast_async(const at::Tensor& t, int root, Transport algo = Transport::Auto);
+  void broadcast(const at::Tensor& t, int root, Transport algo = Transport::Auto) {
     broadcast_async(t, root, algo).wait();
   }
 

@@ -1,4 +1,6 @@
-#include "comm/sum_rows.h"
+#include "comm/local_reduce.h"
+
+#include <ATen/Functions.h>
 
 #include <algorithm>
 #include <cstring>
@@ -24,6 +26,28 @@ void add_group(float* __restrict acc, const float* const* r, int k, int64_t lo, 
 }
 
 }  // namespace
+
+bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+void combine(at::Tensor& acc, const at::Tensor& x, ReduceOp op) {
+  if (op == ReduceOp::Max) at::maximum_out(acc, acc, x.to(acc.scalar_type()));
+  else acc.add_(x);
+}
+
+void reduce_rows(const at::Tensor& out, const std::vector<at::Tensor>& rows, ReduceOp op) {
+  const int n = static_cast<int>(rows.size());
+  at::Tensor o = out.view(-1);
+  if (o.scalar_type() == at::kFloat && op != ReduceOp::Max) {
+    std::vector<const float*> p(n);
+    for (int k = 0; k < n; ++k) p[k] = rows[k].data_ptr<float>();
+    sum_rows(o.data_ptr<float>(), p.data(), n, o.numel());
+  } else {
+    at::Tensor acc = is_16bit(o) ? rows[0].to(at::kFloat) : rows[0].clone();
+    for (int k = 1; k < n; ++k) combine(acc, rows[k], op);
+    o.copy_(acc);
+  }
+  if (op == ReduceOp::Avg) o.div_(n);
+}
 
 void sum_rows(float* out, const float* const* rows, int n, int64_t m) {
   // Each block is summed in a local buffer, then stored: memory sees every

@@ -1,0 +1,178 @@
+// Comm's collectives over the shared memory of ranks on one host
+// (comm/shm_group.h): set-up on first use, and all_reduce, broadcast,
+// all_gather and reduce_scatter piece by piece.
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "comm/local_reduce.h"
+#include "comm/shm_group.h"
+#include "meshtrain/comm/comm.h"
+
+namespace meshtrain {
+namespace {
+// The largest buffer of a shared-memory group (two per rank in /dev/shm); larger
+// ops run in pieces. Measured: 64 MiB ops in 32 MiB pieces are as fast as whole.
+constexpr int64_t kShmPieceBytes = int64_t{32} << 20;
+
+}  // namespace
+
+bool Comm::shm_available() { return shm(1) != nullptr; }
+
+ShmGroup* Comm::shm(int64_t bytes) {
+  if (shm_off_ || kind_ != BackendKind::Gloo || size() < 2) return nullptr;
+  bytes = std::min(bytes, kShmPieceBytes);
+  if (shm_ && shm_->capacity() >= bytes) return shm_.get();
+  // Grow to a power of two (at least 1 MiB), so a run's few sizes settle fast.
+  int64_t capacity = int64_t{1} << 20;
+  while (capacity < bytes) capacity *= 2;
+  shm_.reset();  // the old segments go first: the new ones take their place in /dev/shm
+  shm_ = ShmGroup::create(*pg_, index_, size(), capacity, timeout_, &shm_why_);
+  if (!shm_) {
+    shm_off_ = true;  // every rank got the same answer (create agrees over the group)
+    if (index_ == 0 && shm_why_.rfind("cannot", 0) == 0) {
+      std::cerr << fmt::format("meshtrain: group '{}' collectives go over Gloo, not shared memory: {}\n", name_,
+                               shm_why_);
+    }
+  }
+  return shm_.get();
+}
+
+ShmGroup& Comm::shm_or_throw(const at::Tensor& t, int64_t bytes, const char* op) {
+  if (!t.is_cpu()) {
+    throw std::invalid_argument(
+        fmt::format("{} algorithm 'shm' on group '{}': the tensor is on {}, shared memory holds CPU tensors; use auto",
+                    op, name_, t.device().str()));
+  }
+  ShmGroup* g = shm(bytes);
+  if (!g) {
+    throw std::invalid_argument(fmt::format(
+        "{} algorithm 'shm' on group '{}': the group has no shared memory ({}); use auto", op, name_,
+        kind_ != BackendKind::Gloo ? "not a Gloo group" : size() < 2 ? "one rank" : shm_why_));
+  }
+  return *g;
+}
+
+namespace {
+
+// Elements per piece of a shared-memory op whose buffer holds `per_element`
+// bytes for each element of the piece: ops larger than one buffer run piece by
+// piece, so the segments stay bounded (kShmPieceBytes per buffer).
+int64_t piece_elements(const ShmGroup& g, int64_t per_element) {
+  return std::max<int64_t>(1, g.capacity() / per_element);
+}
+
+void shm_barrier(ShmGroup& g, const std::string& what) {
+  try {
+    g.barrier();
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} (shm) did not complete: {}", what, e.what()));
+  }
+}
+
+at::Tensor peer_tensor(const uint8_t* p, int64_t numel, const at::Tensor& like) {
+  return at::from_blob(const_cast<uint8_t*>(p), {numel}, like.options());
+}
+
+}  // namespace
+
+// Per piece: each rank copies its piece into its segment; after the barrier
+// it reduces part `me` (1/n of the piece) over every segment, in rank order,
+// into its own segment (no other rank reads that part of it before the second
+// barrier); after the second barrier each copies every reduced part out.
+void Comm::shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& what) {
+  const int n = size(), me = index_;
+  const int64_t elem = t.element_size(), numel = t.numel();
+  ShmGroup& g = shm_or_throw(t, numel * elem, "all_reduce");
+  const int64_t step = piece_elements(g, elem);
+  at::Tensor flat = t.view(-1);
+  auto* data = static_cast<uint8_t*>(t.data_ptr());
+  for (int64_t lo = 0; lo < numel; lo += step) {
+    const int64_t len = std::min(step, numel - lo);
+    const int64_t a = len * me / n, b = len * (me + 1) / n;  // part `me` of the piece
+    g.next();
+    std::memcpy(g.mine(), data + lo * elem, len * elem);
+    shm_barrier(g, what);
+    if (b > a) {
+      std::vector<at::Tensor> rows;
+      for (int r = 0; r < n; ++r) rows.push_back(peer_tensor(g.peer(r) + a * elem, b - a, t));
+      reduce_rows(peer_tensor(g.mine() + a * elem, b - a, t), rows, op);
+    }
+    shm_barrier(g, what);
+    for (int r = 0; r < n; ++r) {
+      const int64_t ra = len * r / n, rb = len * (r + 1) / n;
+      std::memcpy(data + (lo + ra) * elem, g.peer(r) + ra * elem, (rb - ra) * elem);
+    }
+  }
+}
+
+// Per piece: the root copies its piece into its segment; after the barrier the
+// others copy it out.
+void Comm::shm_broadcast(const at::Tensor& t, int root, const std::string& what) {
+  const int64_t elem = t.element_size(), numel = t.numel();
+  ShmGroup& g = shm_or_throw(t, numel * elem, "broadcast");
+  const int64_t step = piece_elements(g, elem);
+  auto* data = static_cast<uint8_t*>(t.data_ptr());
+  for (int64_t lo = 0; lo < numel; lo += step) {
+    const int64_t bytes = std::min(step, numel - lo) * elem;
+    g.next();
+    if (index_ == root) std::memcpy(g.mine(), data + lo * elem, bytes);
+    shm_barrier(g, what);
+    if (index_ != root) std::memcpy(data + lo * elem, g.peer(root), bytes);
+  }
+}
+
+// Per piece: each rank puts its piece of the input in its segment; after the
+// barrier every rank copies every segment out. `in` may be this rank's slice
+// of `out`.
+void Comm::shm_all_gather(const at::Tensor& o, const at::Tensor& i, const std::string& what) {
+  const int n = size(), me = index_;
+  const int64_t elem = i.element_size(), m = i.numel();
+  ShmGroup& g = shm_or_throw(i, m * elem, "all_gather");
+  const int64_t step = piece_elements(g, elem);
+  const auto* src = static_cast<const uint8_t*>(i.data_ptr());
+  auto* dst = static_cast<uint8_t*>(o.data_ptr());
+  for (int64_t lo = 0; lo < m; lo += step) {
+    const int64_t bytes = std::min(step, m - lo) * elem;
+    g.next();
+    std::memcpy(g.mine(), src + lo * elem, bytes);
+    shm_barrier(g, what);
+    for (int r = 0; r < n; ++r) {
+      const uint8_t* from = r == me ? src + lo * elem : g.peer(r);
+      uint8_t* to = dst + (r * m + lo) * elem;
+      if (from != to) std::memmove(to, from, bytes);
+    }
+  }
+}
+
+// Per piece (the same element range of every chunk): each rank copies the
+// pieces the others own into its segment; after the barrier each sums its own
+// over the ranks in rank order, reading its own contribution from `in` and the
+// others' from their segments (one pass for fp32: local_reduce.h). `out` may be
+// this rank's chunk of `in`.
+void Comm::shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what) {
+  const int n = size(), me = index_;
+  const int64_t elem = in.element_size(), m = out.numel();
+  ShmGroup& g = shm_or_throw(in, n * m * elem, "reduce_scatter");
+  const int64_t step = piece_elements(g, n * elem);
+  const auto* src = static_cast<const uint8_t*>(in.data_ptr());
+  at::Tensor o = out.view(-1), chunk = in.view(-1).narrow(0, me * m, m);
+  for (int64_t lo = 0; lo < m; lo += step) {
+    const int64_t len = std::min(step, m - lo), bytes = len * elem;
+    g.next();
+    for (int r = 0; r < n; ++r) {
+      if (r != me) std::memcpy(g.mine() + r * bytes, src + (r * m + lo) * elem, bytes);
+    }
+    shm_barrier(g, what);
+    std::vector<at::Tensor> rows;
+    for (int r = 0; r < n; ++r) {
+      rows.push_back(r == me ? chunk.narrow(0, lo, len) : peer_tensor(g.peer(r) + me * bytes, len, in));
+    }
+    reduce_rows(o.narrow(0, lo, len), rows, op);
+  }
+}
+
+}  // namespace meshtrain
