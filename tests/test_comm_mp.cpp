@@ -289,6 +289,23 @@ TEST(Comm, SharedMemoryThatCannotBeMadeIsOneFallbackAndLeavesNoFiles) {
   }
 }
 
+TEST(Comm, AMistypedSharedMemorySwitchIsOneClearError) {
+  Comm& world = runtime().world();
+  setenv("MESHTRAIN_SHM", "off", 1);  // every rank, as a launcher would
+  std::vector<int> all(world.size());
+  for (int r = 0; r < world.size(); ++r) all[r] = r;
+  auto g = runtime().new_group(all, "typo");
+  try {
+    g->shm_available();
+    ADD_FAILURE() << "MESHTRAIN_SHM=off was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("MESHTRAIN_SHM='off'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use 1"), std::string::npos) << e.what();
+  }
+  unsetenv("MESHTRAIN_SHM");
+  EXPECT_TRUE(g->shm_available());  // nothing was decided: set-up runs on the next call
+}
+
 TEST(Comm, SharedMemoryHoldsCpuTensorsOnly) {
   // A device tensor on a Gloo group is never copied through /dev/shm: asking for
   // shm is an error naming the device (checked before any traffic).

@@ -33,7 +33,7 @@ ShmGroup* Comm::shm(int64_t bytes) {
   shm_ = ShmGroup::create(*pg_, index_, size(), capacity, timeout_, &shm_why_);
   if (!shm_) {
     shm_off_ = true;  // every rank got the same answer (create agrees over the group)
-    if (index_ == 0 && shm_why_.rfind("cannot", 0) == 0) {
+    if (shm_why_.rfind("cannot", 0) == 0) {  // this rank's own failure: say it here
       std::cerr << fmt::format("meshtrain: group '{}' collectives go over Gloo, not shared memory: {}\n", name_,
                                shm_why_);
     }

@@ -48,9 +48,15 @@ int64_t host_id() {
   return static_cast<int64_t>(std::hash<std::string>{}(std::string(name) + "/" + boot) >> 1);
 }
 
+// MESHTRAIN_SHM: unset or 1 = use shared memory where the ranks share a host,
+// 0 = Gloo only. Anything else is an error (the launcher gives every rank the
+// same environment, so every rank throws it before the collective set-up).
 bool shm_wanted() {
   const char* v = std::getenv("MESHTRAIN_SHM");
-  return !(v && std::string(v) == "0");
+  if (!v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  throw std::invalid_argument(fmt::format(
+      "MESHTRAIN_SHM='{}': use 1 (the default: shared memory between ranks on one host) or 0 (Gloo only)", v));
 }
 
 // Element-wise MAX over the group, through the raw process group.
@@ -95,10 +101,11 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
                                            std::chrono::milliseconds timeout, std::string* why) {
   static std::atomic<int64_t> serial{0};
   const int64_t host = host_id();
+  const bool wanted = shm_wanted();
   const int64_t my_serial = serial++;
   // [host, -host] agree iff every rank has the same host; rank 0 names the
   // segments; slot 5 + r holds rank r's pid.
-  std::vector<int64_t> mine_in{host, -host, shm_wanted() ? 0 : 1, index == 0 ? getpid() : 0,
+  std::vector<int64_t> mine_in{host, -host, wanted ? 0 : 1, index == 0 ? getpid() : 0,
                                index == 0 ? my_serial : 0};
   mine_in.resize(5 + size, 0);
   mine_in[5 + index] = getpid();
