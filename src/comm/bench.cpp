@@ -40,6 +40,15 @@ int64_t count_wrong(const at::Tensor& got, const at::Tensor& want) {
   return got.view(-1).to(at::kDouble).ne(want.view(-1).to(at::kDouble)).sum().item<int64_t>();
 }
 
+// The transports of all_reduce and broadcast to time: the one asked for, or
+// with --compare the backend's own and shared memory (where there is some).
+std::vector<Transport> transports(Comm& comm, const CommBenchOptions& o) {
+  if (!o.compare) return {o.transport};
+  std::vector<Transport> ts{Transport::Native};
+  if (comm.shm_available()) ts.push_back(Transport::Shm);
+  return ts;
+}
+
 std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarType dt, int64_t count,
                                   const CommBenchOptions& o) {
   const int n = comm.size(), me = comm.rank();
@@ -50,11 +59,7 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
     auto want = [=]() { return at::arange(count, at::kLong).remainder(3) * n + n * (n - 1) / 2; };
     // With --compare: Comm through the backend's own all-reduce (its overhead
     // over the raw call below is the wrapper's) and through shared memory.
-    std::vector<Transport> algos{o.transport};
-    if (o.compare) {
-      algos = {Transport::Native};
-      if (comm.shm_available()) algos.push_back(Transport::Shm);
-    }
+    const std::vector<Transport> algos = transports(comm, o);
     for (auto a : algos) {
       const std::string label = a == Transport::Auto ? "all_reduce" : fmt::format("all_reduce[{}]", to_string(a));
       vs.push_back({label, [&comm, t, a]() { comm.all_reduce(t, ReduceOp::Sum, a); },
@@ -130,11 +135,7 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
                   }});
   } else if (op == "broadcast") {
     at::Tensor t = at::zeros({count}, opt);
-    std::vector<Transport> algos{o.transport};
-    if (o.compare) {
-      algos = {Transport::Native};
-      if (comm.shm_available()) algos.push_back(Transport::Shm);
-    }
+    const std::vector<Transport> algos = transports(comm, o);
     for (auto a : algos) {
       const std::string label = a == Transport::Auto ? "broadcast" : fmt::format("broadcast[{}]", to_string(a));
       vs.push_back({label, [&comm, t, a]() { comm.broadcast(t, 0, a); },

@@ -233,11 +233,7 @@ CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo
   count("all_reduce", t, 2.0 * (n - 1) / n);
   CommWork w = make_work("all_reduce", t);
   if (n == 1) { w.done_ = true; return w; }
-  if (algo == Transport::Auto) {
-    const bool shared = kind_ == BackendKind::Gloo && t.is_cpu() && shm(t.numel() * t.element_size());
-    algo = shared ? Transport::Shm : Transport::Native;
-  }
-  if (algo == Transport::Shm) {
+  if (resolve(algo, t) == Transport::Shm) {
     shm_all_reduce(t, op, w.what_);
     w.done_ = true;
     return w;
@@ -487,11 +483,7 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
   count("broadcast", t, 1.0);
   CommWork w = make_work("broadcast", t);
   if (size() == 1) { w.done_ = true; return w; }
-  if (algo == Transport::Auto) {
-    const bool shared = kind_ == BackendKind::Gloo && t.is_cpu() && shm(t.numel() * t.element_size());
-    algo = shared ? Transport::Shm : Transport::Native;
-  }
-  if (algo == Transport::Shm) {
+  if (resolve(algo, t) == Transport::Shm) {
     shm_broadcast(t, root, w.what_);
     w.done_ = true;
     return w;

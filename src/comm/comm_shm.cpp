@@ -41,6 +41,12 @@ ShmGroup* Comm::shm(int64_t bytes) {
   return shm_.get();
 }
 
+Transport Comm::resolve(Transport chosen, const at::Tensor& t) {
+  if (chosen != Transport::Auto) return chosen;
+  const bool shared = kind_ == BackendKind::Gloo && t.is_cpu() && shm(t.numel() * t.element_size());
+  return shared ? Transport::Shm : Transport::Native;
+}
+
 ShmGroup& Comm::shm_or_throw(const at::Tensor& t, int64_t bytes, const char* op) {
   if (!t.is_cpu()) {
     throw std::invalid_argument(

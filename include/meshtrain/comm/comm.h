@@ -196,6 +196,8 @@ class Comm {
   // group has none (collective when it is first made or must grow).
   ShmGroup* shm(int64_t bytes);
   ShmGroup& shm_or_throw(const at::Tensor& t, int64_t bytes, const char* op);
+  // Auto -> Shm where this group has shared memory for `t`, else Native.
+  Transport resolve(Transport chosen, const at::Tensor& t);
   void shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& what);
   void shm_broadcast(const at::Tensor& t, int root, const std::string& what);
   void shm_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
