@@ -16,8 +16,10 @@ build: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
 
+# MESHTRAIN_TEST_FULL_SUITE: the whole suite runs, so tests/check_skips.py must
+# see every entry's ledger and fails on a test that ran in none.
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	cd $(BUILD) && MESHTRAIN_TEST_FULL_SUITE=1 ctest --output-on-failure -j$(JOBS)
 
 # The demo: tokenize the King James Bible, train a small GPT on 4 local ranks
 # (tp=2 x dp=2, sequence parallel) with evaluation and sharded checkpoints,

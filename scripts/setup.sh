@@ -11,6 +11,7 @@ PACKAGES=(
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev
   libsentencepiece-dev libxxhash-dev  # tokenizer, checksums
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
+  python3-torch                       # the independent reference model (tests/reference/)
   bible-kjv                           # the demo corpus: KJV text + its reader `bible`
 )
 

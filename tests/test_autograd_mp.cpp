@@ -132,7 +132,7 @@ TEST(Autograd, ForwardValuesMatchDefinitions) {
 
 TEST(Autograd, IndivisibleDimIsAClearError) {
   Comm& c = runtime().world();
-  if (c.size() == 1) return;
+  if (c.size() == 1) GTEST_SKIP() << "needs more than one rank";
   at::Tensor x = at::zeros({c.size() + 1, 2}, kOpts);
   try {
     scatter_to_region(x, c, 0);

@@ -113,7 +113,7 @@ TEST(TensorParallel, EveryCombinationMatchesOneProcess) {
 // cross-entropy. With SP the same volume as all-gathers and reduce-scatters.
 TEST(TensorParallel, CommCountersMatchTheFormula) {
   Comm& tp = runtime().world();
-  if (tp.size() == 1 || 8 % tp.size() != 0) return;
+  if (tp.size() == 1 || 8 % tp.size() != 0) GTEST_SKIP() << "needs tp > 1 dividing the test model's 8 heads";
   const plan::ModelSpec spec = tiny(true, false, true);
   const double bsh = 2.0 * spec.seq * spec.hidden * 4, bs = 2.0 * spec.seq * 4;
   const int64_t L = spec.layers;
@@ -139,7 +139,7 @@ TEST(TensorParallel, CommCountersMatchTheFormula) {
 
 TEST(TensorParallel, IndivisibleShapesAreClearErrors) {
   Comm& tp = runtime().world();
-  if (tp.size() == 1) return;
+  if (tp.size() == 1) GTEST_SKIP() << "needs tp > 1";
   plan::ModelSpec bad = tiny(true, false, true);
   bad.heads = tp.size() + 1;
   bad.hidden = 8 * bad.heads;
@@ -171,7 +171,7 @@ TEST(TensorParallel, IndivisibleShapesAreClearErrors) {
 // what shows in the weights (measured: at most 1.8e-4 x lr).
 TEST(TensorParallel, GradNormAndAdamWStepMatchOneProcess) {
   Comm& tp = runtime().world();
-  if (8 % tp.size() != 0) GTEST_SKIP();
+  if (8 % tp.size() != 0) GTEST_SKIP() << "the test model's 8 heads need tp in 1, 2, 4, 8";
   for (bool sp : {false, true}) {
     const plan::ModelSpec spec = tiny(true, true, false);
     Comm solo("solo", runtime().rank());
@@ -238,7 +238,7 @@ TEST(TensorParallel, DropoutKeepsReplicasIdentical) {
 // draw the same masks) and with tp / sequence parallelism (collectives re-run).
 TEST(TensorParallel, RecomputationGivesIdenticalGradients) {
   Comm& tp = runtime().world();
-  if (8 % tp.size() != 0) GTEST_SKIP();
+  if (8 % tp.size() != 0) GTEST_SKIP() << "the test model's 8 heads need tp in 1, 2, 4, 8";
   for (bool sp : {false, true}) {
     for (bool llama : {false, true}) {
       plan::ModelSpec spec = tiny(llama, llama, !llama);

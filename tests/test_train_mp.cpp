@@ -51,7 +51,7 @@ struct DdpReplica {
 // token count and the loss); the ring moves 2 (n - 1) / n of that per rank.
 TEST(Ddp, CommBytesMatchTheFormula) {
   Comm& dp = runtime().world();
-  if (dp.size() == 1) GTEST_SKIP();
+  if (dp.size() == 1) GTEST_SKIP() << "needs dp > 1";
   DdpReplica r;
   r.run(1);  // several micro-batches: one reduction only
   const OpStats before = dp.stats().at("all_reduce");
