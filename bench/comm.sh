@@ -8,6 +8,7 @@
 #   5. the demo's training run with and without shared memory.
 # Usage: bench/comm.sh [BUILD_DIR]   (about 8 minutes on 2 cores)
 set -euo pipefail
+source "$(dirname "$0")/header.sh"
 BUILD=${1:-build}
 BIN="$BUILD/meshtrain"
 OUT=docs/bench-comm.md
@@ -24,7 +25,7 @@ strip() { sed -n 's/^\[rank 0\] //p'; }
   echo "variants are interleaved round by round, rotating which goes first. busbw uses nccl-tests' factors."
   echo
   cat <<'TXT'
-### Reading these numbers (2026-11-30)
+### Reading these numbers
 
 - `[native]` is Comm calling Gloo's own all-reduce: its time over `[raw]` (the same call made directly) is the
   wrapper's overhead. `[shm]` is Comm's shared-memory path (`src/comm/shm_group.h`), which `auto` takes on Gloo
@@ -32,11 +33,11 @@ strip() { sed -n 's/^\[rank 0\] //p'; }
   `/dev/shm` segment, so a byte is copied once into shared memory and read once where it is needed, where
   loopback TCP copies it into and out of the kernel. On ranks that share cores those copies are the cost.
 - Without shared memory (ranks on several hosts) the ring over send/recv is the bandwidth-optimal emulation of
-  reduce-scatter and all-gather: 0.98x raw all-reduce busbw on 2 ranks, ~0.8x on 4 ranks sharing 2 cores, where
+  reduce-scatter and all-gather: near raw all-reduce busbw on 2 ranks, below it on 4 ranks sharing 2 cores, where
   its n-1 adds per element compete with the transport for the cores (an all-reduce does the same adds, but over
   twice the transport, so its busbw hides them better).
-- This machine's timings drift by 15-50% between runs (a shared host): compare rows of one table, not tables.
-- The first run of a group's first shared-memory op includes making the segments (tens of ms); the median hides it.
+- Timings on a shared host drift between runs: compare rows of one table, not tables of different runs.
+- The first run of a group's first shared-memory op includes making the segments; the median hides it.
 TXT
   echo
   for n in 2 4; do
@@ -82,7 +83,7 @@ TXT
   echo
   [ -f data/kjv/train.bin ] || make -s data/kjv/train.bin >/dev/null
   echo '```'
-  printf '%-16s %10s %14s %12s\n' MESHTRAIN_SHM "wall (s)" "tokens/s@60" "loss@60"
+  printf '%-16s %10s %14s %12s\n' MESHTRAIN_SHM "wall (s)" "tokens/s@60" "loss@60" | tee /tmp/meshtrain_train_shm.txt
   for round in 1 2; do
     for shm in 1 0; do
       dir=$(mktemp -d)
@@ -92,11 +93,24 @@ TXT
       end=$(date +%s.%N)
       line=$(grep -E '\] step +60 \| loss' "$dir/log")
       printf '%-16s %10.1f %14s %12s\n' "$shm" "$(echo "$end - $start" | bc)" \
-        "$(echo "$line" | sed -E 's/.*\| ([0-9]+) tokens\/s.*/\1/')" "$(echo "$line" | sed -E 's/.*loss ([0-9.]+).*/\1/')"
+        "$(echo "$line" | sed -E 's/.*\| ([0-9]+) tokens\/s.*/\1/')" "$(echo "$line" | sed -E 's/.*loss ([0-9.]+).*/\1/')" \
+        | tee -a /tmp/meshtrain_train_shm.txt
       rm -rf "$dir"
     done
   done
   echo '```'
+  quotes_heading
+  awk '$1=="all_reduce[raw]"{r=$7} $1=="all_reduce[shm]"{a=$7} $1=="all_gather[shm]"{g=$7} $1=="reduce_scatter[shm]"{rs=$7}
+       $1=="broadcast[native]"{bn=$5} $1=="broadcast[shm]"{bs=$5}
+       END{printf "- `shm_all_reduce_4r` = %.1fx: all_reduce[shm] busbw / raw Gloo all_reduce busbw, 4 ranks, 64 MiB\n", a/r
+           printf "- `shm_all_gather_4r` = %.1fx: all_gather[shm] busbw / raw Gloo all_reduce busbw, 4 ranks, 64 MiB\n", g/r
+           printf "- `shm_reduce_scatter_4r` = %.1fx: reduce_scatter[shm] busbw / raw Gloo all_reduce busbw, 4 ranks, 64 MiB\n", rs/r
+           printf "- `shm_broadcast_time_4r` = %.2fx: broadcast[shm] time / Gloo broadcast time, 4 ranks, 64 MiB\n", bs/bn}' \
+    /tmp/meshtrain_bench_4.txt
+  # Rounds alternate shm=1, shm=0: the ratio of each round's pair.
+  awk 'NR>1 && $1=="1"{on=$3} NR>1 && $1=="0"{r=on/$3; lo=(n++==0||r<lo)?r:lo; hi=(r>hi)?r:hi}
+       END{a = sprintf("%.1f", lo); b = sprintf("%.1f", hi); r = (a == b) ? a : a "-" b
+           printf "- `shm_training_speedup` = %sx: demo training tokens/s with / without shared memory, per round\n", r}' \
+    /tmp/meshtrain_train_shm.txt
 } > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
-echo "wrote $OUT"
+seal "$OUT"

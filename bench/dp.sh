@@ -27,17 +27,12 @@ OUT=docs/bench-dp.md
   cat <<'TEXT'
 ## Reading these numbers
 
-(Written for the run of 2026-11-30; a rerun keeps this text: check its numbers against the tables above.)
-
-Both ranks run on this one host, so Comm's all-reduces go through shared memory (its default since
-2026-11-30, docs/bench-comm.md) and complete inside the call: the "overlapped" buckets are reduced synchronously in
-backward's gradient hooks, one at a time, rather than on Gloo's threads while backward goes on. Either way there is
-little to gain with two ranks on two cores: the transport needs the cores that run backward, and reducing 474 MiB
-takes ~0.4 s (shared memory) to ~0.6 s (Gloo TCP) of a ~5.5 s step. The three variants land within ±8% of each
-other, and their order flips between the two configurations: this machine's run-to-run noise, no overlap gain
-established. The previous run (over Gloo TCP, same day) gave 5.42 / 5.74 / 5.49 s and 6.05 / 5.81 / 6.46 s:
-within the same noise. (`MESHTRAIN_SHM=0` reproduces the TCP path.)
+Both ranks run on this one host, so Comm's all-reduces go through shared memory (its default on one host,
+docs/bench-comm.md) and complete inside the call: the "overlapped" buckets are reduced synchronously in backward's
+gradient hooks, one at a time, rather than on Gloo's threads while backward goes on. Either way there is little to
+gain with two ranks on two cores: the transport needs the cores that run backward. Differences of a few percent
+between the variants, whose order may flip between the two configurations, are this machine's run-to-run noise,
+not an overlap gain. (`MESHTRAIN_SHM=0` reproduces the TCP path.)
 TEXT
 } > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
-echo "wrote $OUT"
+seal "$OUT"

@@ -21,32 +21,32 @@ OUT=docs/bench-pipeline.md
     echo "\`$BUILD/meshtrain bench pipeline $args\`"
     echo
     echo '```'
-    "$BUILD/meshtrain" bench pipeline $args 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //'
+    "$BUILD/meshtrain" bench pipeline $args 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //' \
+      | tee "/tmp/meshtrain_bench_pp_$(echo "$args" | tr -dc 'a-z0-9')"
     echo '```'
   done
   echo
   cat <<'TEXT'
 ## Reading these numbers
 
-(Written for the run of 2026-11-30; a rerun keeps this text: check its numbers against the tables above.)
-
 Every rank runs one thread (cores / ranks, set by the launcher).
 
-- Balanced by parameter count (the issue's default), gpt2-124m splits 6 | 6 layers, but the tied 50257 x 768
-  embedding costs ~5.4 layers of multiply on the last stage (the head) and nothing on the first (a lookup): the
-  last stage does ~11.4 layer-units of work to the first's 6, and the first rank waits 40–53% of every step
-  whatever the schedule. The measured waits are that imbalance, not the schedules' bubbles.
-- Balanced by compute (`--balance compute`: head multiply counted, lookup free; 9 | 3 + head): 1F1B's and GPipe's
-  measured waits (13.4%, 11.7%) are close to the predicted (p-1)/(m+p-1) = 11.1%. Interleaved (27% vs 5.9%
-  predicted) is still unbalanced per virtual stage: 4 virtual stages of 12 layers and a head cannot be cut evenly.
-- ZB-H1 (B = backward with the linears' dW deferred, W = dW = dyᵀx, `include/meshtrain/nn/linear.h`) is the
-  fastest schedule in all three runs: 8.87 s vs 1F1B's 10.26 s (0.86x) compute-balanced on 2 ranks, 0.99x and
-  0.95x in the other two. W fills the cooldown that 1F1B leaves idle; its measured wait (9.5%) is below 1F1B's.
+- Balanced by parameter count (the default), gpt2-124m splits its layers evenly, but the tied 50257 x 768
+  embedding is several layers' worth of multiply on the last stage (the head) and nothing on the first (a lookup):
+  the first rank waits a large share of every step whatever the schedule. Those waits are that imbalance, not the
+  schedules' bubbles.
+- Balanced by compute (`--balance compute`: head multiply counted, lookup free): 1F1B's and GPipe's measured waits
+  come close to the predicted (p-1)/(m+p-1). Interleaved stays unbalanced per virtual stage: 4 virtual stages of
+  12 layers and a head cannot be cut evenly, so its measured wait exceeds its prediction.
+- ZB-H1 (B = backward with the linears' dW deferred, W = dW = dyᵀx, `include/meshtrain/nn/linear.h`): W fills the
+  cooldown that 1F1B leaves idle; `zbh1_vs_1f1b_compute` below is its step time over 1F1B's, compute-balanced.
 - pp = 4 on 2 cores: four ranks share two cores, so a rank "waits" whenever the others hold the cores; the
-  measured wait (41–74%) is oversubscription, not the schedule.
-- Run-to-run noise on this machine is up to ~15% of step time (1F1B compute-balanced measured 9.81 s in a run
-  minutes before this one).
+  measured wait there is oversubscription, not the schedule.
+- Step times on a shared host drift between runs: compare the rows of one table.
 TEXT
+  quotes_heading
+  awk '$1=="1f1b"{a=$2} $1=="zb-h1"{z=$2}
+       END{printf "- `zbh1_vs_1f1b_compute` = %.2fx: ZB-H1 step time / 1F1B step time, gpt2-124m pp 2, compute-balanced\n", z/a}' \
+    /tmp/meshtrain_bench_pp_nproc2modelgpt2124mseq128steps3balancecompute
 } > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
-echo "wrote $OUT"
+seal "$OUT"

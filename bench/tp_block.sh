@@ -23,5 +23,4 @@ OUT=docs/bench-tp-block.md
     echo '```'
   done
 } > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
-echo "wrote $OUT"
+seal "$OUT"

@@ -25,5 +25,4 @@ OUT=docs/bench-train.md
     echo '```'
   done
 } > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
-echo "wrote $OUT"
+seal "$OUT"

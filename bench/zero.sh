@@ -19,30 +19,33 @@ OUT=docs/bench-zero.md
     echo "\`$BUILD/meshtrain bench zero --nproc 2 $args\`"
     echo
     echo '```'
-    "$BUILD/meshtrain" bench zero --nproc 2 $args 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //'
+    "$BUILD/meshtrain" bench zero --nproc 2 $args 2>&1 | grep '^\[rank 0\]' | sed 's/^\[rank 0\] //' \
+      | tee /tmp/meshtrain_bench_zero.txt
     echo '```'
   done
   cat <<'TEXT'
 
 ## Reading these numbers
 
-(Written for the run of 2026-11-30; a rerun keeps this text: check its numbers against the tables above.)
-
 - **Memory** is the point of ZeRO and matches the formulas of `include/meshtrain/train/memory.h` to the byte
   (padding aside): with N = 2, stage 1 saves the half of the Adam moments, stage 2 also half of the gradients,
   stage 3 also half of the parameters, 16Ψ → 8Ψ + 8Ψ/N → 4Ψ + 12Ψ/N → 16Ψ/N. Stage 3 holds, at its peak, unit 0
   (embedding, final norm; gpt2-124m's 50257 x 768 embedding dominates it) plus two layers whole.
 - **Bytes**: stages 1 and 2 move what DDP moves (reduce-scatter + all-gather = one all-reduce); stage 3 gathers the
-  layers a second time for backward, ~1.34x here (the ZeRO paper's 1.5x, less unit 0, which stays gathered from
-  forward through backward).
-- **Time** on 2 ranks with 2 cores, collectives over shared memory (Comm's default on one host since 2026-11-30):
-  the variants are within ±6% of DDP, which is this machine's run-to-run noise (docs/bench-dp.md); the previous run,
-  over loopback TCP, gave 5.49 / 5.15 / 5.68 / 5.28 s, also within it. ZeRO also shards the AdamW update itself
+  layers a second time for backward: less than the ZeRO paper's 1.5x of DDP, because unit 0 stays gathered from
+  forward through backward (`zero3_wire_vs_ddp` below).
+- **Time** on 2 ranks with 2 cores, collectives over shared memory (Comm's default on one host): differences
+  between the variants of a few percent are within this machine's run-to-run noise (docs/bench-dp.md runs the same
+  step three ways). ZeRO also shards the AdamW update itself
   (each rank updates 1/N of the parameters), which on a CPU is a visible part of a step. Stage 3's prefetch of the
   next layer stays on Gloo broadcasts, which run in the background (a shared-memory gather completes inside the
   call); its on-demand gathers and every reduce-scatter take shared memory. On two cores the cores that compute are
   the ones that move the bytes either way. The gathered peak is unchanged: unit 0 plus two layers.
 TEXT
+  quotes_heading
+  awk 'function mib(v, u) { return v * (u == "GiB" ? 1024 : u == "KiB" ? 1 / 1024 : u == "B" ? 1 / 1048576 : 1) }
+       $1=="DDP"{d=mib($(NF-1), $NF)} $1=="ZeRO-3"{z=mib($(NF-1), $NF)}
+       END{printf "- `zero3_wire_vs_ddp` = %.2fx: ZeRO-3 bytes on the wire per step / DDP'"'"'s (gpt2-124m, 2 ranks)\n", z/d}' \
+    /tmp/meshtrain_bench_zero.txt
 } > "$OUT.tmp"
-mv "$OUT.tmp" "$OUT"
-echo "wrote $OUT"
+seal "$OUT"

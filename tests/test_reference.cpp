@@ -20,6 +20,8 @@
 //   GELU switched to erf (model/transformer.cpp):        GPT logits 3.2e-4, loss 2.0e-4: fails
 //   RoPE made interleaved (nn/functional.cpp rope):      Llama logits 1.47, loss 1.14: fails
 //   GQA kv heads mapped round-robin (causal_attention):  Llama logits 1.21, loss 1.29: fails
+//   padded vocabulary rows counted in the softmax (parallel/tensor/cross_entropy.cpp):
+//                                                        GPT loss 4.2e-3, Llama loss 8.6e-2: both fail
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -121,24 +123,21 @@ Errors train_and_compare(const Dir& d, const std::string& preset, const std::str
   return e;
 }
 
-// GPT-2 style: LayerNorm with biases, learned positions, tanh GELU, MHA, tied head.
-TEST(Reference, GptStyleTrainedUnderTpAndDpMatchesPyTorch) {
+void expect_matches_reference(const std::string& preset, const std::string& model_keys) {
   std::string why;
   if (!reference_available(&why)) GTEST_SKIP() << why;
   Dir d;
-  const Errors e = train_and_compare(d, "gpt-tiny", "");
+  const Errors e = train_and_compare(d, preset, model_keys);
   EXPECT_LE(e.logits, kLogitTol);
   EXPECT_LE(e.loss, kLossTol);
 }
 
+// GPT-2 style: LayerNorm with biases, learned positions, tanh GELU, MHA, tied head.
+TEST(Reference, GptStyleTrainedUnderTpAndDpMatchesPyTorch) { expect_matches_reference("gpt-tiny", ""); }
+
 // Llama style: RMSNorm, RoPE, SwiGLU, GQA (4 query heads on 2 kv heads), untied head, no biases.
 TEST(Reference, LlamaStyleTrainedUnderTpAndDpMatchesPyTorch) {
-  std::string why;
-  if (!reference_available(&why)) GTEST_SKIP() << why;
-  Dir d;
-  const Errors e = train_and_compare(d, "llama-tiny", "kv_heads = 2\ntied = false\n");
-  EXPECT_LE(e.logits, kLogitTol);
-  EXPECT_LE(e.loss, kLossTol);
+  expect_matches_reference("llama-tiny", "kv_heads = 2\ntied = false\n");
 }
 
 }  // namespace

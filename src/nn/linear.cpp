@@ -1,6 +1,7 @@
 #include "meshtrain/nn/linear.h"
 
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
