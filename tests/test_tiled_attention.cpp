@@ -1,0 +1,190 @@
+// Tiled attention (nn/tiled_attention.h) against a float64 attention that
+// materialises the scores, written here from the definition: output, the
+// log-sum-exp of every row, and dQ/dK/dV (autograd of the float64 one).
+// Tolerances, relative to the reference's largest magnitude: fp32 2e-5 (fp32
+// rounding of softmax sums over up to 64 keys), or twice the error of the same
+// materialised attention run in fp32 where that is larger (logits of hundreds:
+// the fp32 rounding of q·k itself, ~|S|·2^-24, then dominates every fp32
+// algorithm); bf16 inputs 2e-2 (bf16 rounding of the output, 2^-8).
+// Mutations, each made in nn/tiled_attention.cpp and seen to fail every case
+// but the error test: mixed (diagonal) tiles left unmasked; the running sum and
+// output not rescaled when the row maximum grows (alpha = 1).
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "meshtrain/nn/tiled_attention.h"
+
+namespace meshtrain {
+namespace {
+
+using nn::AttentionMask;
+
+struct Case {
+  int64_t b = 2, hq = 4, hkv = 2, s = 37, t = 37, d = 16;
+  AttentionMask mask;
+  double q_scale = 1;  // > 1: logits far beyond exp's fp32 range
+};
+
+// [b, s, t] true where query i may not see key j, from the mask's definition.
+at::Tensor hidden(const Case& c) {
+  const int64_t off = c.mask.q_offset < 0 ? c.t - c.s : c.mask.q_offset;
+  at::Tensor pos = (at::arange(c.s, at::kLong) + off).view({1, c.s, 1});
+  at::Tensor key = at::arange(c.t, at::kLong).view({1, 1, c.t});
+  at::Tensor h = at::zeros({c.b, c.s, c.t}, at::kBool);
+  if (c.mask.causal) h = h.logical_or(key > pos);
+  if (c.mask.window > 0) h = h.logical_or(key <= pos - c.mask.window);
+  if (c.mask.doc_ids.defined()) {
+    at::Tensor dk = c.mask.doc_ids.view({c.b, 1, c.t});
+    at::Tensor dq = c.mask.doc_ids.narrow(1, off, c.s).view({c.b, c.s, 1});
+    h = h.logical_or(dq != dk).logical_or(dq < 0).logical_or(dk < 0);
+  }
+  return h;
+}
+
+// float64 attention with the scores materialised. Returns out and lse.
+std::pair<at::Tensor, at::Tensor> reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            const Case& c) {
+  const at::Tensor kk = k.repeat_interleave(c.hq / c.hkv, 1), vv = v.repeat_interleave(c.hq / c.hkv, 1);
+  at::Tensor sc = at::matmul(q, kk.transpose(-1, -2)) / std::sqrt(static_cast<double>(c.d));
+  sc = sc.masked_fill(hidden(c).unsqueeze(1), -INFINITY);
+  const at::Tensor m = std::get<0>(sc.max(-1, true)).detach();
+  const at::Tensor shift = m.masked_fill(m == -INFINITY, 0.0);
+  const at::Tensor e = (sc - shift).exp();
+  const at::Tensor l = e.sum(-1, true);
+  const at::Tensor seen = l > 0;
+  const at::Tensor out = at::matmul(e / at::where(seen, l, at::ones_like(l)), vv);
+  const at::Tensor lse = (shift + l.log()).masked_fill(seen.logical_not(), -INFINITY).squeeze(-1);
+  return {out, lse};
+}
+
+double rel_err(const at::Tensor& a, const at::Tensor& ref) {
+  const double scale = ref.abs().max().item<double>();
+  return (a.to(at::kDouble) - ref).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
+}
+
+// Runs one case at the given tile sizes in `dtype`; checks out, lse and the gradients.
+void check(const Case& c, int64_t bq, int64_t bk, at::ScalarType dtype = at::kFloat) {
+  const double tol = dtype == at::kFloat ? 2e-5 : 2e-2;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto opt = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor q0 = at::randn({c.b, c.hq, c.s, c.d}, gen, opt) * c.q_scale;
+  const at::Tensor k0 = at::randn({c.b, c.hkv, c.t, c.d}, gen, opt), v0 = at::randn({c.b, c.hkv, c.t, c.d}, gen, opt);
+  const at::Tensor w = at::randn({c.b, c.hq, c.s, c.d}, gen, opt);  // d loss / d out
+  // The inputs as the tiled op sees them, and the reference on exactly those values.
+  const at::Tensor qx = q0.to(dtype), kx = k0.to(dtype), vx = v0.to(dtype);
+  at::Tensor q = qx.to(at::kDouble).requires_grad_(), k = kx.to(at::kDouble).requires_grad_(),
+             v = vx.to(at::kDouble).requires_grad_();
+  auto [ref_out, ref_lse] = reference(q, k, v, c);
+  (ref_out * w).sum().backward();
+
+  // The same materialised attention in fp32: how much fp32 itself loses on this case.
+  at::Tensor fq = qx.to(at::kFloat).requires_grad_(), fk = kx.to(at::kFloat).requires_grad_(),
+             fv = vx.to(at::kFloat).requires_grad_();
+  (reference(fq, fk, fv, c).first * w.to(at::kFloat)).sum().backward();
+  auto tol_for = [&](const at::Tensor& fp32, const at::Tensor& ref) {
+    return dtype == at::kFloat ? std::max(tol, 2 * rel_err(fp32, ref)) : tol;
+  };
+
+  const nn::TiledAttentionOptions o{bq, bk};
+  auto [out, lse] = nn::tiled_attention_forward(qx, kx, vx, c.mask, o);
+  EXPECT_EQ(out.scalar_type(), dtype);
+  const std::string where = "tiles " + std::to_string(bq) + "x" + std::to_string(bk);
+  EXPECT_LE(rel_err(out, ref_out.detach()), tol) << where << " out";
+  const at::Tensor finite = ref_lse.isfinite();
+  EXPECT_TRUE(at::equal(lse.isfinite(), finite)) << where << ": the same rows see no key";
+  EXPECT_LE(rel_err(lse.masked_select(finite), ref_lse.detach().masked_select(finite)), tol) << where << " lse";
+
+  at::Tensor tq = qx.detach().requires_grad_(), tk = kx.detach().requires_grad_(), tv = vx.detach().requires_grad_();
+  at::Tensor tout = nn::tiled_attention(tq, tk, tv, c.mask, o);
+  (tout * w.to(dtype)).sum().backward();
+  EXPECT_LE(rel_err(tq.grad(), q.grad()), tol_for(fq.grad(), q.grad())) << where << " dq";
+  EXPECT_LE(rel_err(tk.grad(), k.grad()), tol_for(fk.grad(), k.grad())) << where << " dk";
+  EXPECT_LE(rel_err(tv.grad(), v.grad()), tol_for(fv.grad(), v.grad())) << where << " dv";
+}
+
+void check_tilings(const Case& c) {
+  for (auto [bq, bk] : {std::pair<int64_t, int64_t>{8, 16}, {5, 7}, {64, 64}, {37, 1}, {1, 37}}) check(c, bq, bk);
+}
+
+TEST(TiledAttention, CausalAndNotOverTilesThatDoAndDoNotDivide) {
+  Case c;
+  check_tilings(c);
+  c.mask.causal = false;
+  check_tilings(c);
+}
+
+TEST(TiledAttention, GqaAndMqa) {
+  Case c;
+  c.hq = 6, c.hkv = 3;
+  check_tilings(c);
+  c.hkv = 1;
+  check_tilings(c);
+}
+
+// Packed documents (one-token documents among them) and padding (id -1: rows
+// that see no key: output 0, lse -inf, no gradient).
+TEST(TiledAttention, DocumentMasksAndFullyMaskedRows) {
+  Case c;
+  at::Tensor ids = at::zeros({c.b, c.t}, at::kLong);
+  ids[0].narrow(0, 0, 10).fill_(0), ids[0].narrow(0, 10, 1).fill_(1), ids[0].narrow(0, 11, 20).fill_(2);
+  ids[0].narrow(0, 31, 1).fill_(3), ids[0].narrow(0, 32, 5).fill_(-1);
+  ids[1].copy_(at::arange(c.t, at::kLong).floor_divide(3));  // many short documents
+  c.mask.doc_ids = ids;
+  check_tilings(c);
+  c.mask.causal = false;
+  check_tilings(c);
+}
+
+TEST(TiledAttention, SlidingWindowAndDecodingOffset) {
+  Case c;
+  c.mask.window = 5;
+  check_tilings(c);
+  Case dec;
+  dec.s = 5, dec.t = 23;  // the last 5 positions of 23 keys
+  check_tilings(dec);
+}
+
+// Logits of hundreds: exp overflows fp32 without the running maximum.
+TEST(TiledAttention, LargeLogitsDoNotOverflow) {
+  Case c;
+  c.q_scale = 300;
+  check(c, 8, 16);
+  at::Tensor q = at::full({1, 1, 4, 8}, 100.0), k = at::full({1, 1, 4, 8}, 100.0), v = at::ones({1, 1, 4, 8});
+  at::Tensor out = nn::tiled_attention(q, k, v);
+  EXPECT_TRUE(out.isfinite().all().item<bool>());
+  EXPECT_TRUE(at::allclose(out, v));
+}
+
+TEST(TiledAttention, Bf16InputsAccumulateInFp32) {
+  Case c;
+  check(c, 8, 16, at::kBFloat16);
+}
+
+TEST(TiledAttention, BadShapesAreClearErrors) {
+  at::Tensor q = at::zeros({1, 3, 4, 8}), k = at::zeros({1, 2, 4, 8});
+  try {
+    nn::tiled_attention(q, k, k);
+    ADD_FAILURE() << "3 query heads on 2 kv heads accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("heads a multiple of kv heads"), std::string::npos) << e.what();
+  }
+  AttentionMask m;
+  m.doc_ids = at::zeros({1, 3}, at::kLong);
+  try {
+    nn::tiled_attention(at::zeros({1, 2, 4, 8}), k, k, m);
+    ADD_FAILURE() << "doc_ids of the wrong length accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("doc_ids must be [batch, keys] = [1, 4]"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
