@@ -65,6 +65,11 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of(d.write("n.toml", base), {"parallel.schedule=zigzag"}).find("parallel.schedule"),
             std::string::npos);
+  EXPECT_NE(error_of(d.write("o.toml", base), {"model.attention=flash"}).find("model.attention = \"flash\": use"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("p.toml", base), {"model.attention=tiled", "model.dropout=0.1"})
+                .find("does not drop attention probabilities; set model.dropout = 0"),
+            std::string::npos);
   TrainConfig c = load_train_config(d.write("h.toml", base), {"train.lr=0.5", "model.layers=3", "train.schedule=linear"});
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
   EXPECT_EQ(c.model.layers, 3);

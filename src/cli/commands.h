@@ -28,6 +28,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
 void add_bench_dp(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_zero(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_pipeline(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
+void add_bench_attention(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 Run add_ckpt(CLI::App& app);
 Run add_lab(CLI::App& app);
 Run add_mesh(CLI::App& app);

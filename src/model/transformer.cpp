@@ -12,6 +12,7 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/tiled_attention.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 
 namespace meshtrain {
@@ -124,14 +125,17 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   }
   const double p = train ? spec_.dropout : 0.0;
   at::Generator* gen = &rng_split_;
+  // Tiled attention has no dropout: plan::validate refuses tiled with dropout > 0.
+  const bool tiled = spec_.attention == plan::AttentionImpl::Tiled;
+  auto core = [p, gen, tiled](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{tiled ? nn::tiled_attention(in[0], in[1], in[2])
+                                         : nn::causal_attention(in[0], in[1], in[2], p, gen)};
+  };
   at::Tensor ctx;  // [b, hq, s, d]
   if (recompute_ == nn::Recompute::Selective && train) {
-    auto core = [p, gen](const std::vector<at::Tensor>& in) {
-      return std::vector<at::Tensor>{nn::causal_attention(in[0], in[1], in[2], p, gen)};
-    };
     ctx = nn::checkpoint(core, {q, k, v}, {gen})[0];
   } else {
-    ctx = nn::causal_attention(q, k, v, p, gen);
+    ctx = core({q, k, v})[0];
   }
   return blk.o.forward(ctx.permute({2, 0, 1, 3}).reshape({s, b, hq * d}));
 }

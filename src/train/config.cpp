@@ -55,6 +55,7 @@ const std::map<std::string, Setter>& setters() {
       {"model.dropout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.dropout = as_double(n, k); }},
       {"model.init_std", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.init_std = as_double(n, k); }},
       {"model.tied", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.tied = as_bool(n, k); }},
+      {"model.attention", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.attention = plan::parse_attention(as_string(n, k)); }},
       {"data.train", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.train_shards = as_strings(n, k); }},
       {"data.val", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.val_shards = as_strings(n, k); }},
       {"train.steps", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.steps = as_int(n, k); }},
@@ -149,6 +150,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   c.model = plan::preset(preset);
   apply(c, t, path);
   c.model.seq = std::max(c.model.seq, c.seq);
+  try {
+    plan::validate(c.model);  // here, in the launching process, not once per rank
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
+  }
   if (c.train_shards.empty()) throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
   for (auto [key, v] : {std::pair{"train.steps", c.steps}, {"train.micro_batch", c.micro_batch}, {"train.seq", c.seq},
                          {"train.global_batch", c.global_batch}, {"train.log_every", c.log_every},

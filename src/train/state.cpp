@@ -55,7 +55,7 @@ nlohmann::json spec_to_json(const plan::ModelSpec& m) {
           {"position", name_of(kPositions, m.position)},        {"activation", name_of(kActs, m.activation)},
           {"tied", m.tied},         {"bias", m.bias},           {"dropout", m.dropout},
           {"init_std", m.init_std}, {"norm_eps", m.norm_eps},   {"rope_theta", m.rope_theta},
-          {"experts", m.experts},   {"top_k", m.top_k}};
+          {"experts", m.experts},   {"top_k", m.top_k},         {"attention", plan::attention_name(m.attention)}};
 }
 
 plan::ModelSpec spec_from_json(const nlohmann::json& j) {
@@ -80,6 +80,7 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j) {
     m.rope_theta = j.at("rope_theta");
     m.experts = j.value("experts", int64_t{0});
     m.top_k = j.value("top_k", int64_t{0});
+    m.attention = plan::parse_attention(j.value("attention", std::string("naive")));
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(fmt::format("model description in the checkpoint is incomplete: {}", e.what()));
   }

@@ -40,8 +40,12 @@ struct AttentionMask {
   int64_t q_offset = -1;  // -1: t - s
 };
 
+// Tile sizes. Each tile costs a dozen ATen calls, whose overhead dominates
+// small tiles on a CPU: `meshtrain bench attention` measured 64 x 64 tiles 4-5x
+// slower than the materialised scores, 512 x 512 faster from 2k tokens
+// (docs/bench-attention.md).
 struct TiledAttentionOptions {
-  int64_t block_q = 64, block_k = 64;
+  int64_t block_q = 512, block_k = 512;
 };
 
 // q: [b, hq, s, d]; k, v: [b, hkv, t, d], hq a multiple of hkv (query head h

@@ -11,6 +11,11 @@ namespace meshtrain::plan {
 enum class Norm { LayerNorm, RMSNorm };
 enum class Position { Learned, RoPE };
 enum class Activation { GELU, SwiGLU };
+// How attention is computed (the same function either way): the s x t scores
+// materialised, or tiled without them (nn/tiled_attention.h).
+enum class AttentionImpl { Naive, Tiled };
+AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled"; throws naming the value
+const char* attention_name(AttentionImpl a);
 
 struct ModelSpec {
   std::string name;
@@ -24,6 +29,7 @@ struct ModelSpec {
   Norm norm = Norm::LayerNorm;
   Position position = Position::Learned;
   Activation activation = Activation::GELU;
+  AttentionImpl attention = AttentionImpl::Naive;
   bool tied = true;       // output head shares the embedding
   bool bias = true;       // linear layers have biases
   double dropout = 0.1;   // > 0: dropout masks are stored (1 byte per element)
