@@ -38,6 +38,7 @@ data/kjv/train.bin: | build
 
 labs: build
 	for lab in 01 02 03 04 05 06; do ./$(BUILD)/meshtrain lab $$lab --nproc 4 || exit 1; done
+	./$(BUILD)/meshtrain lab 07 --nproc 1
 
 # Every page under docs/ is written whole by its script (bench/header.sh's seal).
 bench: build
