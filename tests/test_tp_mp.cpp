@@ -57,13 +57,18 @@ at::Tensor full(const Param& p, Comm& tp) {
   return p.tp_dim >= 0 ? gather_along(p.tensor.detach(), tp, p.tp_dim) : p.tensor.detach();
 }
 
-void check_parity(const plan::ModelSpec& spec, bool sp) {
+// The one-process model computes attention naively; the parallel one with `attention`.
+void check_parity(const plan::ModelSpec& spec, bool sp, plan::AttentionImpl attention = plan::AttentionImpl::Naive) {
   Comm& tp = runtime().world();
   Comm solo("solo", runtime().rank());
-  const std::string what = fmt::format("{} gqa={} tied={} sp={} tp={}", spec.activation == plan::Activation::SwiGLU
-                                           ? "llama" : "gpt", spec.kv_heads < spec.heads, spec.tied, sp, tp.size());
+  const std::string what = fmt::format("{} gqa={} tied={} sp={} tp={} attention={}",
+                                       spec.activation == plan::Activation::SwiGLU ? "llama" : "gpt",
+                                       spec.kv_heads < spec.heads, spec.tied, sp, tp.size(),
+                                       plan::attention_name(attention));
+  plan::ModelSpec parallel_spec = spec;
+  parallel_spec.attention = attention;
   Transformer single(spec, solo, false, 1234);
-  Transformer parallel(spec, tp, sp, 1234);
+  Transformer parallel(parallel_spec, tp, sp, 1234);
   Batch b = batch(spec);
 
   at::Tensor ref = single.forward(b.tokens, b.targets).sum() / b.count;
@@ -107,6 +112,14 @@ TEST(TensorParallel, EveryCombinationMatchesOneProcess) {
     for (bool gqa : {false, true})
       for (bool tied : {true, false})
         for (bool sp : {false, true}) check_parity(tiny(llama, gqa, tied), sp);
+}
+
+// Tiled attention (nn/tiled_attention.h) on each rank's heads, against the
+// one-process model with naive attention, with the same tolerances.
+TEST(TensorParallel, TiledAttentionMatchesOneProcess) {
+  if (8 % runtime().world_size() != 0) GTEST_SKIP() << "the test model's 8 heads need tp in 1, 2, 4, 8";
+  for (bool llama : {true, false})
+    for (bool sp : {false, true}) check_parity(tiny(llama, true, !llama), sp, plan::AttentionImpl::Tiled);
 }
 
 // TP: per layer 2 all-reduces of b.s.h forward and 2 backward; plus the

@@ -41,9 +41,8 @@ struct AttentionMask {
 };
 
 // Tile sizes. Each tile costs a dozen ATen calls, whose overhead dominates
-// small tiles on a CPU: `meshtrain bench attention` measured 64 x 64 tiles 4-5x
-// slower than the materialised scores, 512 x 512 faster from 2k tokens
-// (docs/bench-attention.md).
+// small tiles on a CPU: `meshtrain lab 07` times 64 to 512 (and
+// `meshtrain bench attention --block B` any size) against the materialised scores.
 struct TiledAttentionOptions {
   int64_t block_q = 512, block_k = 512;
 };
