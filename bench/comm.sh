@@ -81,21 +81,12 @@ TXT
   echo "The demo's model and mesh (configs/kjv-tiny.toml: tp 2 x dp 2, sequence parallel, 4 ranks), 60 steps,"
   echo "\`MESHTRAIN_SHM=1\` and \`=0\` alternating, 2 rounds each. Wall time includes start-up and evaluation."
   echo
-  [ -f data/kjv/train.bin ] || make -s data/kjv/train.bin >/dev/null
   echo '```'
   printf '%-16s %10s %14s %12s\n' MESHTRAIN_SHM "wall (s)" "tokens/s@60" "loss@60" | tee /tmp/meshtrain_train_shm.txt
   for round in 1 2; do
     for shm in 1 0; do
-      dir=$(mktemp -d)
-      start=$(date +%s.%N)
-      MESHTRAIN_SHM=$shm "$BIN" train configs/kjv-tiny.toml --set train.stop_after=60 \
-        --set checkpoint.dir="$dir/ckpt" --set train.metrics="$dir/log.metrics" > "$dir/log" 2>&1
-      end=$(date +%s.%N)
-      line=$(grep -E '\] step +60 \| loss' "$dir/log")
-      printf '%-16s %10.1f %14s %12s\n' "$shm" "$(echo "$end - $start" | bc)" \
-        "$(echo "$line" | sed -E 's/.*\| ([0-9]+) tokens\/s.*/\1/')" "$(echo "$line" | sed -E 's/.*loss ([0-9.]+).*/\1/')" \
-        | tee -a /tmp/meshtrain_train_shm.txt
-      rm -rf "$dir"
+      read -r wall tokens loss < <(MESHTRAIN_SHM=$shm demo_step 60)
+      printf '%-16s %10.1f %14s %12s\n' "$shm" "$wall" "$tokens" "$loss" | tee -a /tmp/meshtrain_train_shm.txt
     done
   done
   echo '```'

@@ -14,6 +14,24 @@ machine() {
   echo "libtorch $(dpkg-query -W -f='${Version}' libtorch-dev), OpenBLAS $(dpkg-query -W -f='${Version}' libopenblas0-pthread 2>/dev/null || echo '?')"
 }
 
+# demo_step STEP [ARGS...]: trains the demo (configs/kjv-tiny.toml, its data made
+# first when missing) until step STEP with ARGS (e.g. --set k=v), checkpoints and
+# metrics in a temporary directory; prints "WALL_SECONDS TOKENS_PER_S LOSS" of that step.
+demo_step() {
+  local step=$1 dir start end line
+  shift
+  [ -f data/kjv/train.bin ] || make -s data/kjv/train.bin BUILD="$BUILD" >/dev/null
+  dir=$(mktemp -d)
+  start=$(date +%s.%N)
+  "$BUILD/meshtrain" train configs/kjv-tiny.toml --set train.stop_after="$step" --set checkpoint.dir="$dir/ckpt" \
+    --set train.metrics="$dir/log.metrics" "$@" > "$dir/log" 2>&1
+  end=$(date +%s.%N)
+  line=$(grep -E "\] step +$step \| loss" "$dir/log")
+  rm -rf "$dir"
+  printf '%.1f %s %s\n' "$(echo "$end - $start" | bc)" "$(echo "$line" | sed -E 's/.*\| ([0-9]+) tokens\/s.*/\1/')" \
+    "$(echo "$line" | sed -E 's/.*loss ([0-9.]+).*/\1/')"
+}
+
 quotes_heading() {
   echo
   echo "## Numbers quoted in README.md"

@@ -8,7 +8,6 @@ set -euo pipefail
 source "$(dirname "$0")/header.sh"
 BUILD=${1:-build}
 OUT=docs/precision.md
-[ -f data/kjv/train.bin ] || make -s data/kjv/train.bin BUILD="$BUILD" >/dev/null
 table=$(mktemp)
 trap 'rm -f "$table"' EXIT
 {
@@ -26,13 +25,8 @@ trap 'rm -f "$table"' EXIT
   printf '%-10s %14s %12s\n' precision "tokens/s@20" "loss@20" | tee "$table"
   for round in 1 2; do
     for p in fp32 bf16; do
-      dir=$(mktemp -d)
-      "$BUILD/meshtrain" train configs/kjv-tiny.toml --set train.precision="$p" --set train.stop_after=20 \
-        --set train.log_every=10 --set checkpoint.dir="$dir/ckpt" --set train.metrics="$dir/log.metrics" > "$dir/log" 2>&1
-      line=$(grep -E '\] step +20 \| loss' "$dir/log")
-      printf '%-10s %14s %12s\n' "$p" "$(echo "$line" | sed -E 's/.*\| ([0-9]+) tokens\/s.*/\1/')" \
-        "$(echo "$line" | sed -E 's/.*loss ([0-9.]+).*/\1/')" | tee -a "$table"
-      rm -rf "$dir"
+      read -r _ tokens loss < <(demo_step 20 --set train.precision="$p")
+      printf '%-10s %14s %12s\n' "$p" "$tokens" "$loss" | tee -a "$table"
     done
   done
   echo '```'
