@@ -24,6 +24,7 @@
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/parallel/data/ddp.h"
 #include "meshtrain/parallel/data/zero.h"
+#include "meshtrain/parallel/context/zigzag.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/strategy.h"
@@ -48,11 +49,13 @@ double peak_rss_bytes() {
   return static_cast<double>(u.ru_maxrss) * 1024;
 }
 
-double evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp) {
-  TokenLoader val(c.val_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
+// Validation loss over `dp` (the data-parallel x cp group): the loader reads
+// windows by data-parallel replica (`data`), each cp rank takes its chunks.
+double evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks) {
+  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed);
   at::Tensor sums = at::zeros({2}, at::kDouble);
   for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
-    Batch b = val.next();
+    Batch b = context_shard(val.next(), chunks);
     sums[0] += engine.loss_sum(b);
     sums[1] += (b.targets >= 0).sum().to(at::kDouble);
   }
@@ -85,7 +88,7 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
             {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
                        {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}}}}},
           {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
-                    {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
+                    {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
           {"optimizer", {{"steps", opt.steps()}}},
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
 }
@@ -98,7 +101,10 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   s.vpp = c.virtual_stages;
   s.schedule = plan::parse_schedule(c.schedule);
   s.dp = dp;
+  s.cp = c.cp;
+  s.cp_impl = plan::parse_cp_impl(c.cp_impl);
   s.sp = c.sp && c.tp > 1;
+  s.flash = c.model.attention == plan::AttentionImpl::Tiled;
   s.zero = c.zero;
   s.dp_shard = c.dp_shard;
   s.micro_batch = c.micro_batch;
@@ -116,13 +122,15 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
                 int pp_rank, bool print) {
   const plan::Strategy s = strategy_of(c, dp);
   const plan::RankTraffic t = plan::rank_traffic(c.model, s, pp_rank, engine.stage_layers());
-  const plan::ModelStates ms = plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, s.shard_group());
+  const plan::ModelStates ms =
+      plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, c.dp_shard > 0 ? c.dp_shard : dp * c.cp);
   const MemoryUse mu = engine.measure();
   const std::pair<const char*, std::pair<double, double>> rows[] = {
       {"parameters", {ms.params, static_cast<double>(mu.params)}},
       {"gradients", {ms.grads, static_cast<double>(mu.grads)}},
       {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}},
       {"tp bytes sent", {t.tp, comm.at("tp")}},
+      {"cp bytes sent", {t.cp, comm.at("cp")}},
       {"dp bytes sent", {t.dp, comm.at("dp")}},
       {"pp bytes sent", {t.pp, comm.at("pp")}},
       {"tied-embedding bytes sent", {t.embedding, comm.at("embedding")}}};
@@ -173,7 +181,8 @@ int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, i
   }
   const auto& mesh = m.at("mesh");
   const bool same_mesh = m.at("world_size").get<int>() == world_size && mesh.at("tp") == c.tp &&
-                         mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages;
+                         mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages &&
+                         mesh.value("cp", 1) == c.cp;
   engine.load(r, world_rank, same_mesh);
   const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
   const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
@@ -190,22 +199,28 @@ int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, i
   }
   const int64_t step = m.at("step").get<int64_t>();
   if (lead) {
-    fmt::print("resumed from {} (step {}, saved on tp={} dp={} pp={}{})\n", path, step, mesh["tp"].dump(),
-               mesh["dp"].dump(), mesh.value("pp", 1), same_mesh ? "" : "; another mesh: dropout streams start afresh");
+    fmt::print("resumed from {} (step {}, saved on tp={} cp={} dp={} pp={}{})\n", path, step, mesh["tp"].dump(),
+               mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
+               same_mesh ? "" : "; another mesh: dropout streams start afresh");
   }
   return step;
 }
 
 int train(const TrainConfig& c, bool plan_check) {
   auto rt = start_runtime(300);
-  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"pp", c.pp}});
+  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
   DeviceMesh mesh(*rt, layout);
+  // Gradients and the loss normaliser are summed over dp x cp; windows are
+  // read per data-parallel replica (`data`), and each cp rank of a replica
+  // takes its zig-zag chunks of them.
   Comm& dp = mesh.group({"dp", "cp"});
+  Comm& data = mesh.axis("dp");
+  const ZigZag chunks(c.seq, c.cp, mesh.coord("cp"));
   const bool lead = rt->rank() == 0;
-  const int64_t per_step = c.micro_batch * dp.size();
+  const int64_t per_step = c.micro_batch * data.size();
   if (c.global_batch % per_step != 0) {
     throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
-                                            c.global_batch, c.micro_batch, dp.size()));
+                                            c.global_batch, c.micro_batch, data.size()));
   }
   const int64_t accumulation = c.global_batch / per_step;
   const uint32_t top = max_token(c.train_shards);
@@ -220,20 +235,23 @@ int train(const TrainConfig& c, bool plan_check) {
   }
   if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
-  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, dp.rank(), dp.size(), c.seed);
+  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed);
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   if (lead) {
-    const plan::Strategy s = strategy_of(c, dp.size());
+    const plan::Strategy s = strategy_of(c, data.size());
     const auto mem = plan::memory_ledger(c.model, s, plan::MemoryOptions{0, 0});
     fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank ({}, Adam)\n", c.model.name,
                plan::count_params(c.model, 128 * c.tp).total, engine.local_params(),
                plan::human_bytes(mem.peak().device_total()), c.precision);
-    fmt::print("global batch {} x {} tokens = {} micro-batches of {} on {} data-parallel ranks x {} accumulation steps\n",
-               c.global_batch, c.seq, c.global_batch / c.micro_batch, c.micro_batch, dp.size(), accumulation);
+    fmt::print("global batch {} x {} tokens = {} micro-batches of {} on {} data-parallel ranks x {} accumulation steps{}\n",
+               c.global_batch, c.seq, c.global_batch / c.micro_batch, c.micro_batch, data.size(), accumulation,
+               c.cp > 1 ? fmt::format("; each sequence over {} context-parallel ranks ({} attention, {} tokens each)",
+                                      c.cp, c.cp_impl, c.seq / c.cp)
+                        : "");
     fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (this machine's fp32 GEMM peak)\n",
                flops_per_token, plan::flops_formula(plan::AttnFlops::Full), kMachinePeakFlops / 1e9);
   }
-  const int64_t start = resume(c, engine, loader, dp.size(), rt->rank(), rt->world_size(), lead);
+  const int64_t start = resume(c, engine, loader, data.size(), rt->rank(), rt->world_size(), lead);
   std::unique_ptr<ckpt::Checkpointer> saver;
   if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
       ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());
@@ -243,7 +261,7 @@ int train(const TrainConfig& c, bool plan_check) {
     const auto t0 = std::chrono::steady_clock::now();
     // Every pipeline stage writes its own layers under their global names.
     saver->save(s, engine.pieces(dp.rank(), rt->rank()),
-                checkpoint_fields(c, engine.optimizer(), loader, dp.size(), engine.scaler()), nlohmann::json::object());
+                checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler()), nlohmann::json::object());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {
       fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking)\n", s, c.ckpt_dir, ckpt::step_dir_name(s),
@@ -259,7 +277,7 @@ int train(const TrainConfig& c, bool plan_check) {
   }
   for (int64_t s = start + 1; s <= last; ++s) {
     std::vector<Batch> micro;
-    for (int64_t i = 0; i < accumulation; ++i) micro.push_back(loader.next());
+    for (int64_t i = 0; i < accumulation; ++i) micro.push_back(context_shard(loader.next(), chunks));
     const bool checked = plan_check && s == start + 1;
     if (checked) {
       for (auto& [axis, groups] : engine.groups()) {
@@ -277,7 +295,8 @@ int train(const TrainConfig& c, bool plan_check) {
         }
       }
       const auto coords = layout.coords(rt->rank());
-      check_plan(c, engine, sent, dp.size(), coords.at("pp"), coords.at("tp") == 0 && coords.at("dp") == 0);
+      check_plan(c, engine, sent, data.size(), coords.at("pp"),
+                 coords.at("tp") == 0 && coords.at("dp") == 0 && coords.at("cp") == 0);
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tokens_per_s = static_cast<double>(c.global_batch * c.seq) / dt;
@@ -304,7 +323,7 @@ int train(const TrainConfig& c, bool plan_check) {
       }
     }
     if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) {
-      const double v = evaluate(engine, c, dp);
+      const double v = evaluate(engine, c, dp, data, chunks);
       if (lead) fmt::print("step {:>5} | validation loss {:.4f} | perplexity {:.2f}\n", s, v, std::exp(v));
     }
     if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);

@@ -30,6 +30,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     : c_(c),
       tp_(mesh.axis("tp")),
       pp_(mesh.axis("pp")),
+      cp_(mesh.axis("cp")),
       dp_(mesh.group({"dp", "cp"})),
       precision_(parse_train_precision(c.precision)) {
   check_precision_supported(precision_, "cpu");
@@ -39,6 +40,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages);
   }
   for (auto& m : chunks_) {
+    m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
     m->set_dropout_seed(c.seed, dp_.rank());
     m->set_recompute(plan::parse_recompute(c.recompute));
   }
@@ -81,7 +83,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     }
     std::vector<Transformer*> raw;
     for (auto& m : chunks_) raw.push_back(m.get());
-    const int64_t rows = c.sp && tp_.size() > 1 ? c.seq / tp_.size() : c.seq;
+    const int64_t rows = (c.sp && tp_.size() > 1 ? c.seq / tp_.size() : c.seq) / c.cp;  // this rank's tokens
     exec_ = std::make_unique<PipelineExecutor>(schedule, raw, pp_, std::vector<int64_t>{rows, c.micro_batch,
                                                                                           c.model.hidden},
                                                embed_.get());
@@ -201,7 +203,8 @@ std::vector<int64_t> TrainEngine::stage_layers() const {
 }
 
 std::map<std::string, std::vector<Comm*>> TrainEngine::groups() {
-  std::map<std::string, std::vector<Comm*>> g{{"tp", {&tp_}}, {"pp", {&pp_}}, {"dp", {&dp_}}, {"embedding", {}}};
+  std::map<std::string, std::vector<Comm*>> g{
+      {"tp", {&tp_}}, {"cp", {&cp_}}, {"pp", {&pp_}}, {"dp", {&dp_}}, {"embedding", {}}};
   if (shard_groups_.shard) g["dp"].push_back(shard_groups_.shard.get());
   if (shard_groups_.replicate) g["dp"].push_back(shard_groups_.replicate.get());
   if (embed_) g["embedding"].push_back(embed_.get());

@@ -47,7 +47,7 @@ class TrainEngine {
   MemoryUse measure();
   // Layers of each of this rank's chunks.
   std::vector<int64_t> stage_layers() const;
-  // The groups behind each axis, for counters: tp, pp, dp (with ZeRO's shard
+  // The groups behind each axis, for counters: tp, cp, pp, dp (with ZeRO's shard
   // and replica groups), embedding.
   std::map<std::string, std::vector<Comm*>> groups();
   // Pipeline: this rank's wait in receives during the last step, and the
@@ -58,6 +58,7 @@ class TrainEngine {
   const TrainConfig& c_;
   Comm& tp_;
   Comm& pp_;
+  Comm& cp_;
   Comm& dp_;
   std::vector<std::unique_ptr<Transformer>> chunks_;
   std::unique_ptr<Comm> embed_;

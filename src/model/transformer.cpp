@@ -13,6 +13,8 @@
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/tiled_attention.h"
+#include "meshtrain/parallel/context/attention.h"
+#include "meshtrain/parallel/context/zigzag.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 
 namespace meshtrain {
@@ -95,6 +97,28 @@ void Transformer::set_dropout_seed(uint64_t seed, int dp_rank) {
   rng_split_ = at::make_generator<at::CPUGeneratorImpl>(base + 2718 + static_cast<uint64_t>(tp_.rank()) + 1);
 }
 
+void Transformer::set_context_parallel(Comm& cp, plan::CpImpl impl) {
+  if (cp.size() > 1 && spec_.dropout > 0) {
+    throw std::invalid_argument(fmt::format("context parallelism (cp {}) computes attention without dropout; set "
+                                            "model.dropout = 0 (it is {})",
+                                            cp.size(), spec_.dropout));
+  }
+  if (cp.size() > 1 && impl == plan::CpImpl::Ulysses && (spec_.heads / tp_.size()) % cp.size() != 0) {
+    throw std::invalid_argument(fmt::format("cp_impl = ulysses: {} heads per tp rank are not divisible by cp {}; use "
+                                            "ring or allgather",
+                                            spec_.heads / tp_.size(), cp.size()));
+  }
+  cp_ = &cp;
+  cp_impl_ = impl;
+}
+
+int Transformer::cp_size() const { return cp_ ? cp_->size() : 1; }
+
+at::Tensor Transformer::positions(int64_t local, int64_t past) const {
+  if (cp_size() > 1) return ZigZag(local * cp_size(), cp_size(), cp_->rank()).positions();
+  return at::arange(past, past + local, at::TensorOptions().dtype(at::kLong));
+}
+
 at::Tensor Transformer::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
   return spec_.norm == plan::Norm::LayerNorm ? nn::layer_norm(x, w, b, spec_.norm_eps)
                                              : nn::rms_norm(x, w, spec_.norm_eps);
@@ -112,8 +136,9 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   at::Tensor v = heads(blk.v.forward_entered(in), hkv);
   const int64_t past = cache ? cache->length : 0;
   if (spec_.position == plan::Position::RoPE) {
-    q = nn::rope(q, spec_.rope_theta, past);
-    k = nn::rope(k, spec_.rope_theta, past);
+    const at::Tensor pos = positions(s, past);
+    q = nn::rope(q, spec_.rope_theta, pos);
+    k = nn::rope(k, spec_.rope_theta, pos);
   }
   if (cache) {
     auto& ck = cache->k[layer];
@@ -127,9 +152,14 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   at::Generator* gen = &rng_split_;
   // Tiled attention has no dropout: plan::validate refuses tiled with dropout > 0.
   const bool tiled = spec_.attention == plan::AttentionImpl::Tiled;
-  auto core = [p, gen, tiled](const std::vector<at::Tensor>& in) {
-    return std::vector<at::Tensor>{tiled ? nn::tiled_attention(in[0], in[1], in[2])
-                                         : nn::causal_attention(in[0], in[1], in[2], p, gen)};
+  auto local = [p, gen, tiled](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return tiled ? nn::tiled_attention(q, k, v) : nn::causal_attention(q, k, v, p, gen);
+  };
+  Comm* cp = cp_size() > 1 ? cp_ : nullptr;
+  const plan::CpImpl impl = cp_impl_;
+  auto core = [local, cp, impl](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{cp ? context_attention(in[0], in[1], in[2], *cp, impl, local)
+                                      : local(in[0], in[1], in[2])};
   };
   at::Tensor ctx;  // [b, hq, s, d]
   if (recompute_ == nn::Recompute::Selective && train) {
@@ -160,8 +190,9 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
   if (tokens.dim() != 2) throw std::invalid_argument("tokens must be [batch, seq]");
   const int64_t past = cache ? cache->length : 0;
   const int64_t s = tokens.size(1);
-  if (past + s > spec_.seq) {
-    throw std::invalid_argument(fmt::format("sequence {} is longer than the model's maximum {}", past + s, spec_.seq));
+  if (past + s * cp_size() > spec_.seq) {
+    throw std::invalid_argument(
+        fmt::format("sequence {} is longer than the model's maximum {}", past + s * cp_size(), spec_.seq));
   }
   if (tp_.sequence_parallel && s % tp_.size() != 0) {
     throw std::invalid_argument(
@@ -171,8 +202,12 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   at::Tensor x = embed_.forward(tokens);  // [s(/tp), b, h]
   if (pos_.defined()) {
-    const int64_t rows = x.size(0), first = past + (tp_.sequence_parallel ? tp_.rank() * rows : 0);
-    x = x + pos_.narrow(0, first, rows).unsqueeze(1);
+    const int64_t rows = x.size(0), first = tp_.sequence_parallel ? tp_.rank() * rows : 0;
+    if (cp_size() > 1) {
+      x = x + pos_.index_select(0, positions(s, past).narrow(0, first, rows)).unsqueeze(1);
+    } else {
+      x = x + pos_.narrow(0, past + first, rows).unsqueeze(1);
+    }
   }
   if (train && spec_.dropout > 0) x = nn::dropout(x, spec_.dropout, residual_rng());
   return x;
@@ -244,6 +279,7 @@ at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) {
 
 at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
   if (tp_.sequence_parallel) throw std::invalid_argument("decoding with a KV cache needs sequence parallelism off");
+  if (cp_size() > 1) throw std::invalid_argument("decoding with a KV cache needs context parallelism off (cp = 1)");
   at::NoGradGuard no_grad;
   if (cache.k.empty()) {
     cache.k.resize(blocks_.size());

@@ -18,11 +18,15 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
 }
 
 at::Tensor rope(const at::Tensor& x, double theta, int64_t start) {
-  const int64_t s = x.size(2), d = x.size(3);
+  return rope(x, theta, at::arange(start, start + x.size(2), at::TensorOptions().dtype(at::kLong).device(x.device())));
+}
+
+at::Tensor rope(const at::Tensor& x, double theta, const at::Tensor& positions) {
+  const int64_t d = x.size(3);
   auto opts = at::TensorOptions().dtype(at::kFloat).device(x.device());
   // inv_freq[i] = theta^(-2i/d); angle[p, i] = p * inv_freq[i]
   at::Tensor inv_freq = at::pow(theta, at::arange(0, d, 2, opts) / static_cast<double>(d)).reciprocal();
-  at::Tensor angles = at::outer(at::arange(start, start + s, opts), inv_freq);  // [s, d/2]
+  at::Tensor angles = at::outer(positions.to(opts), inv_freq);  // [s, d/2]
   at::Tensor cos = at::cat({angles.cos(), angles.cos()}, -1).to(x.scalar_type());
   at::Tensor sin = at::cat({angles.sin(), angles.sin()}, -1).to(x.scalar_type());
   at::Tensor x1 = x.narrow(-1, 0, d / 2), x2 = x.narrow(-1, d / 2, d / 2);

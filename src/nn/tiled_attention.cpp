@@ -255,4 +255,12 @@ std::tuple<at::Tensor, at::Tensor> tiled_attention_forward(const at::Tensor& q, 
   return {out.to(q.scalar_type()), lse};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tiled_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& dout, const AttentionMask& mask, const TiledAttentionOptions& o) {
+  const Problem p(q.detach(), k.detach(), v.detach(), mask, o);
+  return backward_pass(p, dout.detach().to(at::kFloat).contiguous(), out.detach().to(at::kFloat).contiguous(),
+                       lse.detach().to(at::kFloat).contiguous());
+}
+
 }  // namespace meshtrain::nn

@@ -66,10 +66,10 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s) {
   double attn = 2 * sbh / rep + 2 * sbh / rep + 2 * sq * b * a * d / t + 2 * 2 * sq * b * g * d / t +
                 2 * sq * b * a * d / t + (drop ? sbh / rep : 0);
   // Core: softmax output 2as^2b (+ dropout mask as^2b and output 2as^2b). Selective
-  // recomputation drops it; flash-style kernels (and ring attention, cp > 1) keep
+  // recomputation drops it; flash-style kernels (and ring attention, which uses them) keep
   // only the fp32 log-sum-exp, 4asb.
   const double full_s = static_cast<double>(s.seq > 0 ? s.seq : m.seq);
-  if (s.flash || s.cp > 1) attn += 4 * a * sq * b / t;
+  if (s.flash || (s.cp > 1 && s.cp_impl == CpImpl::Ring)) attn += 4 * a * sq * b / t;
   else if (s.recompute != Recompute::Selective) attn += (drop ? 5 : 2) * a * sq * full_s * b / t;
   // MLP: LN input, fc1 input, f-wide intermediates (GELU: input and output;
   // SwiGLU: gate, up, product), dropout mask. MoE: top_k copies of each token.

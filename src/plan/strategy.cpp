@@ -34,6 +34,14 @@ const char* to_string(Precision p) {
   }
   return "?";
 }
+const char* to_string(CpImpl c) {
+  switch (c) {
+    case CpImpl::Ring: return "ring";
+    case CpImpl::Ulysses: return "ulysses";
+    case CpImpl::AllGather: return "allgather";
+  }
+  return "?";
+}
 
 namespace {
 template <typename E>
@@ -53,6 +61,9 @@ Recompute parse_recompute(const std::string& s) {
 Schedule parse_schedule(const std::string& s) {
   return parse_enum(s, {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZBH1}, "schedule");
 }
+CpImpl parse_cp_impl(const std::string& s) {
+  return parse_enum(s, {CpImpl::Ring, CpImpl::Ulysses, CpImpl::AllGather}, "context-parallel attention (cp_impl)");
+}
 Precision parse_precision(const std::string& s) {
   return parse_enum(s, {Precision::Fp32, Precision::Bf16, Precision::Megatron18, Precision::Fp8}, "precision");
 }
@@ -67,6 +78,27 @@ std::string Strategy::describe() const {
   if (pp > 1) s += fmt::format(" {}", to_string(schedule));
   if (offload) s += " offload";
   return s;
+}
+
+void validate_context_parallel(const ModelSpec& m, int64_t seq, int cp, int tp, bool sp, CpImpl impl) {
+  if (cp < 1) throw std::invalid_argument(fmt::format("cp = {} must be at least 1", cp));
+  if (cp > 1 && seq % (2 * cp) != 0) {
+    throw std::invalid_argument(fmt::format(
+        "sequence {} is not divisible by 2 x cp = {}: context parallelism cuts it into 2 x cp chunks and gives rank r "
+        "chunks r and 2cp-1-r (equal causal work on every rank); choose a sequence that is a multiple of {}",
+        seq, 2 * cp, 2 * cp));
+  }
+  if (sp && tp > 1 && (seq % cp != 0 || (seq / cp) % tp != 0)) {
+    throw std::invalid_argument(fmt::format("sequence {} is not divisible by cp {} x tp {}: sequence parallelism "
+                                            "splits each cp rank's {} tokens over tp; choose a multiple of {}",
+                                            seq, cp, tp, seq / cp, cp * tp * (cp > 1 ? 2 : 1)));
+  }
+  if (cp > 1 && impl == CpImpl::Ulysses && (m.heads % tp != 0 || (m.heads / tp) % cp != 0)) {
+    throw std::invalid_argument(fmt::format(
+        "cp_impl = ulysses gives each cp rank heads / (tp x cp) whole heads: {}'s {} heads over tp {} x cp {} do not "
+        "divide; use cp_impl = \"ring\" or \"allgather\", or a cp that divides {}",
+        m.name, m.heads, tp, cp, m.heads / std::max(tp, 1)));
+  }
 }
 
 void validate(const Strategy& s, const ModelSpec& m) {
@@ -89,9 +121,7 @@ void validate(const Strategy& s, const ModelSpec& m) {
     fail(fmt::format("virtual stages need the interleaved schedule and layers ({}) divisible by pp x v = {}",
                      m.layers, s.pp * s.vpp));
   }
-  if (seq % (s.cp * (s.sp ? s.tp : 1)) != 0) {
-    fail(fmt::format("sequence {} is not divisible by cp {}{}", seq, s.cp, s.sp ? fmt::format(" x tp {}", s.tp) : ""));
-  }
+  validate_context_parallel(m, seq, s.cp, s.tp, s.sp, s.cp_impl);
   if (s.ep > 1 && (!m.moe() || m.experts % s.ep != 0)) {
     fail(fmt::format("ep {} needs a MoE model whose experts ({}) it divides", s.ep, m.experts));
   }

@@ -35,12 +35,36 @@ RankTraffic rank_traffic(const ModelSpec& m, const Strategy& s, int pp_rank, con
     if (m.tied && (first || last)) r.embedding = 2 * ring(2) * 4 * c.embedding / t;
   }
 
-  const double P = r.params, n = s.shard_group(), R = static_cast<double>(s.dp) / n;
-  const double scalars = 2 * ring(s.dp) * 16;  // token count and loss
+  // Context parallelism: per layer and micro-batch, with kv = b (g/t) sl d
+  // elements of K (or V) on this rank and f forward passes (2 with recomputation):
+  //   ring       f (cp-1) 2kv act forward + (cp-1) 2kv act + cp 2kv 4 (fp32 dK/dV) backward
+  //   ulysses    (f + 1) ring(cp) (2 hq + 2 g') b sl d act / t, g' = g, or hq when
+  //              each tp rank's kv heads do not divide by cp (repeated)
+  //   allgather  (f + 1) ring(cp) 2 cp kv act (all-gather forward, reduce-scatter back)
+  if (s.cp > 1) {
+    const double cp = s.cp, d = static_cast<double>(m.head_dim()), hq = static_cast<double>(m.heads);
+    const double g = static_cast<double>(m.kv_heads), kv = b * (g / t) * sl * d;
+    const double f = s.recompute == Recompute::None ? 1 : 2;
+    double per_layer = 0;
+    if (s.cp_impl == CpImpl::Ring) {
+      per_layer = f * (cp - 1) * 2 * kv * act + (cp - 1) * 2 * kv * act + cp * 2 * kv * 4;
+    } else if (s.cp_impl == CpImpl::Ulysses) {
+      const double g_sent = static_cast<int64_t>(g / t) % s.cp == 0 ? g : hq;
+      per_layer = (f + 1) * ring(cp) * (2 * hq + 2 * g_sent) * b * sl * d * act / t;
+    } else {
+      per_layer = (f + 1) * ring(cp) * 2 * cp * kv * act;
+    }
+    r.cp = M * layers * per_layer;
+  }
+
+  // The gradient reduction group is dp x cp (cp ranks hold the same weights).
+  const double D = static_cast<double>(s.dp) * s.cp;
+  const double P = r.params, n = s.dp_shard > 0 ? s.dp_shard : D, R = D / n;
+  const double scalars = 2 * ring(D) * 16;  // token count and loss
   const double replicas = 2 * ring(R) * 4 * P / n;
   const double pb = s.zero == 3 && s.precision == Precision::Bf16 ? 2 : 4;
   if (s.zero == 0) {
-    r.dp = 2 * ring(s.dp) * 4 * P + scalars;
+    r.dp = 2 * ring(D) * 4 * P + scalars;
   } else {
     const double reductions = s.zero == 1 ? 1 : M;
     r.dp = reductions * (ring(n) * 4 * P + replicas) + scalars + 2 * ring(n) * 16;  // + the norm's sums

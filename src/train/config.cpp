@@ -92,6 +92,8 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.schedule", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.schedule = as_string(n, k); }},
       {"parallel.zero", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.zero = static_cast<int>(as_int(n, k)); }},
       {"parallel.dp_shard", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dp_shard = static_cast<int>(as_int(n, k)); }},
+      {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
+      {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
       {"parallel.offload", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.offload = as_bool(n, k); }},
   };
   return s;
@@ -193,6 +195,18 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "this build trains on the CPU, where they are in host memory already: "
                                             "remove parallel.offload",
                                             path));
+  }
+  try {
+    const plan::CpImpl impl = plan::parse_cp_impl(c.cp_impl);
+    plan::validate_context_parallel(c.model, c.seq, c.cp, c.tp, c.sp, impl);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: parallel.cp = {}, cp_impl = \"{}\", train.seq = {}: {}", path, c.cp,
+                                            c.cp_impl, c.seq, e.what()));
+  }
+  if (c.cp > 1 && c.model.dropout > 0) {
+    throw std::invalid_argument(fmt::format("{}: parallel.cp = {} computes attention without dropout; set "
+                                            "model.dropout = 0 (it is {})",
+                                            path, c.cp, c.model.dropout));
   }
   if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
     throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "

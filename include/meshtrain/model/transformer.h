@@ -37,6 +37,7 @@
 #include "meshtrain/nn/recompute.h"
 #include "meshtrain/parallel/tensor/layers.h"
 #include "meshtrain/plan/spec.h"
+#include "meshtrain/plan/strategy.h"
 
 namespace meshtrain {
 
@@ -109,6 +110,13 @@ class Transformer {
   // Their states, for checkpoints: {replicated, split}.
   std::vector<at::Generator*> dropout_generators() { return {&rng_replicated_, &rng_split_}; }
 
+  // Context parallelism (parallel/context/): the tokens passed to forward are
+  // this cp rank's zig-zag chunks of the sequence (zigzag.h), positions are
+  // global, and attention runs over the whole sequence by `impl`. Throws
+  // std::invalid_argument for what the group cannot split (Ulysses: heads per
+  // tp rank not divisible by cp) or attention dropout (cp computes without it).
+  void set_context_parallel(Comm& cp, plan::CpImpl impl);
+
   // Activation recomputation in training forward passes (nn/recompute.h).
   void set_recompute(nn::Recompute r) { recompute_ = r; }
   nn::Recompute recompute() const { return recompute_; }
@@ -137,11 +145,16 @@ class Transformer {
   at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache);
   at::Tensor run_blocks(at::Tensor x, bool train, KVCache* cache);
   at::Tensor head(const at::Tensor& h);
+  // Global positions of `local` tokens on this rank (cp), after `past` cached ones.
+  at::Tensor positions(int64_t local, int64_t past) const;
+  int cp_size() const;
 
   plan::ModelSpec spec_;
   StagePart part_;
   Comm& comm_;
   TensorParallel tp_;
+  Comm* cp_ = nullptr;
+  plan::CpImpl cp_impl_ = plan::CpImpl::Ring;
   ParamStore store_;
   int64_t padded_vocab_;
   VocabParallelEmbedding embed_;

@@ -58,4 +58,14 @@ std::tuple<at::Tensor, at::Tensor> tiled_attention_forward(const at::Tensor& q, 
                                                            const at::Tensor& v, const AttentionMask& mask = {},
                                                            const TiledAttentionOptions& o = {});
 
+// The backward alone, from a forward's output and log-sum-exp (fp32): returns
+// dq, dk, dv in fp32. `out` and `lse` may come from a larger problem whose
+// keys this call sees only part of (ring attention: the merged output and
+// log-sum-exp of every key block); then P = exp(S - lse) and
+// D = rowsum(dout ∘ out) are the whole softmax's, and the returned gradients
+// are this key block's share, summing to the whole over the blocks.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tiled_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& dout, const AttentionMask& mask = {}, const TiledAttentionOptions& o = {});
+
 }  // namespace meshtrain::nn

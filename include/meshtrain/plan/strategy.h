@@ -16,17 +16,25 @@ enum class Schedule { GPipe, OneFOneB, Interleaved, ZBH1 };
 //   Megatron18 2 + 4 + 12 = 18   bf16 weights, fp32 main grads (Megatron-LM's default)
 //   Fp8        Bf16 + 1 (a cached fp8 copy of each weight; 2 with Hopper's transpose)
 enum class Precision { Fp32, Bf16, Megatron18, Fp8 };
+// How context parallelism computes attention over the cp ranks' sequence
+// chunks (parallel/context/): K/V blocks passed round a ring (Liu et al.,
+// arXiv 2310.01889), an all-to-all from sequence to head shards (Ulysses,
+// arXiv 2309.14509), or K/V all-gathered (Llama 3, arXiv 2407.21783 sec. 3.3.2).
+enum class CpImpl { Ring, Ulysses, AllGather };
 
 const char* to_string(Recompute r);
 const char* to_string(Schedule s);
 const char* to_string(Precision p);
+const char* to_string(CpImpl c);  // ring | ulysses | allgather
 Recompute parse_recompute(const std::string& s);
 Schedule parse_schedule(const std::string& s);
 Precision parse_precision(const std::string& s);
+CpImpl parse_cp_impl(const std::string& s);
 
 struct Strategy {
   int tp = 1, cp = 1, ep = 1, dp = 1, pp = 1;
   int vpp = 1;          // virtual stages per pipeline rank (interleaved schedule)
+  CpImpl cp_impl = CpImpl::Ring;
   bool sp = false;      // sequence parallel (with tp > 1)
   int zero = 0;         // 0: DDP; 1, 2; 3 = FSDP full shard
   int dp_shard = 0;     // HSDP: shard within groups of this many dp ranks (0 = all of dp)
@@ -51,6 +59,13 @@ struct Strategy {
 // sequence, batch) and itself; throws std::invalid_argument naming the value
 // and the fix.
 void validate(const Strategy& s, const ModelSpec& m);
+
+// The shapes context parallelism needs (part of validate, and checked by the
+// training config before any rank starts): the sequence in 2 x cp zig-zag
+// chunks (and each rank's share in tp pieces with sequence parallelism);
+// Ulysses: each tp rank's heads divisible by cp. Throws std::invalid_argument
+// naming the values and the fix.
+void validate_context_parallel(const ModelSpec& m, int64_t seq, int cp, int tp, bool sp, CpImpl impl);
 
 struct GpuSpec {
   std::string name;

@@ -12,9 +12,11 @@
 //        with sequence parallelism, once per step, 2 ring(tp) 4 x the
 //        sequence-partial parameters (norms, row-parallel biases, positions)
 //   pp   sends: (2v - [first rank] - [last rank]) x T / (tp with SP)
+//   cp   ring / Ulysses / all-gather K/V per layer (the formulas in traffic.cpp)
 // Per step, P parameters on this rank, U0 of them outside the layers
 // (embedding, positions, final norm, head), n ranks in ZeRO's shard group,
-// R = dp / n replicas (HSDP), fp32 gradients:
+// R = dp / n replicas (HSDP), fp32 gradients (dp here is the reduction group,
+// dp x cp, and n is all of it without HSDP):
 //   dp   DDP 2 ring(dp) 4P;  ZeRO-1 ring(n) 4P (reduce-scatter) + ring(n) 4P
 //        (all-gather); ZeRO-2 the reduce-scatter once per micro-batch;
 //        ZeRO-3 per micro-batch ring(n) pb (2P - U0) of gathers (unit 0 stays
@@ -35,7 +37,7 @@
 namespace meshtrain::plan {
 
 struct RankTraffic {
-  double tp = 0, dp = 0, pp = 0, embedding = 0;  // bytes per step
+  double tp = 0, cp = 0, dp = 0, pp = 0, embedding = 0;  // bytes per step
   double params = 0;  // parameters on this rank (the P above)
 };
 

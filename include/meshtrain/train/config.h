@@ -23,6 +23,10 @@ struct TrainConfig {
   int tp = 1;                     // [parallel] tp, sp, nproc
   bool sp = false;
   int nproc = 1;
+  // [parallel] cp: context parallelism, each rank holds 2 zig-zag chunks of
+  // every sequence (parallel/context/); cp_impl: ring | ulysses | allgather.
+  int cp = 1;
+  std::string cp_impl = "ring";
   // [parallel] zero: 0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP); dp_shard: HSDP,
   // shard within groups of this many dp ranks (0 = all of dp); offload: CUDA only.
   int zero = 0;
