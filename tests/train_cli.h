@@ -1,0 +1,83 @@
+// Helpers for tests that run `meshtrain train` as a user does: a scratch
+// directory, a tiny synthetic corpus and config, and the metrics file's losses.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "meshtrain/data/shard.h"
+#include "meshtrain/train/config.h"
+
+namespace meshtrain::test {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  fs::path path = fs::temp_directory_path() / ("meshtrain_train_" + std::to_string(getpid()));
+  Dir() { fs::create_directories(path); }
+  ~Dir() { fs::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path / name) << text;
+    return (path / name).string();
+  }
+};
+
+
+inline std::string error_of(const std::string& path, std::vector<std::string> sets = {}) {
+  try {
+    load_train_config(path, sets);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Writes a synthetic token corpus and returns a config (2 ranks) over it.
+inline std::string tiny_config(const Dir& d, const std::string& name, const std::string& extra) {
+  if (!fs::exists(d.path / "train.bin")) {
+    std::vector<uint32_t> tokens(6000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7 + i / 13) % 50);
+    write_shard((d.path / "train.bin").string(), tokens, {0}, 2);
+  }
+  return d.write(name, "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.1\n"
+                       "[data]\ntrain = \"" + (d.path / "train.bin").string() +
+                           "\"\n[train]\nsteps = 6\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\nlr = 1e-2\n"
+                           "log_every = 1\n[parallel]\nnproc = 2\n" + extra);
+}
+
+// step -> the metrics line's "loss" and "grad_norm" as printed (JSON numbers
+// round-trip a double exactly).
+inline std::map<int, std::string> losses(const std::string& metrics) {
+  std::map<int, std::string> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const auto num = [&](const std::string& key) {
+      const size_t at = line.find("\"" + key + "\":") + key.size() + 3;
+      return line.substr(at, line.find_first_of(",}", at) - at);
+    };
+    out[std::stoi(num("step"))] = num("loss") + " " + num("grad_norm");
+  }
+  return out;
+}
+
+// Steps after `from` of two metrics files agree within fp32 rounding
+// (relative 1e-5: other meshes reduce in other orders).
+inline void expect_same_losses(const std::string& a_file, const std::string& b_file, int from, size_t count) {
+  const auto a = losses(a_file), b = losses(b_file);
+  ASSERT_EQ(b.size(), count) << b_file;
+  for (const auto& [step, v] : b) {
+    ASSERT_TRUE(a.count(step)) << "step " << step;
+    if (step <= from) continue;
+    const double x = std::stod(a.at(step)), y = std::stod(v);
+    EXPECT_NEAR(x, y, 1e-5 * x) << "step " << step;
+  }
+}
+
+}  // namespace meshtrain::test
