@@ -127,7 +127,7 @@ TEST(TrainCli, ResumeIsExact) {
   run = test::run_command(bin + " train " + ref + step3 + " --set parallel.tp=2 --set parallel.sp=true --set train.metrics='\"" +
                           (d.path / "tp.metrics").string() + "\"'");
   ASSERT_EQ(run.code, 0) << run.output;
-  EXPECT_NE(run.output.find("saved on tp=1 dp=2"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("saved on tp=1 cp=1 dp=2"), std::string::npos) << run.output;
   const auto dp = losses((d.path / "dp.metrics").string()), tp = losses((d.path / "tp.metrics").string());
   ASSERT_EQ(dp.size(), 3u);
   ASSERT_EQ(tp.size(), 3u);
@@ -159,10 +159,12 @@ TEST(TrainCli, ZeroCheckpointsResumeUnderDdpAndBack) {
     ASSERT_EQ(run.code, 0) << run.output;
     run = test::run_command(bin + " train " + cfg + second + ckpt(tag) + metrics(std::string(tag) + ".resumed"));
     ASSERT_EQ(run.code, 0) << run.output;
-    EXPECT_NE(run.output.find("(step 3, saved on tp=1 dp=" + std::string(first == zero3 ? "4" : "2")),
+    EXPECT_NE(run.output.find("(step 3, saved on tp=1 cp=1 dp=" + std::string(first == zero3 ? "4" : "2")),
               std::string::npos)
         << run.output;
-    if (second == zero3) EXPECT_NE(run.output.find("ZeRO-3"), std::string::npos) << run.output;
+    if (second == zero3) {
+      EXPECT_NE(run.output.find("ZeRO-3"), std::string::npos) << run.output;
+    }
     expect_same_losses((d.path / (std::string(tag) + ".ref")).string(),
                        (d.path / (std::string(tag) + ".resumed")).string(), 3, 3);
   }
@@ -193,7 +195,7 @@ TEST(TrainCli, PipelineCheckpointsResumeOnAnotherMesh) {
                                   {pp + " --set parallel.virtual=2 --set parallel.schedule=interleaved", "v2"}}) {
     run = test::run_command(bin + " train " + cfg + mesh + step3 + metrics(tag));
     ASSERT_EQ(run.code, 0) << run.output;
-    EXPECT_NE(run.output.find("saved on tp=1 dp=1 pp=2"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("saved on tp=1 cp=1 dp=1 pp=2"), std::string::npos) << run.output;
     expect_same_losses((d.path / "ref").string(), (d.path / tag).string(), 3, 3);
   }
   // Micro-batches the schedule cannot take: one error naming the settings.

@@ -41,12 +41,6 @@ struct Opts {
   int iters = 3, threads = 2;
 };
 
-double peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) * 1024.0;
-}
-
 // One algorithm at one length, in this process: "seconds peak_bytes".
 int run_one(const Opts& o) {
   setenv("OMP_NUM_THREADS", std::to_string(o.threads).c_str(), 1);  // threads_per_rank reads it

@@ -43,11 +43,6 @@ namespace {
 // fp32 GEMM peak of the whole 2-core machine (OpenBLAS, PLATFORM.md): ranks share it.
 constexpr double kMachinePeakFlops = 190e9;
 
-double peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) * 1024;
-}
 
 // Validation loss over `dp` (the data-parallel x cp group): the loader reads
 // windows by data-parallel replica (`data`), each cp rank takes its chunks.

@@ -29,6 +29,7 @@ void add_bench_dp(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs)
 void add_bench_zero(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_pipeline(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_attention(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
+void add_bench_context(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 Run add_ckpt(CLI::App& app);
 Run add_lab(CLI::App& app);
 Run add_mesh(CLI::App& app);
@@ -63,6 +64,9 @@ struct TrainBenchOptions {
 void add_train_bench_options(CLI::App* cmd, TrainBenchOptions& o);
 // Throws std::invalid_argument naming the option that is not positive.
 void check_train_bench_options(const TrainBenchOptions& o);
+
+// This process's resident-memory high-water mark (getrusage), in bytes.
+double peak_rss_bytes();
 
 // The median of benchmark samples (the upper one of an even count).
 double median(std::vector<double> samples);

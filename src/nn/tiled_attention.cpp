@@ -140,14 +140,14 @@ std::tuple<at::Tensor, at::Tensor> forward_pass(const Problem& p) {
       for (int64_t kt = 0; kt < p.nk; ++kt) {
         const Problem::Tile kind = p.classify(bi, qt, kt);
         if (kind == Problem::Tile::Hidden) continue;
-        const at::Tensor sc = p.scores(bi, h, qt, kt, kind);
-        const at::Tensor m_new = at::maximum(m, std::get<0>(sc.max(1)));
+        at::Tensor pr = p.scores(bi, h, qt, kt, kind);
+        const at::Tensor m_new = at::maximum(m, std::get<0>(pr.max(1)));
         // Rows that have seen no key yet keep m = -inf; shift them by 0 so exp gives 0, not NaN.
         const at::Tensor shift = m_new.masked_fill(m_new == -kInf, 0.0);
-        const at::Tensor pr = (sc - shift.unsqueeze(1)).exp_();
+        pr.sub_(shift.unsqueeze(1)).exp_();
         const at::Tensor alpha = (m - shift).exp_();
-        l = alpha * l + pr.sum(1);
-        o = alpha.unsqueeze(1) * o + at::mm(pr, p.k_tile(p.v, bi, h / p.group, kt));
+        l.mul_(alpha).add_(pr.sum(1));
+        o.mul_(alpha.unsqueeze(1)).addmm_(pr, p.k_tile(p.v, bi, h / p.group, kt));
         m = m_new;
       }
       const at::Tensor seen = l > 0;
@@ -158,53 +158,46 @@ std::tuple<at::Tensor, at::Tensor> forward_pass(const Problem& p) {
   return {out, lse};
 }
 
-// Backward: dq, dk, dv in fp32 from dout (fp32) and the saved out, lse.
+// Backward: dq, dk, dv in fp32 from dout (fp32) and the saved out, lse. One
+// pass over key tiles (FlashAttention-2's loop order): each work item owns its
+// key tile's dK, dV (all query heads of its kv group: GQA without repeating
+// K/V) and adds its share of dQ into its thread's own copy; the copies are
+// summed at the end, so no two threads write one tile and P, dS are computed
+// once per tile pair.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_pass(const Problem& p, const at::Tensor& dout,
                                                               const at::Tensor& out, const at::Tensor& lse) {
   const at::Tensor D = (dout * out).sum(-1);  // [b, hq, s]
   // Rows that saw no key have lse = -inf: P = exp(S - lse) must be 0 there, so shift by +inf.
   const at::Tensor lse_shift = lse.masked_fill(lse == -kInf, kInf);
-  at::Tensor dq = at::zeros_like(p.q), dk = at::zeros_like(p.k), dv = at::zeros_like(p.v);
+  at::Tensor dk = at::zeros_like(p.k), dv = at::zeros_like(p.v);
+  const int64_t threads = at::get_num_threads();
+  at::Tensor dq_parts = at::zeros({threads, p.b, p.hq, p.s, p.d}, at::kFloat);
   auto row_vec = [&](const at::Tensor& x, int64_t bi, int64_t h, int64_t qt) {
     return x.select(0, bi).select(0, h).narrow(0, qt * p.bq, p.rows(qt));
   };
-  // dS and P of one tile.
-  auto grads = [&](int64_t bi, int64_t h, int64_t qt, int64_t kt, Problem::Tile kind) {
-    const at::Tensor pr = (p.scores(bi, h, qt, kt, kind) - row_vec(lse_shift, bi, h, qt).unsqueeze(1)).exp_();
-    const at::Tensor dp = at::mm(p.q_tile(dout, bi, h, qt), p.k_tile(p.v, bi, h / p.group, kt).t());
-    const at::Tensor ds = pr * (dp - row_vec(D, bi, h, qt).unsqueeze(1));
-    return std::make_pair(pr, ds);
-  };
-  // Pass 1: dK, dV per key tile, over every query head of its kv group.
   at::parallel_for(0, p.b * p.hkv * p.nk, 1, [&](int64_t begin, int64_t end) {
+    const at::Tensor dq = dq_parts[at::get_thread_num()];
     for (int64_t w = begin; w < end; ++w) {
       const int64_t kt = w % p.nk, g = (w / p.nk) % p.hkv, bi = w / (p.nk * p.hkv);
       at::Tensor dk_acc = p.k_tile(dk, bi, g, kt), dv_acc = p.k_tile(dv, bi, g, kt);
+      const at::Tensor k_tile = p.k_tile(p.k, bi, g, kt), v_tile = p.k_tile(p.v, bi, g, kt);
       for (int64_t h = g * p.group; h < (g + 1) * p.group; ++h) {
         for (int64_t qt = 0; qt < p.nq; ++qt) {
           const Problem::Tile kind = p.classify(bi, qt, kt);
           if (kind == Problem::Tile::Hidden) continue;
-          const auto [pr, ds] = grads(bi, h, qt, kt, kind);
-          dv_acc.add_(at::mm(pr.t(), p.q_tile(dout, bi, h, qt)));
-          dk_acc.add_(at::mm(ds.t(), p.q_tile(p.q, bi, h, qt)), p.scale);
+          const at::Tensor dout_tile = p.q_tile(dout, bi, h, qt);
+          at::Tensor pr = p.scores(bi, h, qt, kt, kind);
+          pr.sub_(row_vec(lse_shift, bi, h, qt).unsqueeze(1)).exp_();      // P
+          at::Tensor ds = at::mm(dout_tile, v_tile.t());                   // dP
+          ds.sub_(row_vec(D, bi, h, qt).unsqueeze(1)).mul_(pr);           // dS = P ∘ (dP - D)
+          dv_acc.addmm_(pr.t(), dout_tile);                                // dV += Pᵀ dO
+          dk_acc.addmm_(ds.t(), p.q_tile(p.q, bi, h, qt), 1.0, p.scale);  // dK += dSᵀ Q · scale
+          p.q_tile(dq, bi, h, qt).addmm_(ds, k_tile, 1.0, p.scale);       // dQ += dS K · scale
         }
       }
     }
   });
-  // Pass 2: dQ per query tile.
-  at::parallel_for(0, p.b * p.hq * p.nq, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      const int64_t qt = w % p.nq, h = (w / p.nq) % p.hq, bi = w / (p.nq * p.hq);
-      at::Tensor dq_acc = p.q_tile(dq, bi, h, qt);
-      for (int64_t kt = 0; kt < p.nk; ++kt) {
-        const Problem::Tile kind = p.classify(bi, qt, kt);
-        if (kind == Problem::Tile::Hidden) continue;
-        const auto ds = grads(bi, h, qt, kt, kind).second;
-        dq_acc.add_(at::mm(ds, p.k_tile(p.k, bi, h / p.group, kt)), p.scale);
-      }
-    }
-  });
-  return {dq, dk, dv};
+  return {dq_parts.sum(0), dk, dv};
 }
 
 using torch::autograd::AutogradContext;
