@@ -29,7 +29,8 @@ args="--seqs 512,1024,2048,4096,8192,16384 --iters 2"
   linearly. Where the naive one would not fit in this machine's free memory it is not run.
 - Time: both do the same multiplications, but the tiled one skips the tiles above the causal diagonal and does not
   write the s x s matrices to memory and read them back; it pays a dozen ATen calls per tile and recomputes the
-  scores twice in backward (FlashAttention-2's recomputation, two passes so no two threads write one tile).
+  scores once in backward (FlashAttention-2's recomputation: one pass over key tiles, each thread adding its dQ
+  share into its own copy).
 - IO: the FlashAttention paper's model of bytes between main memory and cache (see the header of
   `src/cli/bench_attention.cpp`); on a CPU the "fast memory" is the cache a tile lives in.
 TEXT

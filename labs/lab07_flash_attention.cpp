@@ -91,7 +91,7 @@ int lab07_flash_attention(Runtime& rt) {
   fmt::print("\n2. causal attention, {} heads x seq {} x head_dim {}, fp32, forward + backward:\n", kH, kS, kD);
   fmt::print("   {:<22} {:>9} {:>14} {:>16} {:>12}\n", "algorithm", "ms", "kept for bwd", "IO model bytes", "max error");
   fmt::print("   {:<22} {:>9.1f} {:>14} {:>16} {:>12}\n", "naive (s x s scores)", 1e3 * t_naive,
-             plan::human_bytes(bytes * ss), plan::human_bytes(bytes * (10 * ss + 8 * sd)), "reference");
+             plan::human_bytes(bytes * ss), plan::human_bytes(bytes * nn::naive_attention_io(kS, kD)), "reference");
   for (int64_t block : {64, 128, 256, 512}) {
     at::Tensor out;
     std::vector<at::Tensor> grads;
@@ -100,7 +100,7 @@ int lab07_flash_attention(Runtime& rt) {
     for (size_t i = 0; i < grads.size(); ++i) err = std::max(err, rel_err(grads[i], ref_grads[i]));
     fmt::print("   {:<22} {:>9.1f} {:>14} {:>16} {:>12.2e}\n", fmt::format("tiled, {} x {} tiles", block, block),
                1e3 * t, plan::human_bytes(bytes * (sd + kS)),
-               plan::human_bytes(bytes * (6 * ss * kD / block + 8 * sd)), err);
+               plan::human_bytes(bytes * nn::tiled_attention_io(kS, kD, block)), err);
     if (err > 1e-4) ++failures;
   }
   fmt::print("\n3. Reading: the tiled algorithm keeps O and one log-sum-exp per row for backward (s·d + s values per\n"

@@ -92,6 +92,7 @@ TEST(ContextCli, BadSettingsAreOneErrorBeforeRanksStart) {
       {" --set parallel.cp=2 --set parallel.cp_impl=striped", "unknown context-parallel attention (cp_impl) 'striped'"},
       {" --set parallel.cp=2 --set model.dropout=0.1", "computes attention without dropout"},
       {" --set parallel.cp=0", "cp = 0 must be at least 1"},
+      {" --set parallel.cp=2 --set train.seq=2048", "the shards hold 2 windows of 2049 tokens"},
   };
   for (const auto& [set, message] : cases) {
     const auto run = run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + " --nproc 8" + set);

@@ -14,6 +14,10 @@
 // batch: loss within 1e-5 relative, every gradient (summed over cp, shards
 // gathered over tp) within 1e-4 x max|g| + 1e-7 — the tensor-parallel parity
 // tolerances (test_tp_mp.cpp), the runs differing only in summation order.
+//
+// Mutations seen to fail: ring attention skipping the diagonal chunk pair
+// (every ring case, output and gradients); positions not global under cp
+// (the model's loss and gradients, for every implementation).
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -123,6 +123,31 @@ TEST(Loader, ResumeContinuesExactly) {
   EXPECT_THROW(resumed.restore(bad), std::invalid_argument);
 }
 
+// With documents, every input position carries its document, renumbered from
+// 0 in each window: token ramp(i) = i identifies the position, so the expected
+// id is the number of document starts in (window start, position].
+TEST(Loader, DocumentIdsFollowTheShardsDocumentStarts) {
+  TempDir d;
+  const std::vector<uint64_t> starts = {0, 10, 11, 40, 41, 42, 90};
+  write_shard(d.file("a.bin"), ramp(100, 1000), starts, 2);
+  TokenLoader l({d.file("a.bin")}, 16, 2, 0, 1, 3, true);
+  TokenLoader plain({d.file("a.bin")}, 16, 2, 0, 1, 3);
+  EXPECT_FALSE(plain.next().doc_ids.defined());
+  for (int step = 0; step < 3; ++step) {
+    const Batch b = l.next();
+    ASSERT_TRUE(b.doc_ids.defined());
+    for (int64_t r = 0; r < 2; ++r) {
+      const int64_t first = b.tokens[r][0].item<int64_t>();
+      for (int64_t j = 0; j < 16; ++j) {
+        const int64_t pos = b.tokens[r][j].item<int64_t>();
+        int64_t want = 0;
+        for (uint64_t s : starts) want += static_cast<int64_t>(s) > first && static_cast<int64_t>(s) <= pos;
+        EXPECT_EQ(b.doc_ids[r][j].item<int64_t>(), want) << "window at " << first << ", position " << pos;
+      }
+    }
+  }
+}
+
 TEST(Loader, TooLittleDataIsAClearError) {
   TempDir d;
   write_shard(d.file("tiny.bin"), ramp(20, 10), {0}, 2);

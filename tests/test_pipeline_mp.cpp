@@ -41,7 +41,7 @@ std::vector<Batch> micro_batches(const plan::ModelSpec& m, int count, int64_t mb
   std::vector<Batch> out;
   for (int i = 0; i < count; ++i) {
     at::Tensor d = at::randint(m.vocab, {mb, m.seq + 1}, gen, at::kLong);
-    Batch b{d.narrow(1, 0, m.seq).contiguous(), d.narrow(1, 1, m.seq).contiguous(), {}};
+    Batch b{d.narrow(1, 0, m.seq).contiguous(), d.narrow(1, 1, m.seq).contiguous(), {}, {}};
     b.targets[0].narrow(0, 0, i % 3).fill_(-1);  // micro-batches ignore different numbers of targets
     out.push_back(b);
   }

@@ -33,7 +33,7 @@ std::vector<Batch> batches(const plan::ModelSpec& m, int n) {
   std::vector<Batch> out;
   for (int i = 0; i < n; ++i) {
     at::Tensor d = at::randint(m.vocab, {2, m.seq + 1}, gen, at::kLong);
-    out.push_back({d.narrow(1, 0, m.seq).contiguous(), d.narrow(1, 1, m.seq).contiguous(), {}});
+    out.push_back({d.narrow(1, 0, m.seq).contiguous(), d.narrow(1, 1, m.seq).contiguous(), {}, {}});
   }
   return out;
 }

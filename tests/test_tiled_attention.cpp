@@ -33,6 +33,8 @@ struct Case {
   int64_t b = 2, hq = 4, hkv = 2, s = 37, t = 37, d = 16;
   AttentionMask mask;
   double q_scale = 1;  // > 1: logits far beyond exp's fp32 range
+  double dropout = 0;
+  uint64_t seed = 0;
 };
 
 // [b, s, t] true where query i may not see key j, from the mask's definition.
@@ -51,9 +53,10 @@ at::Tensor hidden(const Case& c) {
   return h;
 }
 
-// float64 attention with the scores materialised. Returns out and lse.
+// float64 attention with the scores materialised, its probabilities times
+// `keep` (a dropout mask) when given. Returns out and lse.
 std::pair<at::Tensor, at::Tensor> reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                            const Case& c) {
+                                            const Case& c, const at::Tensor& keep = {}) {
   const at::Tensor kk = k.repeat_interleave(c.hq / c.hkv, 1), vv = v.repeat_interleave(c.hq / c.hkv, 1);
   at::Tensor sc = at::matmul(q, kk.transpose(-1, -2)) / std::sqrt(static_cast<double>(c.d));
   sc = sc.masked_fill(hidden(c).unsqueeze(1), -INFINITY);
@@ -62,7 +65,9 @@ std::pair<at::Tensor, at::Tensor> reference(const at::Tensor& q, const at::Tenso
   const at::Tensor e = (sc - shift).exp();
   const at::Tensor l = e.sum(-1, true);
   const at::Tensor seen = l > 0;
-  const at::Tensor out = at::matmul(e / at::where(seen, l, at::ones_like(l)), vv);
+  at::Tensor probs = e / at::where(seen, l, at::ones_like(l));
+  if (keep.defined()) probs = probs * keep.to(probs.scalar_type());
+  const at::Tensor out = at::matmul(probs, vv);
   const at::Tensor lse = (shift + l.log()).masked_fill(seen.logical_not(), -INFINITY).squeeze(-1);
   return {out, lse};
 }
@@ -84,18 +89,19 @@ void check(const Case& c, int64_t bq, int64_t bk, at::ScalarType dtype = at::kFl
   const at::Tensor qx = q0.to(dtype), kx = k0.to(dtype), vx = v0.to(dtype);
   at::Tensor q = qx.to(at::kDouble).requires_grad_(), k = kx.to(at::kDouble).requires_grad_(),
              v = vx.to(at::kDouble).requires_grad_();
-  auto [ref_out, ref_lse] = reference(q, k, v, c);
+  const nn::TiledAttentionOptions o{bq, bk, c.dropout, c.seed};
+  const at::Tensor keep = c.dropout > 0 ? nn::tiled_dropout_mask(c.b, c.hq, c.s, c.t, o) : at::Tensor();
+  auto [ref_out, ref_lse] = reference(q, k, v, c, keep);
   (ref_out * w).sum().backward();
 
   // The same materialised attention in fp32: how much fp32 itself loses on this case.
   at::Tensor fq = qx.to(at::kFloat).requires_grad_(), fk = kx.to(at::kFloat).requires_grad_(),
              fv = vx.to(at::kFloat).requires_grad_();
-  (reference(fq, fk, fv, c).first * w.to(at::kFloat)).sum().backward();
+  (reference(fq, fk, fv, c, keep).first * w.to(at::kFloat)).sum().backward();
   auto tol_for = [&](const at::Tensor& fp32, const at::Tensor& ref) {
     return dtype == at::kFloat ? std::max(tol, 2 * rel_err(fp32, ref)) : tol;
   };
 
-  const nn::TiledAttentionOptions o{bq, bk};
   auto [out, lse] = nn::tiled_attention_forward(qx, kx, vx, c.mask, o);
   EXPECT_EQ(out.scalar_type(), dtype);
   const std::string where = "tiles " + std::to_string(bq) + "x" + std::to_string(bk);
@@ -145,6 +151,25 @@ TEST(TiledAttention, DocumentMasksAndFullyMaskedRows) {
   check_tilings(c);
 }
 
+// Attention dropout: the op equals the materialised attention whose
+// probabilities are multiplied by the op's own keep mask (tiled_dropout_mask),
+// forward and backward; the mask drops about p of the entries, and depends on
+// the seed. Mutation seen to fail (dQ, dK at every tiling): backward not
+// applying the mask to dP.
+TEST(TiledAttention, DropoutEqualsTheSameMaskMaterialised) {
+  Case c;
+  c.dropout = 0.3;
+  c.seed = 77;
+  check_tilings(c);
+  c.hq = 6, c.hkv = 3;
+  check_tilings(c);
+  const nn::TiledAttentionOptions o{8, 16, 0.3, 77};
+  const at::Tensor z = nn::tiled_dropout_mask(2, 4, 64, 64, o);
+  EXPECT_NEAR((z == 0).to(at::kDouble).mean().item<double>(), 0.3, 0.02);
+  EXPECT_TRUE(at::equal(z, nn::tiled_dropout_mask(2, 4, 64, 64, o)));
+  EXPECT_FALSE(at::equal(z, nn::tiled_dropout_mask(2, 4, 64, 64, {8, 16, 0.3, 78})));
+}
+
 TEST(TiledAttention, SlidingWindowAndDecodingOffset) {
   Case c;
   c.mask.window = 5;
@@ -185,6 +210,70 @@ TEST(TiledAttention, BadShapesAreClearErrors) {
     ADD_FAILURE() << "doc_ids of the wrong length accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("doc_ids must be [batch, keys] = [1, 4]"), std::string::npos) << e.what();
+  }
+}
+
+// With attention dropout, selective recomputation (the attention core re-run
+// in backward) gives the gradients of no recomputation bitwise: the core draws
+// its mask seed from the model's generator, whose state the recomputation replays.
+TEST(TiledAttention, ModelDropoutIsReplayedByRecomputation) {
+  plan::ModelSpec spec = plan::preset("gpt-tiny");
+  spec.layers = 2, spec.vocab = 100, spec.seq = 40, spec.dropout = 0.2;
+  spec.attention = plan::AttentionImpl::Tiled;
+  Comm solo("solo", 0);
+  Transformer plain(spec, solo, false, 3), recomputed(spec, solo, false, 3);
+  recomputed.set_recompute(nn::Recompute::Selective);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor tokens = at::randint(spec.vocab, {2, spec.seq}, gen, at::kLong);
+  const at::Tensor la = plain.forward(tokens, tokens).sum(), lb = recomputed.forward(tokens, tokens).sum();
+  la.backward();
+  lb.backward();
+  EXPECT_EQ(la.item<double>(), lb.item<double>());
+  for (size_t i = 0; i < plain.params().params().size(); ++i) {
+    EXPECT_TRUE(at::equal(plain.params().params()[i].tensor.grad(), recomputed.params().params()[i].tensor.grad()))
+        << plain.params().params()[i].name;
+  }
+  // Dropout is on: a second forward draws other masks.
+  EXPECT_NE(plain.forward(tokens, tokens).sum().item<double>(), la.item<double>());
+}
+
+// Packed documents (train.document_mask): a sequence of three documents gives,
+// at every position, the loss each document gives alone (positions restarting,
+// no attention across documents), and the gradient of their sum; for learned
+// positions and RoPE, with and without full recomputation.
+TEST(TiledAttention, PackedDocumentsEqualDocumentsAlone) {
+  for (const char* preset : {"llama-tiny", "gpt-tiny"}) {
+    for (bool recompute : {false, true}) {
+      plan::ModelSpec spec = plan::preset(preset);
+      spec.layers = 2, spec.vocab = 100, spec.seq = 48, spec.dropout = 0;
+      spec.attention = plan::AttentionImpl::Tiled;
+      Comm solo("solo", 0);
+      Transformer packed(spec, solo, false, 3), alone(spec, solo, false, 3);
+      if (recompute) packed.set_recompute(nn::Recompute::Full);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+      const at::Tensor tokens = at::randint(spec.vocab, {1, spec.seq}, gen, at::kLong);
+      const at::Tensor targets = at::randint(spec.vocab, {1, spec.seq}, gen, at::kLong);
+      const int64_t lens[] = {17, 1, 30};  // a one-token document among them
+      at::Tensor docs = at::empty({1, spec.seq}, at::kLong);
+      std::vector<at::Tensor> losses;
+      for (int64_t i = 0, start = 0; i < 3; start += lens[i], ++i) {
+        docs.narrow(1, start, lens[i]).fill_(i);
+        losses.push_back(alone.forward(tokens.narrow(1, start, lens[i]), targets.narrow(1, start, lens[i])));
+      }
+      const at::Tensor want = at::cat(losses, 0);
+      want.sum().backward();
+      const at::Tensor got = packed.forward(tokens, targets, true, docs);
+      got.sum().backward();
+      const std::string what = std::string(preset) + (recompute ? " recompute" : "");
+      EXPECT_LE(rel_err(got.detach(), want.detach().to(at::kDouble)), 1e-5) << what;
+      // Against the largest gradient of all (the key bias's is rounding noise: see the next test).
+      double scale = 0;
+      for (const auto& p : alone.params().params()) scale = std::max(scale, p.tensor.grad().abs().max().item<double>());
+      for (size_t i = 0; i < packed.params().params().size(); ++i) {
+        const at::Tensor ga = packed.params().params()[i].tensor.grad(), gb = alone.params().params()[i].tensor.grad();
+        EXPECT_LE((ga - gb).abs().max().item<double>(), 1e-5 * scale) << what << " " << packed.params().params()[i].name;
+      }
+    }
   }
 }
 

@@ -48,7 +48,7 @@ plan::ModelSpec model_spec() {
 Batch global_batch(const plan::ModelSpec& m, int step) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + step);
   at::Tensor data = at::randint(m.vocab, {kGlobal, m.seq + 1}, gen, at::kLong);
-  Batch b{data.narrow(1, 0, m.seq).contiguous(), data.narrow(1, 1, m.seq).contiguous(), {}};
+  Batch b{data.narrow(1, 0, m.seq).contiguous(), data.narrow(1, 1, m.seq).contiguous(), {}, {}};
   for (int64_t i = 0; i < kGlobal; ++i) b.targets[i].narrow(0, 0, i).fill_(-1);
   return b;
 }
@@ -56,7 +56,7 @@ Batch global_batch(const plan::ModelSpec& m, int step) {
 std::vector<Batch> split(const Batch& b, int64_t first, int64_t count, int64_t micro) {
   std::vector<Batch> out;
   for (int64_t s = first; s < first + count; s += micro) {
-    out.push_back({b.tokens.narrow(0, s, micro).contiguous(), b.targets.narrow(0, s, micro).contiguous(), {}});
+    out.push_back({b.tokens.narrow(0, s, micro).contiguous(), b.targets.narrow(0, s, micro).contiguous(), {}, {}});
   }
   return out;
 }

@@ -4,15 +4,8 @@
 // in a child process of its own (`--only`), so that its peak resident memory
 // (getrusage's high-water mark, minus the child's before the first call) is
 // its own. Beside the measurement: the bytes each algorithm moves between main
-// memory and the cache, by the IO model of the FlashAttention paper (Dao et
-// al., arXiv 2205.14135, Theorem 2), for fp32:
-//   naive: the s x s scores are written and read back by every step that
-//          touches them: forward writes S, reads S, writes P (softmax), reads P
-//          for P V; backward reads P, writes and reads dP, writes dS, reads dS
-//          twice: about 10 s² elements per head, plus the s·d inputs/outputs.
-//   tiled: Q, O, dO, dQ once per query tile's pass; K and V (and dK, dV) once
-//          per query tile: forward 2 s·d (K, V) x s/Bq + 2 s·d (Q, O); backward
-//          twice that (two passes): about 6 s² d / Bq + 8 s·d elements per head.
+// memory and the cache, by the IO model of the FlashAttention paper
+// (nn::naive_attention_io and nn::tiled_attention_io in nn/tiled_attention.h).
 #include <CLI/CLI.hpp>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
@@ -96,11 +89,11 @@ void add_bench_attention(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>
                "speedup", "naive peak", "tiled peak", "naive IO", "tiled IO");
     const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
     for (int64_t s : seqs) {
-      // IO model (elements per head, see the header), x 4 bytes x batch x heads.
-      const double sd = static_cast<double>(s) * o->head_dim, ss = static_cast<double>(s) * s;
+      // IO model (elements per head), x 4 bytes x batch x heads.
+      const double ss = static_cast<double>(s) * s;
       const double scale = 4.0 * o->batch * o->heads;
-      const double io_naive = scale * (10 * ss + 8 * sd);
-      const double io_tiled = scale * (6 * ss * o->head_dim / o->block + 8 * sd);
+      const double io_naive = scale * nn::naive_attention_io(s, o->head_dim);
+      const double io_tiled = scale * nn::tiled_attention_io(s, o->head_dim, o->block);
       double t[2] = {0, 0}, peak[2] = {0, 0};
       // The naive forward + backward peaks at about nine s x s fp32 tensors per head
       // (measured here: 9.04 GiB at s = 8192 with 4 heads, i.e. 9 x 1 GiB).

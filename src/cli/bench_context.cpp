@@ -29,7 +29,7 @@ namespace meshtrain::cli {
 namespace {
 
 struct Opts {
-  std::string config = "configs/kjv-tiny.toml", impl = "ring", attention = "tiled";
+  std::string config = "configs/kjv-tiny.toml", impl = "ring", attention = "tiled", label;
   int64_t seq = 8192, batch = 1;
   int iters = 2, nproc = 1;
 };
@@ -70,7 +70,8 @@ int run(const Opts& o) {
   if (rt->rank() == 0) {
     const double step = m[0].item<double>(), act = m[1].item<double>(), w = m[2].item<double>(),
                  r = m[3].item<double>();
-    fmt::print("{:>3} {:>10} {:>7} {:>10.2f} {:>10.0f} {:>12} {:>9} {}\n", cp.size(), cp.size() > 1 ? o.impl : "-",
+    fmt::print("{:>3} {:>10} {:>7} {:>10.2f} {:>10.0f} {:>12} {:>9} {}\n", cp.size(),
+               !o.label.empty() ? o.label : cp.size() > 1 ? o.impl : "-",
                o.seq, step, static_cast<double>(o.batch * o.seq) / step, plan::human_bytes(act),
                impl == plan::CpImpl::Ring && cp.size() > 1 ? fmt::format("{:.2f}", r) : "-",
                impl == plan::CpImpl::Ring && cp.size() > 1
@@ -93,6 +94,7 @@ void add_bench_context(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& 
   cmd->add_option("--attention", o->attention, "local attention of ulysses and allgather: tiled | naive")
       ->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed steps (after one warm-up)")->capture_default_str();
+  cmd->add_option("--label", o->label, "printed in the impl column instead");
   cmd->add_flag_callback("--header", [] {
     fmt::print("{:>3} {:>10} {:>7} {:>10} {:>10} {:>12} {:>9} {}\n", "cp", "impl", "seq", "step s", "tokens/s",
                "activations", "ring s", "ring: communication not hidden");

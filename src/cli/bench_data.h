@@ -29,7 +29,7 @@ class RandomBatches {
   // One micro-batch: the step of one rank.
   std::vector<Batch> next() {
     at::Tensor d = at::randint(vocab_, {micro_, seq_ + 1}, gen_, at::kLong);
-    return {{d.narrow(1, 0, seq_).contiguous(), d.narrow(1, 1, seq_).contiguous(), {}}};
+    return {{d.narrow(1, 0, seq_).contiguous(), d.narrow(1, 1, seq_).contiguous(), {}, {}}};
   }
 
  private:

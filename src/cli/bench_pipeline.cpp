@@ -59,7 +59,7 @@ void add_bench_pipeline(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>&
     std::vector<Batch> micro;
     for (int i = 0; i < M; ++i) {
       at::Tensor d = at::randint(spec.vocab, {o->micro_batch, o->seq + 1}, gen, at::kLong);
-      micro.push_back({d.narrow(1, 0, o->seq).contiguous(), d.narrow(1, 1, o->seq).contiguous(), {}});
+      micro.push_back({d.narrow(1, 0, o->seq).contiguous(), d.narrow(1, 1, o->seq).contiguous(), {}, {}});
     }
     const double tokens = static_cast<double>(M * o->micro_batch * o->seq);
     struct Variant {

@@ -29,6 +29,7 @@
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
+#include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
@@ -47,7 +48,7 @@ constexpr double kMachinePeakFlops = 190e9;
 // Validation loss over `dp` (the data-parallel x cp group): the loader reads
 // windows by data-parallel replica (`data`), each cp rank takes its chunks.
 double evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks) {
-  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed);
+  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask);
   at::Tensor sums = at::zeros({2}, at::kDouble);
   for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
     Batch b = context_shard(val.next(), chunks);
@@ -65,6 +66,38 @@ uint32_t max_token(const std::vector<std::string>& shards) {
     for (uint64_t i = 0; i < r.size(); ++i) m = std::max(m, r[i]);
   }
   return m;
+}
+
+// What can be checked from the config and the data before any rank starts
+// work (run in the launching process, and again by a rank started by another
+// launcher): the mesh fits the world, the batch divides over data-parallel
+// ranks, token ids fit the vocabulary, the training and validation shards
+// hold a global batch of windows. Each failure is one error naming the value.
+void check_run(const TrainConfig& c, int world, bool plan_check) {
+  const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
+  const int dp = layout.size("dp");
+  if (c.global_batch % (c.micro_batch * dp) != 0) {
+    throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
+                                            c.global_batch, c.micro_batch, dp));
+  }
+  const uint32_t top = max_token(c.train_shards);
+  if (top >= c.model.vocab) {
+    throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab to the "
+                                            "tokenizer's size",
+                                            c.model.vocab, top, c.train_shards[0]));
+  }
+  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed);
+  if (!c.val_shards.empty()) {
+    try {
+      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("data.val: {} (or drop data.val: --set data.val=[])", e.what()));
+    }
+  }
+  if (plan_check && c.precision != "fp32") {
+    throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
+                                "op by op); add --set train.precision=fp32");
+  }
 }
 
 // Manifest fields besides the tensors (train/state.h).
@@ -203,6 +236,7 @@ int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, i
 
 int train(const TrainConfig& c, bool plan_check) {
   auto rt = start_runtime(300);
+  check_run(c, rt->world_size(), plan_check);  // (also before launching; a foreign launcher skips that)
   auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
   DeviceMesh mesh(*rt, layout);
   // Gradients and the loss normaliser are summed over dp x cp; windows are
@@ -212,25 +246,10 @@ int train(const TrainConfig& c, bool plan_check) {
   Comm& data = mesh.axis("dp");
   const ZigZag chunks(c.seq, c.cp, mesh.coord("cp"));
   const bool lead = rt->rank() == 0;
-  const int64_t per_step = c.micro_batch * data.size();
-  if (c.global_batch % per_step != 0) {
-    throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
-                                            c.global_batch, c.micro_batch, data.size()));
-  }
-  const int64_t accumulation = c.global_batch / per_step;
-  const uint32_t top = max_token(c.train_shards);
-  if (top >= c.model.vocab) {
-    throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab to the "
-                                            "tokenizer's size",
-                                            c.model.vocab, top, c.train_shards[0]));
-  }
-  if (plan_check && c.precision != "fp32") {
-    throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
-                                "op by op); add --set train.precision=fp32");
-  }
+  const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
   if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
-  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed);
+  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask);
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   if (lead) {
     const plan::Strategy s = strategy_of(c, data.size());
@@ -350,7 +369,9 @@ Run add_train(CLI::App& app) {
                 "runtime's; fail beyond 5%");
   return [o]() {
     TrainConfig c = load_train_config(o->config, o->sets);
-    if (int rc = relaunch_if_needed(o->nproc > 0 ? o->nproc : c.nproc); rc >= 0) return rc;
+    const int nproc = o->nproc > 0 ? o->nproc : c.nproc;
+    if (nproc > 1 && !DistEnv::from_environment().distributed()) check_run(c, nproc, o->check_plan);
+    if (int rc = relaunch_if_needed(nproc); rc >= 0) return rc;
     return train(c, o->check_plan);
   };
 }

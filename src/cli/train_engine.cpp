@@ -117,7 +117,7 @@ double TrainEngine::loss_sum(const Batch& b) {
   AutocastGuard autocast(precision_);
   if (exec_) return exec_->evaluate({b});
   at::NoGradGuard no_grad;
-  return chunks_[0]->forward(b.tokens, b.targets, false).sum().item<double>();
+  return chunks_[0]->forward(b.tokens, b.targets, false, b.doc_ids).sum().item<double>();
 }
 
 std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank) {

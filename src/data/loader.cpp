@@ -11,8 +11,8 @@
 namespace meshtrain {
 
 TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank,
-                         int dp_size, uint64_t seed)
-    : seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+                         int dp_size, uint64_t seed, bool documents)
+    : documents_(documents), seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
   if (seq < 1 || micro_batch < 1) {
     throw std::invalid_argument(fmt::format("sequence {} and micro-batch {} must be positive", seq, micro_batch));
   }
@@ -24,6 +24,7 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
     shards_.push_back(std::make_unique<ShardReader>(path));
     first_window_.push_back(total_windows_);
     total_windows_ += (shards_.back()->size() - 1) / static_cast<uint64_t>(seq);
+    if (documents_) doc_starts_.push_back(shards_.back()->doc_starts());
   }
   if (steps_per_epoch() == 0) {
     throw std::invalid_argument(fmt::format(
@@ -54,10 +55,26 @@ Batch TokenLoader::next() {
   const uint64_t base = state_.step * global + static_cast<uint64_t>(dp_rank_) * micro_batch_;
   Batch b;
   at::Tensor buf = at::empty({micro_batch_, seq_ + 1}, at::kLong);
+  if (documents_) b.doc_ids = at::empty({micro_batch_, seq_}, at::kLong);
   for (int64_t i = 0; i < micro_batch_; ++i) {
     const uint64_t w = order_[base + i];
     const size_t s = std::upper_bound(first_window_.begin(), first_window_.end(), w) - first_window_.begin() - 1;
-    shards_[s]->read((w - first_window_[s]) * seq_, seq_ + 1, buf[i].data_ptr<int64_t>());
+    const uint64_t start = (w - first_window_[s]) * seq_;
+    shards_[s]->read(start, seq_ + 1, buf[i].data_ptr<int64_t>());
+    if (documents_) {
+      // Input position j is token start + j: its document is the last start <= it, renumbered from 0.
+      const auto& ds = doc_starts_[s];
+      auto next = std::upper_bound(ds.begin(), ds.end(), start);  // the first document start after `start`
+      int64_t* id = b.doc_ids[i].data_ptr<int64_t>();
+      int64_t doc = 0;
+      for (int64_t j = 0; j < seq_; ++j) {
+        if (next != ds.end() && *next == start + static_cast<uint64_t>(j)) {
+          ++doc;
+          ++next;
+        }
+        id[j] = doc;
+      }
+    }
     b.windows.push_back(w);
   }
   b.tokens = buf.narrow(1, 0, seq_).contiguous();

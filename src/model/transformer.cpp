@@ -33,6 +33,12 @@ void check_divisible(const plan::ModelSpec& m, int tp) {
   need("ffn", m.ffn);
 }
 
+// A 64-bit seed from a CPU generator, advancing it.
+uint64_t draw_seed(at::Generator& g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(g)->random64();
+}
+
 }  // namespace
 
 Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed, StagePart part)
@@ -114,7 +120,14 @@ void Transformer::set_context_parallel(Comm& cp, plan::CpImpl impl) {
 
 int Transformer::cp_size() const { return cp_ ? cp_->size() : 1; }
 
-at::Tensor Transformer::positions(int64_t local, int64_t past) const {
+at::Tensor Transformer::positions(int64_t local, int64_t past, const at::Tensor& docs) const {
+  if (docs.defined()) {
+    // position = index - index of the document's first token (a running max of document starts)
+    const at::Tensor idx = at::arange(local, at::TensorOptions().dtype(at::kLong)).expand({docs.size(0), local});
+    at::Tensor starts = docs.ne(docs.roll(1, 1));
+    starts.select(1, 0).fill_(true);
+    return idx - std::get<0>((idx * starts).cummax(1));
+  }
   if (cp_size() > 1) return ZigZag(local * cp_size(), cp_size(), cp_->rank()).positions();
   return at::arange(past, past + local, at::TensorOptions().dtype(at::kLong));
 }
@@ -124,8 +137,8 @@ at::Tensor Transformer::norm(const at::Tensor& x, const at::Tensor& w, const at:
                                              : nn::rms_norm(x, w, spec_.norm_eps);
 }
 
-at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache,
-                                  int64_t layer) const {
+at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache, int64_t layer,
+                                  const at::Tensor& docs) const {
   at::Tensor in = tp_.enter(x);  // [s, b, h]
   const int64_t s = in.size(0), b = in.size(1), d = spec_.head_dim();
   const int64_t hq = spec_.heads / tp_.size(), hkv = spec_.kv_heads / tp_.size();
@@ -136,7 +149,7 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   at::Tensor v = heads(blk.v.forward_entered(in), hkv);
   const int64_t past = cache ? cache->length : 0;
   if (spec_.position == plan::Position::RoPE) {
-    const at::Tensor pos = positions(s, past);
+    const at::Tensor pos = positions(s, past, docs);
     q = nn::rope(q, spec_.rope_theta, pos);
     k = nn::rope(k, spec_.rope_theta, pos);
   }
@@ -150,10 +163,16 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   }
   const double p = train ? spec_.dropout : 0.0;
   at::Generator* gen = &rng_split_;
-  // Tiled attention has no dropout: plan::validate refuses tiled with dropout > 0.
   const bool tiled = spec_.attention == plan::AttentionImpl::Tiled;
-  auto local = [p, gen, tiled](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return tiled ? nn::tiled_attention(q, k, v) : nn::causal_attention(q, k, v, p, gen);
+  // Tiled attention draws its masks' seed from the generator (replayed by recomputation).
+  auto local = [p, gen, tiled, docs](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    if (!tiled) return nn::causal_attention(q, k, v, p, gen);
+    nn::TiledAttentionOptions o;
+    o.dropout = p;
+    if (p > 0) o.seed = draw_seed(*gen);
+    nn::AttentionMask mask;
+    mask.doc_ids = docs;
+    return nn::tiled_attention(q, k, v, mask, o);
   };
   Comm* cp = cp_size() > 1 ? cp_ : nullptr;
   const plan::CpImpl impl = cp_impl_;
@@ -178,15 +197,21 @@ at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x) const {
   return blk.fc2.forward(hidden);
 }
 
-at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache) {
+at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
   if (!part_.embedding || !part_.head) throw std::logic_error("a pipeline stage runs stage_forward, not the whole model");
-  at::Tensor x = run_blocks(embed_tokens(tokens, train, cache), train, cache);
+  if (docs.defined()) {
+    if (spec_.attention != plan::AttentionImpl::Tiled || cp_size() > 1 || cache) {
+      throw std::invalid_argument("document masks need model.attention = \"tiled\", cp = 1 and no KV cache");
+    }
+    if (docs.sizes() != tokens.sizes()) throw std::invalid_argument("doc_ids must have the shape of tokens");
+  }
+  at::Tensor x = run_blocks(embed_tokens(tokens, train, cache, docs), train, cache, docs);
   std::optional<SegmentProfiler::Scope> rest;
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   return norm(x, final_w_, final_b_);
 }
 
-at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache) {
+at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
   if (tokens.dim() != 2) throw std::invalid_argument("tokens must be [batch, seq]");
   const int64_t past = cache ? cache->length : 0;
   const int64_t s = tokens.size(1);
@@ -203,7 +228,10 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
   at::Tensor x = embed_.forward(tokens);  // [s(/tp), b, h]
   if (pos_.defined()) {
     const int64_t rows = x.size(0), first = tp_.sequence_parallel ? tp_.rank() * rows : 0;
-    if (cp_size() > 1) {
+    if (docs.defined()) {  // [b, s] positions -> [rows, b, h]
+      const at::Tensor pos = positions(s, past, docs).narrow(1, first, rows);
+      x = x + pos_.index_select(0, pos.reshape({-1})).view({pos.size(0), rows, -1}).transpose(0, 1);
+    } else if (cp_size() > 1) {
       x = x + pos_.index_select(0, positions(s, past).narrow(0, first, rows)).unsqueeze(1);
     } else {
       x = x + pos_.narrow(0, past + first, rows).unsqueeze(1);
@@ -213,18 +241,18 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
   return x;
 }
 
-at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache) {
+at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, const at::Tensor& docs) {
   const int64_t s = x.size(0) * (tp_.sequence_parallel ? tp_.size() : 1);
   for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) {
     const int64_t unit = part_.first + i + 1;
     if (hooks_) hooks_->before_unit(unit);
     if (recompute_ == nn::Recompute::Full && train && !cache) {
-      auto blk = [this, i](const std::vector<at::Tensor>& in) {
-        return std::vector<at::Tensor>{run_block(i, in[0], true, nullptr)};
+      auto blk = [this, i, docs](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{run_block(i, in[0], true, nullptr, docs)};
       };
       x = nn::checkpoint(blk, {x}, {&rng_replicated_, &rng_split_})[0];
     } else {
-      x = run_block(i, x, train, cache);
+      x = run_block(i, x, train, cache, docs);
     }
     if (hooks_) x = hooks_->after_unit(unit, x);
   }
@@ -246,14 +274,15 @@ at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool t
   return run_block(i, input, train, nullptr);
 }
 
-at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train, KVCache* cache) {
+at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train, KVCache* cache,
+                                  const at::Tensor& docs) {
   const Block& blk = blocks_.at(i);
   const double p = train ? spec_.dropout : 0.0;
   at::Tensor x = profiler_ ? profiler_->mark(input, static_cast<int>(i), false) : input;
   {
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward attention"});
-    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train, cache, i);
+    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train, cache, i, docs);
     x = x + nn::dropout(a, p, residual_rng());
   }
   {
@@ -288,10 +317,11 @@ at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
   return head(hidden_states(tokens, false, &cache));
 }
 
-at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train) {
+at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train,
+                                const at::Tensor& doc_ids) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
   enter_root();
-  at::Tensor l = head(hidden_states(tokens, train));
+  at::Tensor l = head(hidden_states(tokens, train, nullptr, doc_ids));
   std::optional<SegmentProfiler::Scope> t;
   if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, vocab_start(), spec_.vocab));

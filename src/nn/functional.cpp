@@ -26,7 +26,9 @@ at::Tensor rope(const at::Tensor& x, double theta, const at::Tensor& positions) 
   auto opts = at::TensorOptions().dtype(at::kFloat).device(x.device());
   // inv_freq[i] = theta^(-2i/d); angle[p, i] = p * inv_freq[i]
   at::Tensor inv_freq = at::pow(theta, at::arange(0, d, 2, opts) / static_cast<double>(d)).reciprocal();
-  at::Tensor angles = at::outer(positions.to(opts), inv_freq);  // [s, d/2]
+  // [s, d/2], or [b, 1, s, d/2] for per-sequence positions
+  at::Tensor angles = positions.dim() == 1 ? at::outer(positions.to(opts), inv_freq)
+                                           : (positions.to(opts).unsqueeze(-1) * inv_freq).unsqueeze(1);
   at::Tensor cos = at::cat({angles.cos(), angles.cos()}, -1).to(x.scalar_type());
   at::Tensor sin = at::cat({angles.sin(), angles.sin()}, -1).to(x.scalar_type());
   at::Tensor x1 = x.narrow(-1, 0, d / 2), x2 = x.narrow(-1, d / 2, d / 2);

@@ -1,5 +1,6 @@
 #include "meshtrain/nn/tiled_attention.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
@@ -17,6 +18,22 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// splitmix64 (Steele et al. 2014): one well-mixed 64-bit value per input.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+at::Tensor tile_keep_mask(uint64_t seed, double p, int64_t bi, int64_t h, int64_t qt, int64_t kt, int64_t rows,
+                          int64_t cols) {
+  uint64_t s = mix(seed);
+  for (int64_t v : {bi, h, qt, kt}) s = mix(s ^ static_cast<uint64_t>(v));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(s);
+  return at::empty({rows, cols}, at::kFloat).bernoulli_(1.0 - p, gen).mul_(1.0 / (1.0 - p));
+}
+
 // The problem, in fp32 and contiguous, and its mask, resolved once.
 struct Problem {
   at::Tensor q, k, v;  // [b, hq, s, d], [b, hkv, t, d] fp32
@@ -25,7 +42,8 @@ struct Problem {
   int64_t window = 0;
   std::vector<std::vector<int64_t>> docs;  // [b][t], empty: one document
   int64_t bq = 64, bk = 64, nq = 0, nk = 0;
-  double scale = 1;
+  double scale = 1, dropout = 0;
+  uint64_t seed = 0;
 
   Problem(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const AttentionMask& m,
           const TiledAttentionOptions& o) {
@@ -41,6 +59,11 @@ struct Problem {
           b, hq, s, d, k_in.size(0), hkv, t, k_in.size(3)));
     }
     if (o.block_q < 1 || o.block_k < 1) throw std::invalid_argument("tiled_attention: block sizes must be >= 1");
+    if (o.dropout < 0 || o.dropout >= 1) {
+      throw std::invalid_argument(fmt::format("tiled_attention: dropout {} must be in [0, 1)", o.dropout));
+    }
+    dropout = o.dropout;
+    seed = o.seed;
     group = hq / hkv;
     offset = m.q_offset < 0 ? t - s : m.q_offset;
     if (offset + s > t && (m.causal || m.window > 0 || (m.doc_ids.defined() && m.doc_ids.numel() > 0))) {
@@ -119,6 +142,11 @@ struct Problem {
     return x.select(0, bi).select(0, g).narrow(0, kt * bk, cols(kt));
   }
 
+  // The tile's dropout keep mask, 0 or 1 / (1 - p): [rows, cols].
+  at::Tensor keep(int64_t bi, int64_t h, int64_t qt, int64_t kt) const {
+    return tile_keep_mask(seed, dropout, bi, h, qt, kt, rows(qt), cols(kt));
+  }
+
   // Scores of one tile, masked: [rows, cols].
   at::Tensor scores(int64_t bi, int64_t h, int64_t qt, int64_t kt, Tile kind) const {
     at::Tensor sc = at::mm(q_tile(q, bi, h, qt), k_tile(k, bi, h / group, kt).t()).mul_(scale);
@@ -146,7 +174,8 @@ std::tuple<at::Tensor, at::Tensor> forward_pass(const Problem& p) {
         const at::Tensor shift = m_new.masked_fill(m_new == -kInf, 0.0);
         pr.sub_(shift.unsqueeze(1)).exp_();
         const at::Tensor alpha = (m - shift).exp_();
-        l.mul_(alpha).add_(pr.sum(1));
+        l.mul_(alpha).add_(pr.sum(1));  // the undropped P normalises
+        if (p.dropout > 0) pr.mul_(p.keep(bi, h, qt, kt));
         o.mul_(alpha.unsqueeze(1)).addmm_(pr, p.k_tile(p.v, bi, h / p.group, kt));
         m = m_new;
       }
@@ -189,8 +218,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_pass(const Problem& p, c
           at::Tensor pr = p.scores(bi, h, qt, kt, kind);
           pr.sub_(row_vec(lse_shift, bi, h, qt).unsqueeze(1)).exp_();      // P
           at::Tensor ds = at::mm(dout_tile, v_tile.t());                   // dP
+          if (p.dropout > 0) {
+            const at::Tensor z = p.keep(bi, h, qt, kt);
+            ds.mul_(z);                                                    // dP through the dropout
+            dv_acc.addmm_((pr * z).t(), dout_tile);                        // dV += (P ∘ Z)ᵀ dO
+          } else {
+            dv_acc.addmm_(pr.t(), dout_tile);                              // dV += Pᵀ dO
+          }
           ds.sub_(row_vec(D, bi, h, qt).unsqueeze(1)).mul_(pr);           // dS = P ∘ (dP - D)
-          dv_acc.addmm_(pr.t(), dout_tile);                                // dV += Pᵀ dO
           dk_acc.addmm_(ds.t(), p.q_tile(p.q, bi, h, qt), 1.0, p.scale);  // dK += dSᵀ Q · scale
           p.q_tile(dq, bi, h, qt).addmm_(ds, k_tile, 1.0, p.scale);       // dQ += dS K · scale
         }
@@ -206,8 +241,9 @@ using torch::autograd::variable_list;
 struct TiledAttentionFn : torch::autograd::Function<TiledAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc_ids, bool causal, int64_t window, int64_t q_offset, int64_t block_q,
-                            int64_t block_k) {
-    const Problem p(q, k, v, AttentionMask{causal, window, doc_ids, q_offset}, {block_q, block_k});
+                            int64_t block_k, double dropout, int64_t seed) {
+    const Problem p(q, k, v, AttentionMask{causal, window, doc_ids, q_offset},
+                    {block_q, block_k, dropout, static_cast<uint64_t>(seed)});
     auto [out, lse] = forward_pass(p);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["doc_ids"] = doc_ids;
@@ -216,6 +252,8 @@ struct TiledAttentionFn : torch::autograd::Function<TiledAttentionFn> {
     ctx->saved_data["q_offset"] = q_offset;
     ctx->saved_data["block_q"] = block_q;
     ctx->saved_data["block_k"] = block_k;
+    ctx->saved_data["dropout"] = dropout;
+    ctx->saved_data["seed"] = seed;
     return out.to(q.scalar_type());
   }
 
@@ -224,10 +262,13 @@ struct TiledAttentionFn : torch::autograd::Function<TiledAttentionFn> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const AttentionMask m{ctx->saved_data["causal"].toBool(), ctx->saved_data["window"].toInt(),
                           ctx->saved_data["doc_ids"].toTensor(), ctx->saved_data["q_offset"].toInt()};
-    const Problem p(q, k, v, m, {ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt()});
+    const Problem p(q, k, v, m,
+                    {ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt(),
+                     ctx->saved_data["dropout"].toDouble(), static_cast<uint64_t>(ctx->saved_data["seed"].toInt())});
     auto [dq, dk, dv] = backward_pass(p, grad[0].to(at::kFloat).contiguous(), out, lse);
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(), at::Tensor(),
-            at::Tensor(),           at::Tensor(),           at::Tensor(),           at::Tensor()};
+            at::Tensor(),           at::Tensor(),           at::Tensor(),           at::Tensor(),
+            at::Tensor(),           at::Tensor()};
   }
 };
 
@@ -237,7 +278,20 @@ at::Tensor tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const TiledAttentionOptions& o) {
   // autograd::Function takes no undefined tensors: no document ids travel as an empty one.
   const at::Tensor docs = mask.doc_ids.defined() ? mask.doc_ids : at::empty({0}, at::kLong);
-  return TiledAttentionFn::apply(q, k, v, docs, mask.causal, mask.window, mask.q_offset, o.block_q, o.block_k);
+  return TiledAttentionFn::apply(q, k, v, docs, mask.causal, mask.window, mask.q_offset, o.block_q, o.block_k,
+                                 o.dropout, static_cast<int64_t>(o.seed));
+}
+
+at::Tensor tiled_dropout_mask(int64_t b, int64_t hq, int64_t s, int64_t t, const TiledAttentionOptions& o) {
+  at::Tensor z = at::empty({b, hq, s, t}, at::kFloat);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < hq; ++h)
+      for (int64_t q0 = 0, qt = 0; q0 < s; q0 += o.block_q, ++qt)
+        for (int64_t k0 = 0, kt = 0; k0 < t; k0 += o.block_k, ++kt) {
+          const int64_t r = std::min(o.block_q, s - q0), c = std::min(o.block_k, t - k0);
+          z[bi][h].narrow(0, q0, r).narrow(1, k0, c).copy_(tile_keep_mask(o.seed, o.dropout, bi, h, qt, kt, r, c));
+        }
+  return z;
 }
 
 std::tuple<at::Tensor, at::Tensor> tiled_attention_forward(const at::Tensor& q, const at::Tensor& k,

@@ -136,11 +136,6 @@ void validate(const ModelSpec& m) {
   if (m.dropout < 0 || m.dropout >= 1) {
     throw std::invalid_argument(fmt::format("model '{}': dropout {} must be in [0, 1)", m.name, m.dropout));
   }
-  if (m.attention == AttentionImpl::Tiled && m.dropout > 0) {
-    throw std::invalid_argument(fmt::format("model '{}': attention = \"tiled\" does not drop attention probabilities; "
-                                            "set model.dropout = 0 (it is {}) or model.attention = \"naive\"",
-                                            m.name, m.dropout));
-  }
 }
 
 AttentionImpl parse_attention(const std::string& s) {

@@ -41,7 +41,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
     at::Tensor per_token;
     {
       AutocastGuard precision(o_.precision);
-      per_token = model_.forward(b.tokens, b.targets);
+      per_token = model_.forward(b.tokens, b.targets, true, b.doc_ids);
     }
     at::Tensor loss = per_token.sum() / tokens;
     (o_.scaler ? loss * scale : loss).backward();

@@ -10,6 +10,11 @@
 // left over at the end of an epoch (fewer than a global batch) are skipped.
 // The state is (epoch, step in epoch): restoring it resumes on the very next
 // window, with no repeat and no skip.
+//
+// With `documents`, each batch also carries the document of every input
+// position (from the shards' document starts), numbered 0, 1, ... within its
+// window: what a document mask needs so that packed documents do not attend to
+// each other and their positions restart (model/transformer.h).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,7 @@ struct Batch {
   at::Tensor tokens;   // [micro_batch, seq] int64
   at::Tensor targets;  // [micro_batch, seq] int64
   std::vector<uint64_t> windows;  // global window ids, for checks
+  at::Tensor doc_ids;  // [micro_batch, seq] int64 when the loader gives documents, else undefined
 };
 
 class TokenLoader {
@@ -40,7 +46,7 @@ class TokenLoader {
   // Throws std::invalid_argument when the shards hold fewer windows than one
   // global batch (naming the numbers), or for bad sizes.
   TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank, int dp_size,
-              uint64_t seed);
+              uint64_t seed, bool documents = false);
 
   Batch next();
   LoaderState state() const { return state_; }
@@ -53,6 +59,8 @@ class TokenLoader {
   void shuffle(uint64_t epoch);
   std::vector<std::unique_ptr<ShardReader>> shards_;
   std::vector<uint64_t> first_window_;  // per shard, its first global window id
+  std::vector<std::vector<uint64_t>> doc_starts_;  // per shard, with `documents`
+  bool documents_ = false;
   int64_t seq_, micro_batch_;
   int dp_rank_, dp_size_;
   uint64_t seed_, total_windows_ = 0;

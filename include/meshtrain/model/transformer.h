@@ -92,7 +92,11 @@ class Transformer {
   const StagePart& part() const { return part_; }
 
   // Per-token loss [s, b] (fp32, the same on every tp rank). targets < 0 are ignored.
-  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets, bool train = true);
+  // `doc_ids` [b, s] (optional, data/loader.h): packed documents; a token
+  // attends only to its own document and positions restart at each document
+  // (needs tiled attention; not with context parallelism).
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets, bool train = true,
+                     const at::Tensor& doc_ids = {});
   // Logits of this rank's vocabulary slice, [s, b, V_pad/tp].
   at::Tensor logits(const at::Tensor& tokens, bool train = false);
 
@@ -138,15 +142,19 @@ class Transformer {
 
  private:
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
-  at::Tensor attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache, int64_t layer) const;
-  at::Tensor run_block(int64_t i, const at::Tensor& x, bool train, KVCache* cache);
+  // `docs`: the batch's document ids [b, s] or undefined (see forward).
+  at::Tensor attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache, int64_t layer,
+                       const at::Tensor& docs) const;
+  at::Tensor run_block(int64_t i, const at::Tensor& x, bool train, KVCache* cache, const at::Tensor& docs = {});
   at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
-  at::Tensor hidden_states(const at::Tensor& tokens, bool train, KVCache* cache = nullptr);
-  at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache);
-  at::Tensor run_blocks(at::Tensor x, bool train, KVCache* cache);
+  at::Tensor hidden_states(const at::Tensor& tokens, bool train, KVCache* cache = nullptr,
+                           const at::Tensor& docs = {});
+  at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs = {});
+  at::Tensor run_blocks(at::Tensor x, bool train, KVCache* cache, const at::Tensor& docs = {});
   at::Tensor head(const at::Tensor& h);
-  // Global positions of `local` tokens on this rank (cp), after `past` cached ones.
-  at::Tensor positions(int64_t local, int64_t past) const;
+  // Global positions of `local` tokens on this rank (cp), after `past` cached
+  // ones: [local]; with documents, [b, local], restarting at each document.
+  at::Tensor positions(int64_t local, int64_t past, const at::Tensor& docs = {}) const;
   int cp_size() const;
 
   plan::ModelSpec spec_;

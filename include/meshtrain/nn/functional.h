@@ -15,7 +15,8 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
 // convention of Llama / HF: x is [batch, heads, seq, head_dim], positions
 // start..start+seq-1.
 at::Tensor rope(const at::Tensor& x, double theta, int64_t start = 0);
-// The same at any positions ([seq] int64: context parallelism's zig-zag tokens).
+// The same at any positions: [seq] int64 (context parallelism's zig-zag
+// tokens), or [batch, seq] (positions restarting at each packed document).
 at::Tensor rope(const at::Tensor& x, double theta, const at::Tensor& positions);
 
 // Causal attention. q: [b, hq, s, d]; k, v: [b, hkv, t, d] with t >= s and hq

@@ -11,10 +11,19 @@
 // for backward besides q, k, v and O: O(s) memory, not O(s·t).
 // Backward recomputes P = exp(S - lse) tile by tile with D = rowsum(dO ∘ O):
 //   dVj += Pᵀ dOi;  dP = dOi Vjᵀ;  dS = P ∘ (dP - D);  dQi += dS Kj · scale;  dKj += dSᵀ Qi · scale
-// in two passes so that no two threads write one tile: one over key tiles
-// (dK, dV; every query head of a kv group, GQA without repeating K/V), one
-// over query tiles (dQ). Tiles the mask hides entirely are skipped (causal:
-// those above the diagonal, about half).
+// in one pass over key tiles (FlashAttention-2's loop order): a work item owns
+// its key tile's dK, dV (every query head of its kv group: GQA without
+// repeating K/V) and adds its dQ share into its thread's own copy of dQ, the
+// copies summed at the end, so no two threads write one tile. Tiles the mask
+// hides entirely are skipped (causal: those above the diagonal, about half).
+//
+// Attention dropout (FlashAttention's, arXiv 2205.14135 Algorithm 2): the
+// softmax statistics m, l, lse are those of the undropped P; O accumulates
+// (P ∘ Z) V / (1 - p) with Z a keep mask drawn per tile from a generator
+// seeded by (seed, batch, head, query tile, key tile), so backward draws the
+// same Z without storing it: dV += (P ∘ Z)ᵀ dO / (1 - p), dP = (dO Vᵀ) ∘ Z /
+// (1 - p), and D = rowsum(dO ∘ O) = rowsum(P ∘ dP) as without dropout. The
+// masks depend on the tile sizes (the same seed with other tiles drops others).
 //
 // Rows that see no key (padding) give O = 0, lse = -inf, and zero gradients.
 // bf16 inputs are computed in fp32 (accumulation and softmax) and the output
@@ -45,7 +54,13 @@ struct AttentionMask {
 // `meshtrain bench attention --block B` any size) against the materialised scores.
 struct TiledAttentionOptions {
   int64_t block_q = 512, block_k = 512;
+  double dropout = 0;  // probability of dropping an attention probability
+  uint64_t seed = 0;   // of the dropout masks
 };
+
+// The keep mask the op applies with `o` (dropout > 0), materialised [b, hq, s, t]
+// as 0 or 1 / (1 - p): for tests that check the op against naive attention.
+at::Tensor tiled_dropout_mask(int64_t b, int64_t hq, int64_t s, int64_t t, const TiledAttentionOptions& o);
 
 // q: [b, hq, s, d]; k, v: [b, hkv, t, d], hq a multiple of hkv (query head h
 // reads kv head h / (hq / hkv)). Returns [b, hq, s, d] in q's dtype; differentiable.
@@ -57,6 +72,20 @@ at::Tensor tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 std::tuple<at::Tensor, at::Tensor> tiled_attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v, const AttentionMask& mask = {},
                                                            const TiledAttentionOptions& o = {});
+
+// The IO model of the FlashAttention paper (Dao et al., arXiv 2205.14135,
+// Theorem 2): elements moved between main memory and the cache by causal
+// attention forward + backward, per head, at s tokens of head_dim d.
+//   naive: the s x s scores are written and read back by every step that
+//          touches them (forward: S written, read, P written, read for PV;
+//          backward: P read, dP written and read, dS written, read twice):
+//          about 10 s² + 8 s·d.
+//   tiled: forward reads K and V once per query tile of B rows, Q once and
+//          writes O: 2 s·d x s/B + 2 s·d; backward (one pass over key tiles)
+//          reads Q and dO and updates dQ once per key tile, and K, V, dK, dV
+//          once: 4 s·d x s/B + 4 s·d; about 6 s² d / B + 6 s·d.
+inline double naive_attention_io(double s, double d) { return 10 * s * s + 8 * s * d; }
+inline double tiled_attention_io(double s, double d, double block) { return 6 * s * s * d / block + 6 * s * d; }
 
 // The backward alone, from a forward's output and log-sum-exp (fp32): returns
 // dq, dk, dv in fp32. `out` and `lse` may come from a larger problem whose

@@ -39,6 +39,9 @@ struct TrainConfig {
   bool offload = false;
   std::string recompute = "none";  // [train] recompute: none | selective | full
   std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
+  // [train] document_mask: packed documents do not attend to each other and
+  // their positions restart (the shards' document starts; needs tiled attention).
+  bool document_mask = false;
   // [ddp] (used when the data-parallel group has more than one rank)
   int64_t ddp_bucket_mb = 25;
   bool ddp_overlap = true;

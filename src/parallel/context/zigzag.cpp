@@ -52,6 +52,7 @@ Batch context_shard(const Batch& b, const ZigZag& z) {
   Batch out = b;
   out.tokens = z.shard(b.tokens, 1).contiguous();
   out.targets = z.shard(b.targets, 1).contiguous();
+  if (b.doc_ids.defined()) out.doc_ids = z.shard(b.doc_ids, 1).contiguous();
   return out;
 }
 
