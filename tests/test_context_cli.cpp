@@ -1,5 +1,5 @@
 // Context parallelism through `meshtrain train`, as a user runs it: composed
-// with tp (+SP), dp (DDP, ZeRO) and pp, every mesh's losses equal the
+// with tp (+SP), dp (DDP, ZeRO, HSDP) and pp, every mesh's losses equal the
 // one-process run's within fp32 rounding (relative 1e-5, expect_same_losses:
 // the meshes reduce in other orders); a cp checkpoint resumes on cp 1; the
 // planner's cp traffic matches the runtime's counters; and bad settings are one
@@ -36,6 +36,7 @@ TEST(ContextCli, MeshesMatchOneProcess) {
       {" --nproc 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.zero=1", "cp2_pp2_ring_zero1"},
       {" --nproc 4 --set parallel.cp=4 --set parallel.cp_impl=allgather --set model.attention=tiled", "cp4_allgather"},
       {" --nproc 4 --set parallel.cp=2 --set parallel.zero=2 --set train.recompute=selective", "cp2_dp2_zero2_sel"},
+      {" --nproc 8 --set parallel.cp=2 --set parallel.zero=3 --set parallel.dp_shard=2", "cp2_dp4_hsdp"},
   };
   for (const auto& [mesh, tag] : meshes) {
     SCOPED_TRACE(tag);

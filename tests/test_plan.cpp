@@ -67,6 +67,36 @@ TEST(Plan, KorthikantiFigure1For22B) {
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, sp_sel) * m.layers / kGiB, 9.5625);
 }
 
+// The startup estimate of `meshtrain train` counts what the run keeps: fp32
+// runs keep 4-byte activations (16-bit ones 2; dropout masks 1 either way);
+// naive attention keeps the a·s² probabilities, tiled attention and ring
+// attention only the fp32 log-sum-exp (4asb), whatever the sequence.
+TEST(Plan, ActivationsCountPrecisionAndTheAttentionAlgorithm) {
+  ModelSpec m = preset("gpt-tiny");
+  m.dropout = 0;
+  m.seq = 8192;
+  Strategy s = strategy(1, 1, 1, 1, false, Recompute::None);
+  s.micro_batch = 4;
+  s.seq = 8192;
+  s.precision = Precision::Fp32;
+  const double fp32_naive = layer_activation_bytes(m, s);
+  s.precision = Precision::Bf16;
+  EXPECT_DOUBLE_EQ(fp32_naive, 2 * layer_activation_bytes(m, s));
+  s.precision = Precision::Fp32;
+  s.flash = true;
+  const double a = m.heads, sq = 8192, b = 4;
+  EXPECT_DOUBLE_EQ(fp32_naive - layer_activation_bytes(m, s), 4 * a * sq * sq * b - 4 * a * sq * b);
+  s.flash = false;
+  s.cp = 4;  // ring attention: a quarter of the tokens, no s² term
+  const double ring = layer_activation_bytes(m, s);
+  s.flash = true;
+  EXPECT_DOUBLE_EQ(ring, layer_activation_bytes(m, s));
+  s.cp_impl = CpImpl::Ulysses;
+  s.flash = false;
+  // A naive core under Ulysses keeps (S / cp) x S probabilities per head.
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, s) - ring, 4 * a * (sq / 4) * sq * b - 4 * a * (sq / 4) * b);
+}
+
 // Korthikanti Fig. 1, 1T (t = 8, p = 64): model states 32.959 GiB; activations
 // of the first stage (64 micro-batches in flight x 2 layers) 131.25 / 26.5625 GiB.
 TEST(Plan, KorthikantiFigure1For1T) {

@@ -68,12 +68,36 @@ uint32_t max_token(const std::vector<std::string>& shards) {
   return m;
 }
 
+// The planner's description of this run.
+plan::Strategy strategy_of(const TrainConfig& c, int dp) {
+  plan::Strategy s;
+  s.tp = c.tp;
+  s.pp = c.pp;
+  s.vpp = c.virtual_stages;
+  s.schedule = plan::parse_schedule(c.schedule);
+  s.dp = dp;
+  s.cp = c.cp;
+  s.cp_impl = plan::parse_cp_impl(c.cp_impl);
+  s.sp = c.sp && c.tp > 1;
+  s.flash = c.model.attention == plan::AttentionImpl::Tiled;
+  s.zero = c.zero;
+  s.dp_shard = c.dp_shard;
+  s.micro_batch = c.micro_batch;
+  s.global_batch = c.global_batch;
+  s.seq = c.seq;
+  s.precision = c.precision == "fp32" ? plan::Precision::Fp32 : plan::Precision::Bf16;
+  s.recompute = plan::parse_recompute(c.recompute);
+  return s;
+}
+
 // What can be checked from the config and the data before any rank starts
 // work (run in the launching process, and again by a rank started by another
 // launcher): the mesh fits the world, the batch divides over data-parallel
 // ranks, token ids fit the vocabulary, the training and validation shards
 // hold a global batch of windows. Each failure is one error naming the value.
-void check_run(const TrainConfig& c, int world, bool plan_check) {
+// With `warn_memory`, also prints a warning when the planner's per-rank
+// estimate times the ranks on this host exceeds its free memory.
+void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
   const int dp = layout.size("dp");
   if (c.global_batch % (c.micro_batch * dp) != 0) {
@@ -98,6 +122,18 @@ void check_run(const TrainConfig& c, int world, bool plan_check) {
     throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
                                 "op by op); add --set train.precision=fp32");
   }
+  if (!warn_memory) return;
+  // The planner's estimate against this host's memory: a warning, not an error (it is an estimate).
+  const double per_rank = plan::memory_ledger(c.model, strategy_of(c, dp), plan::MemoryOptions{0, 0}).peak().device_total();
+  const double available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const int local = world;  // every rank of this launch runs on this host
+  if (warn_memory && per_rank * local > available) {
+    fmt::print(stderr, "warning: the plan estimates {} per rank ({} attention), {} for this host's {} rank(s), and {} "
+                       "is free: expect the out-of-memory killer (model.attention = \"tiled\", parallel.cp, "
+                       "train.recompute or a smaller micro_batch lower it)\n",
+               plan::human_bytes(per_rank), plan::attention_name(c.model.attention),
+               plan::human_bytes(per_rank * local), local, plan::human_bytes(available));
+  }
 }
 
 // Manifest fields besides the tensors (train/state.h).
@@ -121,27 +157,6 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
 }
 
-// The planner's description of this run.
-plan::Strategy strategy_of(const TrainConfig& c, int dp) {
-  plan::Strategy s;
-  s.tp = c.tp;
-  s.pp = c.pp;
-  s.vpp = c.virtual_stages;
-  s.schedule = plan::parse_schedule(c.schedule);
-  s.dp = dp;
-  s.cp = c.cp;
-  s.cp_impl = plan::parse_cp_impl(c.cp_impl);
-  s.sp = c.sp && c.tp > 1;
-  s.flash = c.model.attention == plan::AttentionImpl::Tiled;
-  s.zero = c.zero;
-  s.dp_shard = c.dp_shard;
-  s.micro_batch = c.micro_batch;
-  s.global_batch = c.global_batch;
-  s.seq = c.seq;
-  s.precision = c.precision == "fp32" ? plan::Precision::Fp32 : plan::Precision::Bf16;
-  s.recompute = plan::parse_recompute(c.recompute);
-  return s;
-}
 
 // --check-plan: the planner's bytes for this rank (plan/traffic.h, and the
 // fp32 model states of plan/memory.h) beside what the runtime measured in the
@@ -236,7 +251,8 @@ int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, i
 
 int train(const TrainConfig& c, bool plan_check) {
   auto rt = start_runtime(300);
-  check_run(c, rt->world_size(), plan_check);  // (also before launching; a foreign launcher skips that)
+  // Also checked before launching (a foreign launcher skips that); one process warns here.
+  check_run(c, rt->world_size(), plan_check, rt->world_size() == 1);
   auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
   DeviceMesh mesh(*rt, layout);
   // Gradients and the loss normaliser are summed over dp x cp; windows are
@@ -370,7 +386,7 @@ Run add_train(CLI::App& app) {
   return [o]() {
     TrainConfig c = load_train_config(o->config, o->sets);
     const int nproc = o->nproc > 0 ? o->nproc : c.nproc;
-    if (nproc > 1 && !DistEnv::from_environment().distributed()) check_run(c, nproc, o->check_plan);
+    if (nproc > 1 && !DistEnv::from_environment().distributed()) check_run(c, nproc, o->check_plan, true);
     if (int rc = relaunch_if_needed(nproc); rc >= 0) return rc;
     return train(c, o->check_plan);
   };

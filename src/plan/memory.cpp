@@ -61,22 +61,25 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s) {
   const double rep = s.sp ? t : 1;  // tensors tp leaves whole, unless sequence parallel splits them
   const double sbh = sq * b * h;
   const bool drop = m.dropout > 0;
-  if (s.recompute == Recompute::Full) return 2 * sbh / rep;  // only the layer input is kept
+  // Bytes per activation element: Korthikanti's 2 (16-bit), 4 in fp32 runs;
+  // dropout masks stay 1 byte.
+  const double e = s.precision == Precision::Fp32 ? 4 : 2;
+  if (s.recompute == Recompute::Full) return e * sbh / rep;  // only the layer input is kept
   // Attention: LN input, QKV input (2sbh each), Q, K, V, output-projection input, dropout mask.
-  double attn = 2 * sbh / rep + 2 * sbh / rep + 2 * sq * b * a * d / t + 2 * 2 * sq * b * g * d / t +
-                2 * sq * b * a * d / t + (drop ? sbh / rep : 0);
+  double attn = e * sbh / rep + e * sbh / rep + e * sq * b * a * d / t + 2 * e * sq * b * g * d / t +
+                e * sq * b * a * d / t + (drop ? sbh / rep : 0);
   // Core: softmax output 2as^2b (+ dropout mask as^2b and output 2as^2b). Selective
   // recomputation drops it; flash-style kernels (and ring attention, which uses them) keep
   // only the fp32 log-sum-exp, 4asb.
   const double full_s = static_cast<double>(s.seq > 0 ? s.seq : m.seq);
   if (s.flash || (s.cp > 1 && s.cp_impl == CpImpl::Ring)) attn += 4 * a * sq * b / t;
-  else if (s.recompute != Recompute::Selective) attn += (drop ? 5 : 2) * a * sq * full_s * b / t;
+  else if (s.recompute != Recompute::Selective) attn += (drop ? 1 + 2 * e : e) * a * sq * full_s * b / t;
   // MLP: LN input, fc1 input, f-wide intermediates (GELU: input and output;
   // SwiGLU: gate, up, product), dropout mask. MoE: top_k copies of each token.
   const double k = m.moe() ? m.top_k : 1;
   const double wide = m.activation == Activation::SwiGLU ? 3 : 2;
-  double mlp = 2 * sbh / rep + 2 * sbh / rep + wide * 2 * sq * b * k * f / t + (drop ? sbh / rep : 0);
-  if (m.moe()) mlp += 2 * 2 * sq * b * k * h / rep;  // dispatch and combine buffers
+  double mlp = e * sbh / rep + e * sbh / rep + wide * e * sq * b * k * f / t + (drop ? sbh / rep : 0);
+  if (m.moe()) mlp += 2 * e * sq * b * k * h / rep;  // dispatch and combine buffers
   return attn + mlp;
 }
 
@@ -136,7 +139,8 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     }
     if (last) {
       const double logits = 4 * sq * b * c.vocab_padded / t;
-      L.lines.push_back({"logits and head input", 2 * sq * b * h / rep + 2 * sq * b * h / rep + logits,
+      const double e = prec == Precision::Fp32 ? 4 : 2;  // bytes per activation element
+      L.lines.push_back({"logits and head input", e * sq * b * h / rep + e * sq * b * h / rep + logits,
                          fmt::format("final norm and head inputs 4sbh/t + fp32 logits 4sbV/t (V = {})",
                                      c.vocab_padded)});
     }
