@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "meshtrain/train/memory.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/tiled_attention.h"
 #include "meshtrain/plan/memory.h"

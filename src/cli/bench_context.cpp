@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "meshtrain/train/memory.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/parallel/context/ring_attention.h"

@@ -65,9 +65,6 @@ void add_train_bench_options(CLI::App* cmd, TrainBenchOptions& o);
 // Throws std::invalid_argument naming the option that is not positive.
 void check_train_bench_options(const TrainBenchOptions& o);
 
-// This process's resident-memory high-water mark (getrusage), in bytes.
-double peak_rss_bytes();
-
 // The median of benchmark samples (the upper one of an even count).
 double median(std::vector<double> samples);
 

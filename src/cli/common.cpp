@@ -1,4 +1,3 @@
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,12 +76,6 @@ void check_train_bench_options(const TrainBenchOptions& o) {
                          {"--steps", o.steps}, {"--rounds", o.rounds}, {"--nproc", o.nproc}}) {
     if (v < 1) throw std::invalid_argument(fmt::format("{} {} must be positive", name, v));
   }
-}
-
-double peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) * 1024.0;
 }
 
 double median(std::vector<double> samples) {

@@ -1,5 +1,7 @@
 #include "meshtrain/train/memory.h"
 
+#include <sys/resource.h>
+
 #include <fmt/format.h>
 
 #include <set>
@@ -56,6 +58,12 @@ std::string memory_table(int64_t psi, int n, const MemoryUse& measured, const st
                      h(static_cast<double>(measured.optimizer)), h(static_cast<double>(measured.state())),
                      h(static_cast<double>(measured.buffers)));
   return out;
+}
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
 }
 
 }  // namespace meshtrain

@@ -41,4 +41,7 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
 // measured row for this run (`mode`: e.g. "DDP fp32").
 std::string memory_table(int64_t psi, int n, const MemoryUse& measured, const std::string& mode);
 
+// This process's resident-memory high-water mark (getrusage), in bytes.
+double peak_rss_bytes();
+
 }  // namespace meshtrain

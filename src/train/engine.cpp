@@ -1,4 +1,4 @@
-#include "cli/train_engine.h"
+#include "meshtrain/train/engine.h"
 
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
@@ -11,7 +11,7 @@
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 
-namespace meshtrain::cli {
+namespace meshtrain {
 namespace {
 
 std::vector<at::Tensor> slice(const std::vector<at::Tensor>& v, size_t first, size_t count) {
@@ -216,4 +216,4 @@ std::pair<double, double> TrainEngine::bubble() const {
   return {exec_->last_wait_seconds(), predicted_bubble_};
 }
 
-}  // namespace meshtrain::cli
+}  // namespace meshtrain

@@ -1,7 +1,7 @@
-// What `meshtrain train` runs on this rank, built from the config: the model
-// (or this pipeline rank's chunks), the data-parallel wrapper (none, DDP or
-// ZeRO), the optimizer and the step, on the dp x tp x pp mesh; with the
-// checkpoint pieces and loading that fit them.
+// What a training run (train/trainer.h) runs on this rank, built from the
+// config: the model (or this pipeline rank's chunks), the data-parallel wrapper
+// (none, DDP or ZeRO), the optimizer and the step, on the dp x cp x tp x pp
+// mesh; with the checkpoint pieces and loading that fit them.
 #pragma once
 
 #include <map>
@@ -23,7 +23,7 @@
 #include "meshtrain/train/pipeline_step.h"
 #include "meshtrain/train/step.h"
 
-namespace meshtrain::cli {
+namespace meshtrain {
 
 class TrainEngine {
  public:
@@ -75,4 +75,4 @@ class TrainEngine {
   Precision precision_;
 };
 
-}  // namespace meshtrain::cli
+}  // namespace meshtrain

@@ -1,0 +1,33 @@
+// A training run: what `meshtrain train` does on each rank, as a library call
+// (the binary only parses arguments and starts ranks).
+//
+// train() builds the mesh (tp x cp x dp x pp) and the engine (train/engine.h),
+// resumes from the newest checkpoint when there is one, and runs the steps:
+// micro-batches from the loader (each cp rank taking its zig-zag chunks), the
+// step, logging (stdout and a JSONL metrics file), evaluation, checkpoints, and
+// with --check-plan the planner's bytes held against the runtime's counters.
+#pragma once
+
+#include "meshtrain/plan/strategy.h"
+#include "meshtrain/train/config.h"
+
+namespace meshtrain {
+
+class Runtime;
+
+// The planner's description of the run, with `dp` data-parallel replicas.
+plan::Strategy strategy_of(const TrainConfig& c, int dp);
+
+// What can be checked from the config and the data before any rank starts
+// work, for a job of `world` ranks: the mesh fits the world, the batch divides
+// over data-parallel ranks, token ids fit the vocabulary, the training and
+// validation shards hold a global batch of windows, --check-plan runs fp32.
+// Each failure is one std::invalid_argument naming the value. With
+// `warn_memory`, also prints a warning when the planner's per-rank estimate
+// times the ranks on this host exceeds its free memory.
+void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory);
+
+// Runs the configured training on this process's rank of `rt`. Returns 0.
+int train(const TrainConfig& c, Runtime& rt, bool plan_check);
+
+}  // namespace meshtrain

@@ -1,0 +1,376 @@
+// The training loop of `meshtrain train` (train/trainer.h).
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/data/loader.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/parallel/data/ddp.h"
+#include "meshtrain/parallel/data/zero.h"
+#include "meshtrain/parallel/context/zigzag.h"
+#include "meshtrain/plan/count.h"
+#include "meshtrain/plan/memory.h"
+#include "meshtrain/plan/strategy.h"
+#include "meshtrain/plan/traffic.h"
+#include "meshtrain/runtime/env.h"
+#include "meshtrain/runtime/mesh.h"
+#include "meshtrain/runtime/runtime.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/engine.h"
+#include "meshtrain/train/gemm_peak.h"
+#include "meshtrain/train/memory.h"
+#include "meshtrain/train/precision.h"
+#include "meshtrain/train/state.h"
+#include "meshtrain/train/trainer.h"
+#include "meshtrain/train/step.h"
+
+namespace meshtrain {
+namespace {
+
+
+
+// Validation loss over `dp` (the data-parallel x cp group): the loader reads
+// windows by data-parallel replica (`data`), each cp rank takes its chunks.
+double evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks) {
+  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask);
+  at::Tensor sums = at::zeros({2}, at::kDouble);
+  for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
+    Batch b = context_shard(val.next(), chunks);
+    sums[0] += engine.loss_sum(b);
+    sums[1] += (b.targets >= 0).sum().to(at::kDouble);
+  }
+  dp.all_reduce(sums);
+  return sums[0].item<double>() / sums[1].item<double>();
+}
+
+uint32_t max_token(const std::vector<std::string>& shards) {
+  uint32_t m = 0;
+  for (const auto& s : shards) {
+    ShardReader r(s);
+    for (uint64_t i = 0; i < r.size(); ++i) m = std::max(m, r[i]);
+  }
+  return m;
+}
+
+
+
+// Manifest fields besides the tensors (train/state.h).
+nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int dp,
+                                 const LossScaler* scaler) {
+  const LoaderState ls = loader.state();
+  nlohmann::json scaler_state = nullptr;
+  if (scaler) {
+    scaler_state = {{"scale", scaler->state().scale}, {"good_steps", scaler->state().good_steps},
+                    {"skipped", scaler->state().skipped}};
+  }
+  return {{"scaler", scaler_state},
+          {"precision", c.precision},
+          {"config",
+           {{"model", spec_to_json(c.model)},
+            {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
+                       {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}}}}},
+          {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
+                    {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
+          {"optimizer", {{"steps", opt.steps()}}},
+          {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
+}
+
+
+// --check-plan: the planner's bytes for this rank (plan/traffic.h, and the
+// fp32 model states of plan/memory.h) beside what the runtime measured in the
+// first step; throws when one differs by more than 5%.
+void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::string, double>& comm, int dp,
+                int pp_rank, bool print) {
+  const plan::Strategy s = strategy_of(c, dp);
+  const plan::RankTraffic t = plan::rank_traffic(c.model, s, pp_rank, engine.stage_layers());
+  const plan::ModelStates ms =
+      plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, c.dp_shard > 0 ? c.dp_shard : dp * c.cp);
+  const MemoryUse mu = engine.measure();
+  const std::pair<const char*, std::pair<double, double>> rows[] = {
+      {"parameters", {ms.params, static_cast<double>(mu.params)}},
+      {"gradients", {ms.grads, static_cast<double>(mu.grads)}},
+      {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}},
+      {"tp bytes sent", {t.tp, comm.at("tp")}},
+      {"cp bytes sent", {t.cp, comm.at("cp")}},
+      {"dp bytes sent", {t.dp, comm.at("dp")}},
+      {"pp bytes sent", {t.pp, comm.at("pp")}},
+      {"tied-embedding bytes sent", {t.embedding, comm.at("embedding")}}};
+  std::string table = fmt::format("check-plan, pipeline stage {} ({} parameters on this rank by the plan, {} measured):\n",
+                                  pp_rank, t.params, engine.local_params());
+  table += fmt::format("  {:<28} {:>14} {:>14} {:>8}\n", "per rank, one step", "plan", "measured", "ratio");
+  std::vector<std::string> off;
+  for (const auto& [name, v] : rows) {
+    const auto [predicted, measured] = v;
+    const double ratio = predicted > 0 ? measured / predicted : (measured > 0 ? INFINITY : 1.0);
+    table += fmt::format("  {:<28} {:>14} {:>14} {:>8.4f}\n", name, plan::human_bytes(predicted),
+                         plan::human_bytes(measured), ratio);
+    if (std::abs(measured - predicted) > 0.05 * std::max(predicted, measured) && std::max(predicted, measured) > 0) {
+      off.push_back(fmt::format("{} (plan {}, measured {})", name, predicted, measured));
+    }
+  }
+  if (print) fmt::print("{}", table);
+  if (!off.empty()) {
+    throw std::runtime_error(fmt::format("--check-plan: the runtime differs from the plan by more than 5% on pipeline "
+                                         "stage {}: {}",
+                                         pp_rank, fmt::join(off, "; ")));
+  }
+}
+
+// Loads the newest checkpoint (or the one named) into model, optimizer,
+// loader and RNG; returns its step (0: nothing to resume).
+int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, int dp, int world_rank, int world_size,
+               bool lead) {
+  if (c.resume == "none") return 0;
+  std::string path;
+  if (c.resume == "auto") {
+    if (c.ckpt_dir.empty()) return 0;
+    auto l = ckpt::latest(c.ckpt_dir);
+    if (!l) return 0;
+    path = *l;
+  } else {
+    path = ckpt::resolve(c.resume);
+  }
+  ckpt::Reader r(path);
+  const auto& m = r.manifest();
+  const auto& t = m.at("config").at("train");
+  if (t.at("seq") != c.seq || t.at("seed") != c.seed || t.at("global_batch") != c.global_batch) {
+    throw std::runtime_error(fmt::format("checkpoint {} was trained with seq {}, seed {}, global batch {}; the config "
+                                         "has {}, {}, {} (they must match to resume the same run; use "
+                                         "checkpoint.resume = \"none\" to start afresh)",
+                                         path, t.at("seq").dump(), t.at("seed").dump(), t.at("global_batch").dump(),
+                                         c.seq, c.seed, c.global_batch));
+  }
+  const auto& mesh = m.at("mesh");
+  const bool same_mesh = m.at("world_size").get<int>() == world_size && mesh.at("tp") == c.tp &&
+                         mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages &&
+                         mesh.value("cp", 1) == c.cp;
+  engine.load(r, world_rank, same_mesh);
+  const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
+  const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
+  if (windows % per_step != 0) {
+    throw std::runtime_error(fmt::format("checkpoint {}: {} windows consumed is not a whole number of micro-steps of "
+                                         "{} x {} ranks; resume with a micro-batch that divides it",
+                                         path, windows, c.micro_batch, dp));
+  }
+  loader.restore({m.at("loader").at("epoch").get<uint64_t>(), windows / per_step});
+  LossScaler* scaler = engine.scaler();
+  if (scaler && m.contains("scaler") && !m["scaler"].is_null()) {
+    scaler->restore({m["scaler"].at("scale").get<double>(), m["scaler"].at("good_steps").get<int64_t>(),
+                     m["scaler"].at("skipped").get<int64_t>()});
+  }
+  const int64_t step = m.at("step").get<int64_t>();
+  if (lead) {
+    fmt::print("resumed from {} (step {}, saved on tp={} cp={} dp={} pp={}{})\n", path, step, mesh["tp"].dump(),
+               mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
+               same_mesh ? "" : "; another mesh: dropout streams start afresh");
+  }
+  return step;
+}
+
+}  // namespace
+
+// The planner's description of this run.
+plan::Strategy strategy_of(const TrainConfig& c, int dp) {
+  plan::Strategy s;
+  s.tp = c.tp;
+  s.pp = c.pp;
+  s.vpp = c.virtual_stages;
+  s.schedule = plan::parse_schedule(c.schedule);
+  s.dp = dp;
+  s.cp = c.cp;
+  s.cp_impl = plan::parse_cp_impl(c.cp_impl);
+  s.sp = c.sp && c.tp > 1;
+  s.flash = c.model.attention == plan::AttentionImpl::Tiled;
+  s.zero = c.zero;
+  s.dp_shard = c.dp_shard;
+  s.micro_batch = c.micro_batch;
+  s.global_batch = c.global_batch;
+  s.seq = c.seq;
+  s.precision = c.precision == "fp32" ? plan::Precision::Fp32 : plan::Precision::Bf16;
+  s.recompute = plan::parse_recompute(c.recompute);
+  return s;
+}
+
+// What can be checked from the config and the data before any rank starts
+// work (run in the launching process, and again by a rank started by another
+// launcher): the mesh fits the world, the batch divides over data-parallel
+// ranks, token ids fit the vocabulary, the training and validation shards
+// hold a global batch of windows. Each failure is one error naming the value.
+// With `warn_memory`, also prints a warning when the planner's per-rank
+// estimate times the ranks on this host exceeds its free memory.
+void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
+  const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
+  const int dp = layout.size("dp");
+  if (c.global_batch % (c.micro_batch * dp) != 0) {
+    throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
+                                            c.global_batch, c.micro_batch, dp));
+  }
+  const uint32_t top = max_token(c.train_shards);
+  if (top >= c.model.vocab) {
+    throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab to the "
+                                            "tokenizer's size",
+                                            c.model.vocab, top, c.train_shards[0]));
+  }
+  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed);
+  if (!c.val_shards.empty()) {
+    try {
+      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("data.val: {} (or drop data.val: --set data.val=[])", e.what()));
+    }
+  }
+  if (plan_check && c.precision != "fp32") {
+    throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
+                                "op by op); add --set train.precision=fp32");
+  }
+  if (!warn_memory) return;
+  // The planner's estimate against this host's memory: a warning, not an error (it is an estimate).
+  const double per_rank = plan::memory_ledger(c.model, strategy_of(c, dp), plan::MemoryOptions{0, 0}).peak().device_total();
+  const double available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const int local = world;  // every rank of this launch runs on this host
+  if (warn_memory && per_rank * local > available) {
+    fmt::print(stderr, "warning: the plan estimates {} per rank ({} attention), {} for this host's {} rank(s), and {} "
+                       "is free: expect the out-of-memory killer (model.attention = \"tiled\", parallel.cp, "
+                       "train.recompute or a smaller micro_batch lower it)\n",
+               plan::human_bytes(per_rank), plan::attention_name(c.model.attention),
+               plan::human_bytes(per_rank * local), local, plan::human_bytes(available));
+  }
+}
+
+int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
+  Runtime* rt = &runtime;
+  // Also checked before launching (a foreign launcher skips that); one process warns here.
+  check_run(c, rt->world_size(), plan_check, rt->world_size() == 1);
+  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
+  DeviceMesh mesh(*rt, layout);
+  // Gradients and the loss normaliser are summed over dp x cp; windows are
+  // read per data-parallel replica (`data`), and each cp rank of a replica
+  // takes its zig-zag chunks of them.
+  Comm& dp = mesh.group({"dp", "cp"});
+  Comm& data = mesh.axis("dp");
+  const ZigZag chunks(c.seq, c.cp, mesh.coord("cp"));
+  const bool lead = rt->rank() == 0;
+  const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
+  if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
+  TrainEngine engine(c, *rt, mesh, accumulation, lead);
+  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask);
+  const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
+  // The MFU denominator: rank 0 times GEMMs on all of this host's cores while the others wait.
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const double peak_flops = lead ? measure_gemm_flops(cores) : 0;
+  mesh.world().barrier();
+  if (lead) {
+    const plan::Strategy s = strategy_of(c, data.size());
+    const auto mem = plan::memory_ledger(c.model, s, plan::MemoryOptions{0, 0});
+    fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank ({}, Adam)\n", c.model.name,
+               plan::count_params(c.model, 128 * c.tp).total, engine.local_params(),
+               plan::human_bytes(mem.peak().device_total()), c.precision);
+    fmt::print("global batch {} x {} tokens = {} micro-batches of {} on {} data-parallel ranks x {} accumulation steps{}\n",
+               c.global_batch, c.seq, c.global_batch / c.micro_batch, c.micro_batch, data.size(), accumulation,
+               c.cp > 1 ? fmt::format("; each sequence over {} context-parallel ranks ({} attention, {} tokens each)",
+                                      c.cp, c.cp_impl, c.seq / c.cp)
+                        : "");
+    fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (fp32 GEMM rate of this host's {} cores, "
+               "measured at start)\n",
+               flops_per_token, plan::flops_formula(plan::AttnFlops::Full), peak_flops / 1e9, cores);
+  }
+  const int64_t start = resume(c, engine, loader, data.size(), rt->rank(), rt->world_size(), lead);
+  std::unique_ptr<ckpt::Checkpointer> saver;
+  if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
+      ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());
+  const int64_t last = c.stop_after > 0 ? std::min(c.stop_after, c.steps) : c.steps;
+  auto save = [&](int64_t s) {
+    if (!saver) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    // Every pipeline stage writes its own layers under their global names.
+    saver->save(s, engine.pieces(dp.rank(), rt->rank()),
+                checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler()), nlohmann::json::object());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (lead) {
+      fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking)\n", s, c.ckpt_dir, ckpt::step_dir_name(s),
+                 c.ckpt_async ? "snapshot taken, writing in the background" : "saved", dt);
+    }
+  };
+  std::ofstream metrics;
+  if (lead && !c.metrics.empty()) {
+    std::filesystem::path p(c.metrics);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    metrics.open(c.metrics, std::ios::app);
+    if (!metrics) throw std::runtime_error(fmt::format("cannot write metrics file {}", c.metrics));
+  }
+  for (int64_t s = start + 1; s <= last; ++s) {
+    std::vector<Batch> micro;
+    for (int64_t i = 0; i < accumulation; ++i) micro.push_back(context_shard(loader.next(), chunks));
+    const bool checked = plan_check && s == start + 1;
+    if (checked) {
+      for (auto& [axis, groups] : engine.groups()) {
+        for (Comm* g : groups) g->reset_stats();
+      }
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    StepResult r = engine.step(micro);
+    if (checked) {
+      std::map<std::string, double> sent;
+      for (auto& [axis, groups] : engine.groups()) {
+        sent[axis] = 0;
+        for (Comm* g : groups) {
+          for (const auto& [op, st] : g->stats()) sent[axis] += op == "recv" ? 0 : static_cast<double>(st.wire_bytes);
+        }
+      }
+      const auto coords = layout.coords(rt->rank());
+      check_plan(c, engine, sent, data.size(), coords.at("pp"),
+                 coords.at("tp") == 0 && coords.at("dp") == 0 && coords.at("cp") == 0);
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tokens_per_s = static_cast<double>(c.global_batch * c.seq) / dt;
+    const double mfu = flops_per_token * tokens_per_s / peak_flops;
+    const auto [wait, predicted] = engine.bubble();
+    if (lead) {
+      if (s % c.log_every == 0 || s == start + 1 || s == last) {
+        fmt::print("step {:>5} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}{}\n",
+                   s, r.loss, r.lr, r.grad_norm, tokens_per_s, 100 * mfu, plan::human_bytes(peak_rss_bytes()),
+                   c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
+                                          100 * wait / dt, 100 * predicted)
+                            : "");
+      }
+      if (metrics.is_open()) {
+        nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
+                         {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
+                         {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
+        if (engine.scaler()) {
+          j["loss_scale"] = r.loss_scale;
+          j["skipped"] = r.skipped;
+        }
+        if (c.pp > 1) j["bubble_measured"] = wait / dt;
+        metrics << j.dump() << "\n" << std::flush;
+      }
+    }
+    if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) {
+      const double v = evaluate(engine, c, dp, data, chunks);
+      if (lead) fmt::print("step {:>5} | validation loss {:.4f} | perplexity {:.2f}\n", s, v, std::exp(v));
+    }
+    if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
+    if (s == start + 1 && lead) fmt::print("{}", engine.memory_report(dp.size(), c.precision));
+  }
+  if (saver) {
+    saver->wait();
+    mesh.world().barrier();
+  }
+  return 0;
+}
+
+}  // namespace meshtrain
