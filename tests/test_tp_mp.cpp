@@ -18,6 +18,7 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/peft/lora.h"
 #include "meshtrain/plan/count.h"
 #include "tests/mp.h"
 
@@ -120,6 +121,64 @@ TEST(TensorParallel, TiledAttentionMatchesOneProcess) {
   if (8 % runtime().world_size() != 0) GTEST_SKIP() << "the test model's 8 heads need tp in 1, 2, 4, 8";
   for (bool llama : {true, false})
     for (bool sp : {false, true}) check_parity(tiny(llama, true, !llama), sp, plan::AttentionImpl::Tiled);
+}
+
+// LoRA under tp (peft/lora.h): adapters cut like their base linears give the
+// one-process loss and adapter gradients (A and B; shards gathered, partial
+// ones summed by finalize_grads) with the parity tolerances above. B is set to
+// the same random full tensor in both runs so that every path carries gradient.
+// Mutation seen to fail (every column-parallel lora_a at tp 2): A not marked
+// partial over tp, so its gradient is not summed.
+TEST(TensorParallel, LoraMatchesOneProcess) {
+  Comm& tp = runtime().world();
+  if (8 % tp.size() != 0) GTEST_SKIP() << "the test model's 8 heads need tp in 1, 2, 4, 8";
+  for (bool llama : {true, false}) {
+    for (bool sp : {false, true}) {
+      const plan::ModelSpec spec = tiny(llama, true, !llama);
+      Comm solo("solo", runtime().rank());
+      Transformer single(spec, solo, false, 77), parallel(spec, tp, sp, 77);
+      LoraOptions o;
+      o.targets = {"all"};
+      o.rank = 4;
+      apply_lora(single, o);
+      apply_lora(parallel, o);
+      {
+        at::NoGradGuard no_grad;
+        for (size_t i = 0; i < single.params().params().size(); ++i) {
+          Param& a = single.params().params()[i];
+          Param& b = parallel.params().params()[i];
+          if (a.name.find(".lora_b") == std::string::npos) continue;
+          auto gen = at::make_generator<at::CPUGeneratorImpl>(stable_hash(a.name));
+          const at::Tensor full_b = at::randn(a.tensor.sizes(), gen) * 0.05;
+          a.tensor.copy_(full_b);
+          b.tensor.copy_(b.tp_dim >= 0 ? full_b.chunk(tp.size(), b.tp_dim)[tp.rank()] : full_b);
+        }
+      }
+      Batch bt = batch(spec);
+      at::Tensor ref = single.forward(bt.tokens, bt.targets).sum() / bt.count;
+      ref.backward();
+      at::Tensor loss = parallel.forward(bt.tokens, bt.targets).sum() / bt.count;
+      loss.backward();
+      parallel.finalize_grads();
+      const std::string what = fmt::format("llama={} sp={} tp={}", llama, sp, tp.size());
+      EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>())) << what;
+      int adapters = 0;
+      for (size_t i = 0; i < single.params().params().size(); ++i) {
+        const Param& a = single.params().params()[i];
+        const Param& b = parallel.params().params()[i];
+        ASSERT_EQ(a.name, b.name);
+        if (a.name.find(".lora_") == std::string::npos) {
+          EXPECT_FALSE(b.tensor.grad().defined()) << what << " " << b.name << " is frozen";
+          continue;
+        }
+        ++adapters;
+        at::Tensor g = b.tp_dim >= 0 ? gather_along(b.tensor.grad(), tp, b.tp_dim) : b.tensor.grad();
+        const double scale = a.tensor.grad().abs().max().item<double>();
+        EXPECT_LE((g - a.tensor.grad()).abs().max().item<double>(), 1e-4 * scale + 1e-7) << what << " " << a.name;
+      }
+      EXPECT_EQ(adapters, 2 * static_cast<int>(spec.layers) * (llama ? 7 : 6)) << what;
+    }
+  }
 }
 
 // TP: per layer 2 all-reduces of b.s.h forward and 2 backward; plus the

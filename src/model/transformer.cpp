@@ -103,6 +103,27 @@ void Transformer::set_dropout_seed(uint64_t seed, int dp_rank) {
   rng_split_ = at::make_generator<at::CPUGeneratorImpl>(base + 2718 + static_cast<uint64_t>(tp_.rank()) + 1);
 }
 
+Transformer::Linears Transformer::linears() {
+  Linears out;
+  for (size_t j = 0; j < blocks_.size(); ++j) {
+    Block& b = blocks_[j];
+    const std::string p = fmt::format("layers.{}.", part_.first + static_cast<int64_t>(j));
+    out.column.emplace_back(p + "attn.q", &b.q);
+    out.column.emplace_back(p + "attn.k", &b.k);
+    out.column.emplace_back(p + "attn.v", &b.v);
+    out.row.emplace_back(p + "attn.o", &b.o);
+    if (spec_.activation == plan::Activation::SwiGLU) {
+      out.column.emplace_back(p + "mlp.gate", &b.gate);
+      out.column.emplace_back(p + "mlp.up", &b.up);
+      out.row.emplace_back(p + "mlp.down", &b.fc2);
+    } else {
+      out.column.emplace_back(p + "mlp.fc1", &b.fc1);
+      out.row.emplace_back(p + "mlp.fc2", &b.fc2);
+    }
+  }
+  return out;
+}
+
 void Transformer::set_context_parallel(Comm& cp, plan::CpImpl impl) {
   if (cp.size() > 1 && spec_.dropout > 0) {
     throw std::invalid_argument(fmt::format("context parallelism (cp {}) computes attention without dropout; set "

@@ -114,6 +114,13 @@ class Transformer {
   // Their states, for checkpoints: {replicated, split}.
   std::vector<at::Generator*> dropout_generators() { return {&rng_replicated_, &rng_split_}; }
 
+  // The blocks' linears by name ("layers.3.attn.q", "layers.0.mlp.fc2"), for adapters (peft/lora.h).
+  struct Linears {
+    std::vector<std::pair<std::string, ColumnParallelLinear*>> column;
+    std::vector<std::pair<std::string, RowParallelLinear*>> row;
+  };
+  Linears linears();
+
   // Context parallelism (parallel/context/): the tokens passed to forward are
   // this cp rank's zig-zag chunks of the sequence (zigzag.h), positions are
   // global, and attention runs over the whole sequence by `impl`. Throws

@@ -36,6 +36,9 @@ struct Param {
   // pipeline stage): updated like any other, but not counted in norms and not
   // written to checkpoints.
   bool replica = false;
+  // Not trained (a base weight under LoRA, peft/lora.h): requires no gradient,
+  // gets no optimizer state.
+  bool frozen = false;
 };
 
 class ParamStore {

@@ -2,11 +2,13 @@
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/peft/lora.h"
 
 namespace meshtrain {
 
@@ -31,7 +33,11 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
   if (bias) this->bias = store.create(name + ".bias", {out}, Init::Zeros, 0, 0);
 }
 
-at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x) const { return nn::linear(x, weight, bias); }
+// LoRA's term trains only under autograd (GradMode on): evaluation and decoding run without its dropout.
+at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x) const {
+  at::Tensor y = nn::linear(x, weight, bias);
+  return lora && lora->active() ? y + lora->delta(x, at::GradMode::is_enabled()) : y;
+}
 
 RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name, int64_t in, int64_t out, bool bias,
                                      double std, TensorParallel tp)
@@ -44,7 +50,9 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor y = tp_.leave(nn::linear(x, weight));
+  at::Tensor partial = nn::linear(x, weight);
+  if (lora && lora->active()) partial = partial + lora->delta(x, at::GradMode::is_enabled());
+  at::Tensor y = tp_.leave(partial);
   return bias.defined() ? y + bias : y;
 }
 

@@ -12,6 +12,7 @@
 // (dim 0), row-parallel splits `in` (dim 1).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -21,6 +22,7 @@
 namespace meshtrain {
 
 class Comm;
+struct LoraAdapter;
 
 struct TensorParallel {
   Comm* comm = nullptr;  // the tp group
@@ -43,6 +45,7 @@ class ColumnParallelLinear {
   // Enters the region itself.
   at::Tensor forward(const at::Tensor& x) const { return forward_entered(tp_.enter(x)); }
   at::Tensor weight, bias;
+  std::shared_ptr<LoraAdapter> lora;  // peft/lora.h: added to the output when set and enabled
 
  private:
   TensorParallel tp_;
@@ -56,6 +59,7 @@ class RowParallelLinear {
   // x: [s, b, in/tp] -> [s(/tp with SP), b, out], summed over tp ranks; bias added once.
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
+  std::shared_ptr<LoraAdapter> lora;  // peft/lora.h: added to the partial product before the reduction
 
  private:
   TensorParallel tp_;

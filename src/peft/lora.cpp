@@ -1,0 +1,111 @@
+#include "meshtrain/peft/lora.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/nn/functional.h"
+
+namespace meshtrain {
+
+at::Tensor LoraAdapter::delta(const at::Tensor& x, bool train) const {
+  const at::Tensor in = train && dropout > 0 && gen ? nn::dropout(x, dropout, *gen) : x;
+  return at::matmul(at::matmul(in, a.t()), b.t()) * scale;
+}
+
+namespace {
+
+bool targeted(const std::string& name, const std::vector<std::string>& targets) {
+  if (targets.empty()) return true;
+  for (const auto& t : targets) {
+    if (t == "all" || name.find(t) != std::string::npos) return true;
+  }
+  return false;
+}
+
+template <typename Fn>
+void for_each_adapter(Transformer& m, Fn fn) {
+  auto lin = m.linears();
+  for (auto& [name, l] : lin.column) {
+    if (l->lora) fn(*l->lora, l->weight);
+  }
+  for (auto& [name, l] : lin.row) {
+    if (l->lora) fn(*l->lora, l->weight);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> apply_lora(Transformer& m, const LoraOptions& o) {
+  if (o.rank < 1 || !(o.alpha > 0) || o.dropout < 0 || o.dropout >= 1) {
+    throw std::invalid_argument(fmt::format("lora: rank {} must be >= 1, alpha {} > 0, dropout {} in [0, 1)", o.rank,
+                                            o.alpha, o.dropout));
+  }
+  ParamStore& store = m.params();
+  const size_t base_params = store.params().size();
+  auto gens = m.dropout_generators();  // {replicated, split}
+  std::vector<std::string> names;
+  // A [r, in] with PEFT's variance; B [out, r] zero. `a_dim`/`b_dim`: the dims tp splits.
+  auto make = [&](const std::string& name, int64_t in, int64_t out, int64_t a_dim, int64_t b_dim,
+                  at::Generator* gen) {
+    auto ad = std::make_shared<LoraAdapter>();
+    const double std = 1.0 / std::sqrt(3.0 * static_cast<double>(in));
+    ad->a = store.create(name + ".lora_a", {o.rank, in}, Init::Normal, std, a_dim, /*partial over tp*/ a_dim < 0);
+    ad->b = store.create(name + ".lora_b", {out, o.rank}, Init::Zeros, 0, b_dim, /*partial over tp*/ b_dim < 0);
+    ad->scale = o.alpha / static_cast<double>(o.rank);
+    ad->dropout = o.dropout;
+    ad->gen = gen;
+    names.push_back(name);
+    return ad;
+  };
+  const int tp = store.tp_size();
+  auto lin = m.linears();
+  for (auto& [name, l] : lin.column) {
+    if (!targeted(name, o.targets)) continue;
+    l->lora = make(name, l->weight.size(1), l->weight.size(0) * tp, -1, 0, gens[0]);
+  }
+  for (auto& [name, l] : lin.row) {
+    if (!targeted(name, o.targets)) continue;
+    l->lora = make(name, l->weight.size(1) * tp, l->weight.size(0), 1, -1, gens[1]);
+  }
+  if (names.empty()) {
+    throw std::invalid_argument(fmt::format("lora: no linear matches the targets {}; names look like layers.0.attn.q, "
+                                            "layers.0.mlp.fc1 (or \"all\")",
+                                            fmt::join(o.targets, ", ")));
+  }
+  for (size_t i = 0; i < base_params; ++i) {
+    Param& p = store.params()[i];
+    p.frozen = true;
+    p.tensor.requires_grad_(false);
+  }
+  return names;
+}
+
+void merge_lora(Transformer& m) {
+  at::NoGradGuard no_grad;
+  for_each_adapter(m, [](LoraAdapter& l, at::Tensor& w) {
+    if (l.merged) return;
+    w.add_(at::mm(l.b, l.a).to(w.scalar_type()), l.scale);
+    l.merged = true;
+  });
+}
+
+void unmerge_lora(Transformer& m) {
+  at::NoGradGuard no_grad;
+  for_each_adapter(m, [](LoraAdapter& l, at::Tensor& w) {
+    if (!l.merged) return;
+    w.sub_(at::mm(l.b, l.a).to(w.scalar_type()), l.scale);
+    l.merged = false;
+  });
+}
+
+void enable_lora(Transformer& m, bool on) {
+  for_each_adapter(m, [on](LoraAdapter& l, at::Tensor&) { l.enabled = on; });
+}
+
+}  // namespace meshtrain
