@@ -93,6 +93,7 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.schedule", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.schedule = as_string(n, k); }},
       {"parallel.zero", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.zero = static_cast<int>(as_int(n, k)); }},
       {"parallel.dp_shard", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dp_shard = static_cast<int>(as_int(n, k)); }},
+      {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
       {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
       {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
       {"parallel.offload", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.offload = as_bool(n, k); }},
@@ -114,7 +115,7 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, parallel, ddp"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, init, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);

@@ -144,6 +144,19 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank) {
   return out;
 }
 
+void TrainEngine::load_weights(ckpt::Reader& r) {
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Transformer& m = *chunks_[c];
+    if (!zero_.empty()) {
+      std::vector<at::Tensor> w = zeros_like_params(m);
+      load_model(r, m, w);
+      zero_[c]->load_weights(w);
+    } else {
+      load_model(r, m);
+    }
+  }
+}
+
 int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
   size_t k = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {

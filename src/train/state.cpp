@@ -125,21 +125,23 @@ void load_model(ckpt::Reader& r, Transformer& model) {
   load_model(r, model, into);
 }
 
-void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into) {
+void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now) {
   const auto& m = r.manifest();
-  if (m.contains("config") && m["config"].contains("model")) {
-    const plan::ModelSpec saved = spec_from_json(m["config"]["model"]);
-    const plan::ModelSpec& now = model.spec();
-    for (auto [field, a, b] : {std::tuple{"layers", saved.layers, now.layers}, {"hidden", saved.hidden, now.hidden},
-                               {"heads", saved.heads, now.heads}, {"kv_heads", saved.kv_heads, now.kv_heads},
-                               {"ffn", saved.ffn, now.ffn}, {"vocab", saved.vocab, now.vocab}}) {
-      if (a != b) {
-        throw std::runtime_error(fmt::format("checkpoint {} has model.{} = {}, the config asks for {}; load it with the "
-                                             "model it was trained with",
-                                             r.dir(), field, a, b));
-      }
+  if (!m.contains("config") || !m["config"].contains("model")) return;
+  const plan::ModelSpec saved = spec_from_json(m["config"]["model"]);
+  for (auto [field, a, b] : {std::tuple{"layers", saved.layers, now.layers}, {"hidden", saved.hidden, now.hidden},
+                             {"heads", saved.heads, now.heads}, {"kv_heads", saved.kv_heads, now.kv_heads},
+                             {"ffn", saved.ffn, now.ffn}, {"vocab", saved.vocab, now.vocab}}) {
+    if (a != b) {
+      throw std::runtime_error(fmt::format("checkpoint {} has model.{} = {}, the config asks for {}; load it with the "
+                                           "model it was trained with",
+                                           r.dir(), field, a, b));
     }
   }
+}
+
+void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into) {
+  check_same_model(r, model.spec());
   at::NoGradGuard no_grad;
   const int tp_rank = model.params().tp_rank();
   auto& params = model.params().params();

@@ -237,6 +237,13 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
     throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
                                 "op by op); add --set train.precision=fp32");
   }
+  if (!c.init_from.empty()) {
+    try {
+      check_same_model(ckpt::Reader(ckpt::resolve(c.init_from)), c.model);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("init.from = \"{}\": {}", c.init_from, e.what()));
+    }
+  }
   if (!warn_memory) return;
   // The planner's estimate against this host's memory: a warning, not an error (it is an estimate).
   const double per_rank = plan::memory_ledger(c.model, strategy_of(c, dp), plan::MemoryOptions{0, 0}).peak().device_total();
@@ -289,6 +296,13 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                flops_per_token, plan::flops_formula(plan::AttnFlops::Full), peak_flops / 1e9, cores);
   }
   const int64_t start = resume(c, engine, loader, data.size(), rt->rank(), rt->world_size(), lead);
+  if (start == 0 && !c.init_from.empty()) {
+    ckpt::Reader r(ckpt::resolve(c.init_from));
+    engine.load_weights(r);
+    if (lead) {
+      fmt::print("weights from {} (step {}; a new optimizer, step 0)\n", r.dir(), r.manifest().value("step", 0));
+    }
+  }
   std::unique_ptr<ckpt::Checkpointer> saver;
   if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
       ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());

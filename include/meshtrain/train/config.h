@@ -53,6 +53,9 @@ struct TrainConfig {
   int ckpt_keep = 2;              // keep: newest checkpoints kept
   bool ckpt_async = false;        // async: write in a background thread
   std::string resume = "auto";    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
+  // [init] from: start from these weights (a checkpoint directory, any mesh):
+  // new optimizer, step 0, data from the start. Ignored when resuming.
+  std::string init_from;
 };
 
 // Throws std::invalid_argument naming the file, section.key and the problem.

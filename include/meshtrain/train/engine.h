@@ -39,6 +39,8 @@ class TrainEngine {
   // Parameters and moments from `r`, whatever mesh wrote it; the dropout
   // generators too when `same_mesh`. Returns the optimizer step.
   int64_t load(ckpt::Reader& r, int world_rank, bool same_mesh);
+  // The parameters only (optimizer untouched): [init] from.
+  void load_weights(ckpt::Reader& r);
 
   AdamW& optimizer() { return *opt_; }
   LossScaler* scaler() { return scaler_.get(); }

@@ -44,6 +44,9 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
 // shards, whatever mesh wrote them. The checkpoint's model must equal the
 // model's spec up to vocabulary padding (std::runtime_error names the field).
 void load_model(ckpt::Reader& r, Transformer& model);
+// Throws std::runtime_error naming the field when the checkpoint's model shape
+// (layers, hidden, heads, kv heads, ffn, vocab) differs from `now`.
+void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now);
 // The same into `into` (one tensor per parameter, its shape) instead.
 void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into);
 void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt);
