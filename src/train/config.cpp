@@ -93,6 +93,10 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.schedule", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.schedule = as_string(n, k); }},
       {"parallel.zero", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.zero = static_cast<int>(as_int(n, k)); }},
       {"parallel.dp_shard", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dp_shard = static_cast<int>(as_int(n, k)); }},
+      {"lora.rank", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.rank = as_int(n, k); }},
+      {"lora.alpha", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.alpha = as_double(n, k); }},
+      {"lora.dropout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.dropout = as_double(n, k); }},
+      {"lora.targets", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.targets = as_strings(n, k); }},
       {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
       {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
       {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
@@ -115,7 +119,7 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, init, parallel, ddp"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);
@@ -214,6 +218,16 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: train.document_mask needs model.attention = \"tiled\" (it is \"{}\"), "
                                             "parallel.cp = 1 (it is {}) and parallel.pp = 1 (it is {})",
                                             path, plan::attention_name(c.model.attention), c.cp, c.pp));
+  }
+  if (c.lora.rank < 0 || (c.lora.rank > 0 && (!(c.lora.alpha > 0) || c.lora.dropout < 0 || c.lora.dropout >= 1))) {
+    throw std::invalid_argument(fmt::format("{}: lora.rank = {} (0 = off), lora.alpha = {} (> 0), lora.dropout = {} "
+                                            "(in [0, 1))",
+                                            path, c.lora.rank, c.lora.alpha, c.lora.dropout));
+  }
+  if (c.lora.rank > 0 && (c.zero > 0 || c.pp > 1)) {
+    throw std::invalid_argument(fmt::format("{}: LoRA (lora.rank = {}) trains with DDP or one replica for now: "
+                                            "parallel.zero = {} and parallel.pp = {} must be 0 and 1",
+                                            path, c.lora.rank, c.zero, c.pp));
   }
   if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
     throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "

@@ -18,6 +18,15 @@ std::vector<at::Tensor> slice(const std::vector<at::Tensor>& v, size_t first, si
   return {v.begin() + static_cast<std::ptrdiff_t>(first), v.begin() + static_cast<std::ptrdiff_t>(first + count)};
 }
 
+// The optimizer's entries for chunk `m`'s parameters, from entry `k` on,
+// aligned with m.params(): undefined for frozen parameters (which have none).
+// Advances k past them.
+std::vector<at::Tensor> aligned(const std::vector<at::Tensor>& state, Transformer& m, size_t& k) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.params().params()) out.push_back(p.frozen ? at::Tensor() : state.at(k++));
+  return out;
+}
+
 std::vector<at::Tensor> zeros_like_params(Transformer& m) {
   std::vector<at::Tensor> out;
   for (const auto& p : m.params().params()) out.push_back(at::zeros(p.tensor.sizes(), at::kFloat));
@@ -40,6 +49,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages);
   }
   for (auto& m : chunks_) {
+    if (c.lora.rank > 0) apply_lora(*m, c.lora);
     m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
     m->set_dropout_seed(c.seed, dp_.rank());
     m->set_recompute(plan::parse_recompute(c.recompute));
@@ -54,10 +64,12 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     }
   } else {
     for (auto& m : chunks_) {
-      for (const auto& p : m->params().params()) updated_.push_back(p);
+      for (const auto& p : m->params().params()) {
+        if (!p.frozen) updated_.push_back(p);  // frozen (LoRA's base): no gradient, no optimizer state
+      }
     }
     if (dp_.size() > 1 && c.pp == 1) {
-      ddp_ = std::make_unique<DataParallel>(chunks_[0]->params().params(), dp_,
+      ddp_ = std::make_unique<DataParallel>(updated_, dp_,
                                             DdpOptions{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused});
     }
   }
@@ -134,10 +146,9 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank) {
                           z.whole_state(slice(opt_->exp_avg_sq(), k, n)), dp_rank, world_rank, static_cast<int>(c));
       k += n;
     } else {
-      const size_t n = m.params().params().size();
-      p = training_pieces(m, {}, slice(opt_->exp_avg(), k, n), slice(opt_->exp_avg_sq(), k, n), dp_rank, world_rank,
-                          static_cast<int>(c));
-      k += n;
+      size_t k2 = k;
+      const std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
+      p = training_pieces(m, {}, ms, vs, dp_rank, world_rank, static_cast<int>(c));
     }
     out.insert(out.end(), p.begin(), p.end());
   }
@@ -173,11 +184,10 @@ int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
       z.shard_state(va, vs);
       k += n;
     } else {
-      const size_t n = m.params().params().size();
       load_model(r, m);
-      std::vector<at::Tensor> ms = slice(opt_->exp_avg(), k, n), vs = slice(opt_->exp_avg_sq(), k, n);
+      size_t k2 = k;
+      std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
       load_moments(r, m, ms, vs);
-      k += n;
     }
     if (same_mesh) load_rng(r, m, world_rank, static_cast<int>(c));
   }

@@ -105,7 +105,7 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
     const bool owner = dp_rank == 0 && (p.tp_dim >= 0 || tp_rank == 0) && !p.replica;
     const auto off = offsets_of(p, tp_rank);
     out.push_back({"model/" + p.name, weights.empty() ? p.tensor.detach() : weights.at(i), p.full_shape, off, owner});
-    if (!exp_avg.empty()) {
+    if (!exp_avg.empty() && exp_avg.at(i).defined()) {
       out.push_back({"optim/exp_avg/" + p.name, exp_avg.at(i), p.full_shape, off, owner});
       out.push_back({"optim/exp_avg_sq/" + p.name, exp_avg_sq.at(i), p.full_shape, off, owner});
     }
@@ -124,6 +124,16 @@ void load_model(ckpt::Reader& r, Transformer& model) {
   for (auto& p : model.params().params()) into.push_back(p.tensor.detach());
   load_model(r, model, into);
 }
+
+namespace {
+
+// A LoRA adapter (peft/lora.h) the checkpoint does not hold: it starts as a
+// new one (B = 0), e.g. when fine-tuning from a base model's checkpoint.
+bool new_adapter(const ckpt::Reader& r, const Param& p) {
+  return p.name.find(".lora_") != std::string::npos && !r.has("model/" + p.name);
+}
+
+}  // namespace
 
 void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now) {
   const auto& m = r.manifest();
@@ -146,6 +156,7 @@ void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& in
   const int tp_rank = model.params().tp_rank();
   auto& params = model.params().params();
   for (size_t i = 0; i < params.size(); ++i) {
+    if (new_adapter(r, params[i])) continue;
     r.read("model/" + params[i].name, into.at(i), offsets_of(params[i], tp_rank), params[i].full_shape);
   }
 }
@@ -155,6 +166,7 @@ void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& 
   const int tp_rank = model.params().tp_rank();
   auto& params = model.params().params();
   for (size_t i = 0; i < params.size(); ++i) {
+    if (!exp_avg.at(i).defined() || new_adapter(r, params[i])) continue;  // frozen: no moments
     const auto off = offsets_of(params[i], tp_rank);
     r.read("optim/exp_avg/" + params[i].name, exp_avg.at(i), off, params[i].full_shape);
     r.read("optim/exp_avg_sq/" + params[i].name, exp_avg_sq.at(i), off, params[i].full_shape);

@@ -95,6 +95,7 @@ void all_reduce_gradients(std::vector<Param>& params, Comm& dp) {
   if (dp.size() == 1) return;
   std::vector<at::Tensor> grads;
   for (auto& p : params) {
+    if (p.frozen) continue;  // LoRA's base: no gradient
     if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
     grads.push_back(p.tensor.grad());
   }

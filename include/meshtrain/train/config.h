@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/peft/lora.h"
 #include "meshtrain/plan/spec.h"
 
 namespace meshtrain {
@@ -56,6 +57,9 @@ struct TrainConfig {
   // [init] from: start from these weights (a checkpoint directory, any mesh):
   // new optimizer, step 0, data from the start. Ignored when resuming.
   std::string init_from;
+  // [lora] rank (0 = off), alpha, dropout, targets: train LoRA adapters on a
+  // frozen model (peft/lora.h); DDP or one replica, no pipeline, for now.
+  LoraOptions lora{0};
 };
 
 // Throws std::invalid_argument naming the file, section.key and the problem.

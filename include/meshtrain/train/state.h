@@ -34,7 +34,8 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j);
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank);
 // The same with the weights and moments given per model parameter (ZeRO
 // gathers its slices into whole fp32 tensors first: the checkpoint layout does
-// not depend on the sharding). Empty `weights`: the parameters themselves.
+// not depend on the sharding). Empty `weights`: the parameters themselves. An
+// undefined moment (a frozen parameter: no optimizer state) is not written.
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& weights,
                                          const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
@@ -43,6 +44,8 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
 // Loads the parameters (and, when `opt` is given, the moments) of this rank's
 // shards, whatever mesh wrote them. The checkpoint's model must equal the
 // model's spec up to vocabulary padding (std::runtime_error names the field).
+// LoRA adapters the checkpoint does not hold keep their fresh values (B = 0):
+// fine-tuning starts from a base model's checkpoint.
 void load_model(ckpt::Reader& r, Transformer& model);
 // Throws std::runtime_error naming the field when the checkpoint's model shape
 // (layers, hidden, heads, kv heads, ffn, vocab) differs from `now`.
@@ -50,7 +53,8 @@ void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now);
 // The same into `into` (one tensor per parameter, its shape) instead.
 void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into);
 void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt);
-// The moments per model parameter (this rank's tp shard), for ZeRO to slice.
+// The moments per model parameter (this rank's tp shard), for ZeRO to slice;
+// undefined entries (frozen parameters) and adapters the checkpoint lacks are skipped.
 void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& exp_avg,
                   std::vector<at::Tensor>& exp_avg_sq);
 // Restores this rank's dropout generators when the checkpoint has them
