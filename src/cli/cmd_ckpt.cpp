@@ -1,5 +1,8 @@
-// meshtrain ckpt verify DIR | ckpt export DIR --out model.safetensors [--force]
+// meshtrain ckpt verify DIR | ckpt export DIR --out model.safetensors [--format hf] [--force]
+//                         | ckpt import HF_DIR --out CKPT_DIR [--force]
 // DIR is a step directory or a checkpoint directory (its newest step is used).
+// --format hf writes a Hugging Face directory (model.safetensors, config.json);
+// import turns one into a meshtrain checkpoint that [init] from loads on any mesh.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -7,12 +10,13 @@
 
 #include "cli/commands.h"
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/hf.h"
 
 namespace meshtrain::cli {
 
 Run add_ckpt(CLI::App& app) {
   struct Opts {
-    std::string dir, out;
+    std::string dir, out, format = "meshtrain";
     bool force = false;
   };
   auto o = std::make_shared<Opts>();
@@ -24,7 +28,18 @@ Run add_ckpt(CLI::App& app) {
   exp->add_option("dir", o->dir, "checkpoint (step directory or its parent)")->required();
   exp->add_option("--out", o->out, "output .safetensors file")->required();
   exp->add_flag("--force", o->force, "replace an existing output file");
-  return [o, verify, exp]() -> int {
+  exp->add_option("--format", o->format, "meshtrain (one safetensors file) | hf (a Hugging Face directory)")
+      ->capture_default_str();
+  auto imp = cmd->add_subcommand("import", "a Hugging Face GPT-2 or Llama directory as a meshtrain checkpoint");
+  imp->add_option("dir", o->dir, "directory with config.json and model.safetensors")->required();
+  imp->add_option("--out", o->out, "checkpoint directory to write")->required();
+  imp->add_flag("--force", o->force, "replace an existing checkpoint directory");
+  return [o, verify, exp, imp]() -> int {
+    if (imp->parsed()) {
+      ckpt::import_hf(o->dir, o->out, o->force);
+      fmt::print("wrote {} (step 0, from {})\n", o->out, o->dir);
+      return 0;
+    }
     const std::string dir = ckpt::resolve(o->dir);
     if (verify->parsed()) {
       const ckpt::VerifyReport r = ckpt::verify(dir);
@@ -34,6 +49,12 @@ Run add_ckpt(CLI::App& app) {
                  r.problems.empty() ? "all checksums match" : fmt::format("{} problems", r.problems.size()));
       return r.problems.empty() ? 0 : 1;
     }
+    if (o->format == "hf") {
+      ckpt::export_hf(dir, o->out, o->force);
+      fmt::print("wrote {} (Hugging Face model.safetensors and config.json of {})\n", o->out, dir);
+      return 0;
+    }
+    if (o->format != "meshtrain") throw std::invalid_argument(fmt::format("--format {}: use meshtrain or hf", o->format));
     ckpt::export_model(dir, o->out, o->force);
     fmt::print("wrote {} (full weights of {})\n", o->out, dir);
     return 0;

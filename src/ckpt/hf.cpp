@@ -1,0 +1,256 @@
+#include "meshtrain/ckpt/hf.h"
+
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/plan/count.h"
+#include "meshtrain/train/state.h"
+
+namespace meshtrain::ckpt {
+namespace fs = std::filesystem;
+
+HfFamily hf_family(const plan::ModelSpec& m) {
+  if (m.norm == plan::Norm::LayerNorm && m.position == plan::Position::Learned &&
+      m.activation == plan::Activation::GELU && m.bias && m.tied && m.kv_heads == m.heads) {
+    return HfFamily::Gpt2;
+  }
+  if (m.norm == plan::Norm::RMSNorm && m.position == plan::Position::RoPE && m.activation == plan::Activation::SwiGLU &&
+      !m.bias) {
+    return HfFamily::Llama;
+  }
+  throw std::invalid_argument(fmt::format(
+      "model '{}' is neither GPT-2 shaped (LayerNorm, learned positions, GELU, biases, tied head, kv heads = heads) "
+      "nor Llama shaped (RMSNorm, RoPE, SwiGLU, no biases): no Hugging Face class holds it",
+      m.name));
+}
+
+namespace {
+
+// One tensor of `from` by name, checked against the shape it must have.
+at::Tensor take(const std::map<std::string, at::Tensor>& from, const std::string& name,
+                const std::vector<int64_t>& shape, const char* side) {
+  auto it = from.find(name);
+  if (it == from.end()) throw std::invalid_argument(fmt::format("{} tensor {} is missing", side, name));
+  if (it->second.sizes().vec() != shape) {
+    throw std::invalid_argument(fmt::format("{} tensor {} has shape {}, expected {}", side, name,
+                                            fmt::join(it->second.sizes(), "x"), fmt::join(shape, "x")));
+  }
+  return it->second.contiguous();
+}
+
+// The table of hf.h as code: for each direction, the same walk over the model.
+struct Mapper {
+  const plan::ModelSpec& m;
+  bool to_hf;  // ours -> HF
+  const std::map<std::string, at::Tensor>& in;
+  std::map<std::string, at::Tensor> out;
+  const char* side() const { return to_hf ? "meshtrain" : "Hugging Face"; }
+
+  // A tensor with the same layout on both sides.
+  void same(const std::string& ours, const std::string& hf, const std::vector<int64_t>& shape) {
+    if (to_hf) out[hf] = take(in, ours, shape, side());
+    else out[ours] = take(in, hf, shape, side());
+  }
+  // GPT-2's Conv1D: ours [out, in], HF's [in, out].
+  void transposed(const std::string& ours, const std::string& hf, int64_t rows_out, int64_t cols_in) {
+    if (to_hf) out[hf] = take(in, ours, {rows_out, cols_in}, side()).t().contiguous();
+    else out[ours] = take(in, hf, {cols_in, rows_out}, side()).t().contiguous();
+  }
+  // GPT-2's fused c_attn: q, k, v concatenated along out (then transposed for the weight).
+  void fused_qkv(const std::string& ours, const std::string& hf, int64_t h) {
+    const std::string q = ours + "q.", k = ours + "k.", v = ours + "v.";
+    if (to_hf) {
+      out[hf + "weight"] = at::cat({take(in, q + "weight", {h, h}, side()), take(in, k + "weight", {h, h}, side()),
+                                    take(in, v + "weight", {h, h}, side())})
+                               .t()
+                               .contiguous();
+      out[hf + "bias"] = at::cat({take(in, q + "bias", {h}, side()), take(in, k + "bias", {h}, side()),
+                                  take(in, v + "bias", {h}, side())});
+    } else {
+      const auto w = take(in, hf + "weight", {h, 3 * h}, side()).t().chunk(3, 0);
+      const auto b = take(in, hf + "bias", {3 * h}, side()).chunk(3, 0);
+      const char* parts[] = {"q.", "k.", "v."};
+      for (int i = 0; i < 3; ++i) {
+        out[ours + parts[i] + "weight"] = w[i].contiguous();
+        out[ours + parts[i] + "bias"] = b[i].contiguous();
+      }
+    }
+  }
+
+  void run() {
+    const int64_t h = m.hidden, V = m.vocab, f = m.ffn, d = m.head_dim();
+    if (hf_family(m) == HfFamily::Gpt2) {
+      same("embed.weight", "transformer.wte.weight", {V, h});
+      same("pos.weight", "transformer.wpe.weight", {m.seq, h});
+      for (int64_t l = 0; l < m.layers; ++l) {
+        const std::string o = fmt::format("layers.{}.", l), g = fmt::format("transformer.h.{}.", l);
+        for (const char* x : {"weight", "bias"}) {
+          same(o + "norm1." + x, g + "ln_1." + x, {h});
+          same(o + "norm2." + x, g + "ln_2." + x, {h});
+        }
+        fused_qkv(o + "attn.", g + "attn.c_attn.", h);
+        transposed(o + "attn.o.weight", g + "attn.c_proj.weight", h, h);
+        same(o + "attn.o.bias", g + "attn.c_proj.bias", {h});
+        transposed(o + "mlp.fc1.weight", g + "mlp.c_fc.weight", f, h);
+        same(o + "mlp.fc1.bias", g + "mlp.c_fc.bias", {f});
+        transposed(o + "mlp.fc2.weight", g + "mlp.c_proj.weight", h, f);
+        same(o + "mlp.fc2.bias", g + "mlp.c_proj.bias", {h});
+      }
+      same("final_norm.weight", "transformer.ln_f.weight", {h});
+      same("final_norm.bias", "transformer.ln_f.bias", {h});
+      return;
+    }
+    same("embed.weight", "model.embed_tokens.weight", {V, h});
+    for (int64_t l = 0; l < m.layers; ++l) {
+      const std::string o = fmt::format("layers.{}.", l), g = fmt::format("model.layers.{}.", l);
+      same(o + "norm1.weight", g + "input_layernorm.weight", {h});
+      same(o + "attn.q.weight", g + "self_attn.q_proj.weight", {m.heads * d, h});
+      same(o + "attn.k.weight", g + "self_attn.k_proj.weight", {m.kv_heads * d, h});
+      same(o + "attn.v.weight", g + "self_attn.v_proj.weight", {m.kv_heads * d, h});
+      same(o + "attn.o.weight", g + "self_attn.o_proj.weight", {h, m.heads * d});
+      same(o + "norm2.weight", g + "post_attention_layernorm.weight", {h});
+      same(o + "mlp.gate.weight", g + "mlp.gate_proj.weight", {f, h});
+      same(o + "mlp.up.weight", g + "mlp.up_proj.weight", {f, h});
+      same(o + "mlp.down.weight", g + "mlp.down_proj.weight", {h, f});
+    }
+    same("final_norm.weight", "model.norm.weight", {h});
+    if (!m.tied) same("head.weight", "lm_head.weight", {V, h});
+  }
+};
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) {
+    throw std::invalid_argument(fmt::format("Hugging Face config.json lacks \"{}\"", key));
+  }
+  return j[key].get<T>();
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> to_hf(const std::map<std::string, at::Tensor>& ours, const plan::ModelSpec& m) {
+  Mapper mp{m, true, ours, {}};
+  mp.run();
+  return mp.out;
+}
+
+std::map<std::string, at::Tensor> from_hf(const std::map<std::string, at::Tensor>& hf, const plan::ModelSpec& m) {
+  Mapper mp{m, false, hf, {}};
+  mp.run();
+  return mp.out;
+}
+
+nlohmann::json hf_config(const plan::ModelSpec& m) {
+  if (hf_family(m) == HfFamily::Gpt2) {
+    return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab},
+            {"n_positions", m.seq}, {"n_ctx", m.seq}, {"n_embd", m.hidden}, {"n_layer", m.layers},
+            {"n_head", m.heads}, {"n_inner", m.ffn}, {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", m.norm_eps}, {"tie_word_embeddings", true}, {"torch_dtype", "float32"}};
+  }
+  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab},
+          {"hidden_size", m.hidden}, {"intermediate_size", m.ffn}, {"num_hidden_layers", m.layers},
+          {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads},
+          {"max_position_embeddings", m.seq}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
+          {"tie_word_embeddings", m.tied}, {"hidden_act", "silu"}, {"attention_bias", false},
+          {"torch_dtype", "float32"}};
+}
+
+plan::ModelSpec spec_from_hf_config(const nlohmann::json& j) {
+  const std::string type = j.value("model_type", "");
+  plan::ModelSpec m;
+  m.dropout = 0;
+  if (type == "gpt2") {
+    m = plan::preset("gpt-tiny");
+    m.name = "hf-gpt2";
+    m.vocab = field<int64_t>(j, "vocab_size");
+    m.seq = field<int64_t>(j, "n_positions");
+    m.hidden = field<int64_t>(j, "n_embd");
+    m.layers = field<int64_t>(j, "n_layer");
+    m.heads = m.kv_heads = field<int64_t>(j, "n_head");
+    m.ffn = j.contains("n_inner") && !j["n_inner"].is_null() ? j["n_inner"].get<int64_t>() : 4 * m.hidden;
+    m.norm_eps = j.value("layer_norm_epsilon", 1e-5);
+  } else if (type == "llama") {
+    m = plan::preset("llama-tiny");
+    m.name = "hf-llama";
+    m.vocab = field<int64_t>(j, "vocab_size");
+    m.hidden = field<int64_t>(j, "hidden_size");
+    m.ffn = field<int64_t>(j, "intermediate_size");
+    m.layers = field<int64_t>(j, "num_hidden_layers");
+    m.heads = field<int64_t>(j, "num_attention_heads");
+    m.kv_heads = j.value("num_key_value_heads", m.heads);
+    m.seq = field<int64_t>(j, "max_position_embeddings");
+    m.norm_eps = j.value("rms_norm_eps", 1e-6);
+    m.rope_theta = j.value("rope_theta", 10000.0);
+    m.tied = j.value("tie_word_embeddings", false);
+  } else {
+    throw std::invalid_argument(fmt::format("Hugging Face model_type \"{}\": meshtrain reads gpt2 and llama", type));
+  }
+  m.dropout = 0;
+  plan::validate(m);
+  return m;
+}
+
+void export_hf(const std::string& step_dir, const std::string& out_dir, bool force) {
+  if (fs::exists(out_dir) && !force) throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out_dir));
+  Reader reader(step_dir);
+  const auto& man = reader.manifest();
+  if (!man.contains("config") || !man["config"].contains("model")) {
+    throw std::runtime_error(fmt::format("{}: the manifest has no model config to export", step_dir));
+  }
+  const plan::ModelSpec m = spec_from_json(man["config"]["model"]);
+  hf_family(m);  // fail before reading
+  std::map<std::string, at::Tensor> ours;
+  for (const auto& [name, t] : man["tensors"].items()) {
+    if (name.rfind("model/", 0) != 0 || name.find(".lora_") != std::string::npos) continue;
+    at::Tensor full = reader.read_full(name);
+    const std::string plain = name.substr(6);
+    if ((plain == "embed.weight" || plain == "head.weight") && full.size(0) > m.vocab) full = full.narrow(0, 0, m.vocab);
+    ours[plain] = full;
+  }
+  std::vector<NamedTensor> tensors;
+  for (auto& [name, t] : to_hf(ours, m)) tensors.push_back({name, t});
+  const std::string tmp = out_dir + ".tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  write_safetensors((fs::path(tmp) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  std::ofstream(fs::path(tmp) / "config.json") << hf_config(m).dump(2) << "\n";
+  fs::remove_all(out_dir);
+  fs::rename(tmp, out_dir);
+}
+
+void import_hf(const std::string& hf_dir, const std::string& out_dir, bool force) {
+  const fs::path cfg = fs::path(hf_dir) / "config.json", st = fs::path(hf_dir) / "model.safetensors";
+  if (!fs::exists(cfg) || !fs::exists(st)) {
+    throw std::runtime_error(fmt::format("{}: a Hugging Face model directory holds config.json and model.safetensors",
+                                         hf_dir));
+  }
+  if (fs::exists(out_dir) && !force) throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out_dir));
+  nlohmann::json j;
+  std::ifstream(cfg) >> j;
+  const plan::ModelSpec m = spec_from_hf_config(j);
+  SafetensorsFile file(st.string());
+  std::map<std::string, at::Tensor> hf;
+  for (const auto& [name, e] : file.entries()) hf[name] = file.get(name).to(at::kFloat);
+  const std::map<std::string, at::Tensor> ours = from_hf(hf, m);
+  // A one-rank checkpoint: every tensor whole, written by this process alone.
+  std::vector<Piece> pieces;
+  for (const auto& [name, t] : ours) pieces.push_back({"model/" + name, t, t.sizes().vec(), std::vector<int64_t>(t.dim(), 0), true});
+  if (force) fs::remove_all(out_dir);
+  Comm solo("import", 0);
+  Checkpointer saver(SaveOptions{out_dir, 1, false, 60}, solo);
+  saver.save(0, pieces,
+             {{"config", {{"model", spec_to_json(m)}}}, {"source", fmt::format("Hugging Face {}", hf_dir)},
+              {"optimizer", {{"steps", 0}}}},
+             nlohmann::json::object());
+  saver.wait();
+}
+
+}  // namespace meshtrain::ckpt

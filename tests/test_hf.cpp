@@ -1,0 +1,125 @@
+// Hugging Face interchange (ckpt/hf.h): export then import is the identity for
+// both families; the layouts are the table's (GPT-2's fused, transposed c_attn;
+// Llama's [out, in] projections); config.json round-trips the shape; a missing
+// or misshaped tensor is one error naming it; and through the CLI, a checkpoint
+// exported to a Hugging Face directory and imported back starts training with
+// the same first loss as the original ([init] from).
+#include <gtest/gtest.h>
+
+#include <ATen/Functions.h>
+
+#include "meshtrain/ckpt/hf.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+#include "tests/run_command.h"
+#include "tests/train_cli.h"
+
+namespace meshtrain::test {
+namespace {
+
+// The model's full tensors by name, vocabulary padding removed (what a checkpoint export holds).
+std::map<std::string, at::Tensor> ours_of(Transformer& t) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : t.params().params()) {
+    at::Tensor x = p.tensor.detach();
+    if (p.name == "embed.weight" || p.name == "head.weight") x = x.narrow(0, 0, t.spec().vocab);
+    out[p.name] = x.contiguous();
+  }
+  return out;
+}
+
+plan::ModelSpec small(const char* preset, bool tied) {
+  plan::ModelSpec m = plan::preset(preset);
+  m.layers = 2, m.vocab = 100, m.seq = 16, m.dropout = 0, m.tied = tied;
+  return m;
+}
+
+TEST(HuggingFace, RoundTripIsTheIdentityAndLayoutsFollowTheTable) {
+  for (const auto& [preset, tied] : {std::pair{"gpt-tiny", true}, {"llama-tiny", false}, {"llama-tiny", true}}) {
+    const plan::ModelSpec m = small(preset, tied);
+    Comm solo("solo", 0);
+    Transformer t(m, solo, false, 9);
+    const auto ours = ours_of(t);
+    const auto hf = ckpt::to_hf(ours, m);
+    const auto back = ckpt::from_hf(hf, m);
+    ASSERT_EQ(back.size(), ours.size()) << preset;
+    for (const auto& [name, x] : ours) EXPECT_TRUE(at::equal(back.at(name), x)) << preset << " " << name;
+    EXPECT_EQ(ckpt::spec_from_hf_config(ckpt::hf_config(m)).hidden, m.hidden);
+    const plan::ModelSpec again = ckpt::spec_from_hf_config(ckpt::hf_config(m));
+    EXPECT_EQ(again.layers, m.layers);
+    EXPECT_EQ(again.kv_heads, m.kv_heads);
+    EXPECT_EQ(again.ffn, m.ffn);
+    EXPECT_EQ(again.tied, m.tied);
+    if (std::string(preset) == "gpt-tiny") {
+      const int64_t h = m.hidden;
+      EXPECT_EQ(hf.at("transformer.h.0.attn.c_attn.weight").sizes().vec(), (std::vector<int64_t>{h, 3 * h}));
+      EXPECT_TRUE(at::equal(hf.at("transformer.h.0.attn.c_attn.weight").narrow(1, h, h),
+                            ours.at("layers.0.attn.k.weight").t()));
+      EXPECT_TRUE(at::equal(hf.at("transformer.h.1.mlp.c_fc.weight"), ours.at("layers.1.mlp.fc1.weight").t()));
+      EXPECT_EQ(hf.count("lm_head.weight"), 0u);
+    } else {
+      EXPECT_TRUE(at::equal(hf.at("model.layers.1.self_attn.k_proj.weight"), ours.at("layers.1.attn.k.weight")));
+      EXPECT_EQ(hf.count("lm_head.weight"), tied ? 0u : 1u);
+    }
+  }
+}
+
+TEST(HuggingFace, MissingOrMisshapedTensorsAreNamed) {
+  const plan::ModelSpec m = small("gpt-tiny", true);
+  Comm solo("solo", 0);
+  Transformer t(m, solo, false, 9);
+  auto hf = ckpt::to_hf(ours_of(t), m);
+  auto missing = hf;
+  missing.erase("transformer.h.1.attn.c_attn.weight");
+  try {
+    ckpt::from_hf(missing, m);
+    ADD_FAILURE() << "missing tensor accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("Hugging Face tensor transformer.h.1.attn.c_attn.weight is missing"),
+              std::string::npos) << e.what();
+  }
+  hf["transformer.h.0.mlp.c_fc.weight"] = hf["transformer.h.0.mlp.c_fc.weight"].t().contiguous();
+  try {
+    ckpt::from_hf(hf, m);
+    ADD_FAILURE() << "misshaped tensor accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.h.0.mlp.c_fc.weight has shape 512x128, expected 128x512"),
+              std::string::npos) << e.what();
+  }
+  plan::ModelSpec odd = m;
+  odd.bias = false;  // GPT-2 without biases: no Hugging Face class
+  EXPECT_THROW(ckpt::hf_family(odd), std::invalid_argument);
+  EXPECT_THROW(ckpt::spec_from_hf_config(nlohmann::json{{"model_type", "bert"}}), std::invalid_argument);
+}
+
+TEST(HuggingFace, ExportImportThroughTheCli) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  for (const std::string preset : {"gpt-tiny", "llama-tiny"}) {
+    const std::string cfg = tiny_config(d, preset + ".toml", "") + " --set model.dropout=0.0 --set model.preset='\"" +
+                            preset + "\"'";
+    const std::string ck = (d.path / ("ck_" + preset)).string(), hf = (d.path / ("hf_" + preset)).string(),
+                      back = (d.path / ("back_" + preset)).string();
+    auto run = run_command(bin + " train " + cfg + " --set train.stop_after=2 --set checkpoint.dir='\"" + ck + "\"'");
+    ASSERT_EQ(run.code, 0) << run.output;
+    run = run_command(bin + " ckpt export " + ck + " --format hf --out " + hf);
+    ASSERT_EQ(run.code, 0) << run.output;
+    run = run_command(bin + " ckpt export " + ck + " --format hf --out " + hf);
+    EXPECT_NE(run.code, 0);  // no overwrite without --force
+    EXPECT_NE(run.output.find("pass --force"), std::string::npos) << run.output;
+    run = run_command(bin + " ckpt import " + hf + " --out " + back);
+    ASSERT_EQ(run.code, 0) << run.output;
+    std::map<std::string, double> first;
+    for (const auto& [from, tag] : {std::pair{ck, std::string("orig")}, {back, std::string("back")}}) {
+      const std::string m = (d.path / (preset + tag)).string();
+      run = run_command(bin + " train " + cfg + " --set train.stop_after=1 --set init.from='\"" + from +
+                        "\"' --set train.metrics='\"" + m + "\"'");
+      ASSERT_EQ(run.code, 0) << run.output;
+      first[tag] = std::stod(losses(m).at(1));
+    }
+    EXPECT_EQ(first["orig"], first["back"]) << preset;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::test
