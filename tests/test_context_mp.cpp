@@ -35,6 +35,7 @@
 #include "meshtrain/parallel/context/zigzag.h"
 #include "meshtrain/runtime/mesh.h"
 #include "tests/mp.h"
+#include "tests/parity.h"
 
 namespace meshtrain::test {
 namespace {
@@ -123,19 +124,7 @@ plan::ModelSpec tiny(bool llama) {
   return m;
 }
 
-struct Data {
-  at::Tensor tokens, targets;
-  double count;
-};
-
-Data data(const plan::ModelSpec& m) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  at::Tensor all = at::randint(m.vocab, {2, m.seq + 1}, gen, at::kLong);
-  Data d{all.narrow(1, 0, m.seq).contiguous(), all.narrow(1, 1, m.seq).contiguous(), 0};
-  d.targets[1][5] = -1;  // an ignored position
-  d.count = static_cast<double>((d.targets >= 0).sum().item<int64_t>());
-  return d;
-}
+TokenBatch data(const plan::ModelSpec& m) { return random_batch(m, 1, 5); }
 
 // The model on tp x cp = the world against one process.
 void check_model(const plan::ModelSpec& spec, plan::CpImpl impl, Comm& tp, Comm& cp, Comm& world, bool sp) {
@@ -149,7 +138,7 @@ void check_model(const plan::ModelSpec& spec, plan::CpImpl impl, Comm& tp, Comm&
   Transformer single(one, solo, false, 4321);
   Transformer parallel(spec, tp, sp, 4321);
   parallel.set_context_parallel(cp, impl);
-  const Data d = data(spec);
+  const TokenBatch d = data(spec);
   at::Tensor ref = single.forward(d.tokens, d.targets).sum() / d.count;
   ref.backward();
   const ZigZag z(spec.seq, cp.size(), cp.rank());
@@ -169,15 +158,7 @@ void check_model(const plan::ModelSpec& spec, plan::CpImpl impl, Comm& tp, Comm&
     g = g.clone();
     cp.all_reduce(g);  // weights are replicated over cp: their gradients sum (the dp x cp reduction)
     if (ps[i].tp_dim >= 0) g = gather_along(g, tp, ps[i].tp_dim);
-    at::Tensor g_ref = rs[i].tensor.grad();
-    if (ps[i].name == "embed.weight" || ps[i].name == "head.weight") {
-      g = g.narrow(0, 0, spec.vocab);
-      g_ref = g_ref.narrow(0, 0, spec.vocab);
-    }
-    const double scale = g_ref.abs().max().item<double>();
-    const double err = (g - g_ref).abs().max().item<double>();
-    EXPECT_LE(err, 1e-4 * scale + 1e-7) << what << " " << ps[i].name << ": gradient error " << err << " (scale "
-                                        << scale << ")";
+    expect_grad_parity(g, rs[i].tensor.grad(), ps[i].name, spec.vocab, what);
   }
   (void)world;
 }

@@ -21,6 +21,7 @@
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/plan/count.h"
 #include "tests/mp.h"
+#include "tests/parity.h"
 
 namespace meshtrain::test {
 namespace {
@@ -40,19 +41,8 @@ plan::ModelSpec tiny(bool llama, bool gqa, bool tied) {
   return m;
 }
 
-struct Batch {
-  at::Tensor tokens, targets;
-  double count;
-};
-
-Batch batch(const plan::ModelSpec& m) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  at::Tensor data = at::randint(m.vocab, {2, m.seq + 1}, gen, at::kLong);
-  Batch b{data.narrow(1, 0, m.seq).contiguous(), data.narrow(1, 1, m.seq).contiguous(), 0};
-  b.targets[0][3] = -1;  // an ignored position
-  b.count = static_cast<double>((b.targets >= 0).sum().item<int64_t>());
-  return b;
-}
+using Batch = TokenBatch;
+Batch batch(const plan::ModelSpec& m) { return random_batch(m, 0, 3); }
 
 at::Tensor full(const Param& p, Comm& tp) {
   return p.tp_dim >= 0 ? gather_along(p.tensor.detach(), tp, p.tp_dim) : p.tensor.detach();
@@ -93,17 +83,8 @@ void check_parity(const plan::ModelSpec& spec, bool sp, plan::AttentionImpl atte
     EXPECT_TRUE(w_cmp.equal(w_ref_cmp)) << what << " " << ps[i].name << ": initial weights differ";
     at::Tensor g = ps[i].tensor.grad(), g_ref = rs[i].tensor.grad();
     ASSERT_TRUE(g.defined()) << what << " " << ps[i].name;
-    g = ps[i].tp_dim >= 0 ? gather_along(g, tp, ps[i].tp_dim) : g;
-    if (ps[i].name == "embed.weight" || ps[i].name == "head.weight") {
-      // Padded vocabulary rows never get a gradient.
-      EXPECT_EQ(g.narrow(0, spec.vocab, g.size(0) - spec.vocab).abs().max().item<double>(), 0.0) << what;
-      g = g.narrow(0, 0, spec.vocab);
-      g_ref = g_ref.narrow(0, 0, spec.vocab);
-    }
-    const double scale = g_ref.abs().max().item<double>();
-    const double err = (g - g_ref).abs().max().item<double>();
-    EXPECT_LE(err, 1e-4 * scale + 1e-7) << what << " " << ps[i].name << ": gradient error " << err << " (scale "
-                                        << scale << ")";
+    expect_grad_parity(ps[i].tp_dim >= 0 ? gather_along(g, tp, ps[i].tp_dim) : g, g_ref, ps[i].name, spec.vocab,
+                       what);
   }
 }
 
