@@ -11,7 +11,7 @@
 namespace meshtrain {
 
 TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank,
-                         int dp_size, uint64_t seed, bool documents)
+                         int dp_size, uint64_t seed, bool documents, bool loss_masks)
     : documents_(documents), seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
   if (seq < 1 || micro_batch < 1) {
     throw std::invalid_argument(fmt::format("sequence {} and micro-batch {} must be positive", seq, micro_batch));
@@ -25,6 +25,13 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
     first_window_.push_back(total_windows_);
     total_windows_ += (shards_.back()->size() - 1) / static_cast<uint64_t>(seq);
     if (documents_) doc_starts_.push_back(shards_.back()->doc_starts());
+    if (loss_masks) {
+      masks_.push_back(std::make_unique<ShardReader>(mask_path(path)));
+      if (masks_.back()->size() != shards_.back()->size()) {
+        throw std::invalid_argument(fmt::format("{} holds {} tokens but its mask {} holds {}", path,
+                                                shards_.back()->size(), mask_path(path), masks_.back()->size()));
+      }
+    }
   }
   if (steps_per_epoch() == 0) {
     throw std::invalid_argument(fmt::format(
@@ -56,11 +63,14 @@ Batch TokenLoader::next() {
   Batch b;
   at::Tensor buf = at::empty({micro_batch_, seq_ + 1}, at::kLong);
   if (documents_) b.doc_ids = at::empty({micro_batch_, seq_}, at::kLong);
+  at::Tensor target_mask = masks_.empty() ? at::Tensor() : at::empty({micro_batch_, seq_}, at::kLong);
   for (int64_t i = 0; i < micro_batch_; ++i) {
     const uint64_t w = order_[base + i];
     const size_t s = std::upper_bound(first_window_.begin(), first_window_.end(), w) - first_window_.begin() - 1;
     const uint64_t start = (w - first_window_[s]) * seq_;
     shards_[s]->read(start, seq_ + 1, buf[i].data_ptr<int64_t>());
+    // Target j is token start + j + 1: its mask.
+    if (!masks_.empty()) masks_[s]->read(start + 1, seq_, target_mask[i].data_ptr<int64_t>());
     if (documents_) {
       // Input position j is token start + j: its document is the last start <= it, renumbered from 0.
       const auto& ds = doc_starts_[s];
@@ -79,8 +89,16 @@ Batch TokenLoader::next() {
   }
   b.tokens = buf.narrow(1, 0, seq_).contiguous();
   b.targets = buf.narrow(1, 1, seq_).contiguous();
+  if (target_mask.defined()) b.targets.masked_fill_(target_mask == 0, -1);  // not trained: ignored
   state_.step += 1;
   return b;
+}
+
+std::string TokenLoader::mask_path(const std::string& shard) {
+  const std::string stem = shard.size() > 4 && shard.compare(shard.size() - 4, 4, ".bin") == 0
+                               ? shard.substr(0, shard.size() - 4)
+                               : shard;
+  return stem + ".mask.bin";
 }
 
 void TokenLoader::restore(const LoaderState& s) {

@@ -7,16 +7,90 @@
 //   encode --tokenizer MODEL --text TEXT     prints the ids, space-separated
 //   decode --tokenizer MODEL --ids "1 2 3"   prints the text (end-of-sequence: a new line)
 //   vocab --tokenizer MODEL                  prints the number of pieces
+// and, for supervised fine-tuning (data/chat.h):
+//   chat --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
+//        writes DIR/train.bin, DIR/train.mask.bin (1 = trained target) and DIR/sft.json
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/data/chat.h"
+#include "meshtrain/data/shard.h"
 #include "meshtrain/data/tokenize.h"
 
 namespace {
+
+int chat(int argc, char** argv) {
+  std::string input, model, out;
+  int64_t seq = 0;
+  bool truncate = false, force = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    if (a == "--input") input = value();
+    else if (a == "--tokenizer") model = value();
+    else if (a == "--out") out = value();
+    else if (a == "--seq") seq = std::stoll(value());
+    else if (a == "--truncate") truncate = true;
+    else if (a == "--force") force = true;
+    else throw std::invalid_argument(fmt::format("chat: unknown option '{}'", a));
+  }
+  if (input.empty() || model.empty() || out.empty() || seq < 2) {
+    throw std::invalid_argument("chat needs --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N (N >= 2)");
+  }
+  namespace fs = std::filesystem;
+  if (fs::exists(fs::path(out) / "train.bin") && !force) {
+    throw std::invalid_argument(fmt::format("{} already holds train.bin; pass --force to replace it", out));
+  }
+  std::ifstream in(input);
+  if (!in) throw std::invalid_argument(fmt::format("cannot read {}", input));
+  const meshtrain::Tokenizer tok(model);
+  std::vector<meshtrain::TokenizedChat> chats;
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    meshtrain::TokenizedChat c;
+    c.line = line_no;
+    try {
+      for (const auto& seg : meshtrain::render_chat(nlohmann::json::parse(line))) {
+        for (int id : tok.encode(seg.text)) {
+          c.ids.push_back(static_cast<uint32_t>(id));
+          c.mask.push_back(seg.train ? 1 : 0);
+        }
+      }
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("{} line {}: {}", input, line_no, e.what()));
+    }
+    chats.push_back(std::move(c));
+  }
+  if (chats.empty()) throw std::invalid_argument(fmt::format("{} holds no conversation", input));
+  const meshtrain::PackedChats p = meshtrain::pack_chats(chats, seq, static_cast<uint32_t>(tok.eos_id()), truncate);
+  fs::create_directories(out);
+  const int width = tok.vocab_size() <= 65536 ? 2 : 4;
+  meshtrain::write_shard((fs::path(out) / "train.bin").string(), p.tokens, p.doc_starts, width);
+  meshtrain::write_shard((fs::path(out) / "train.mask.bin").string(), p.mask, p.doc_starts, 2);
+  const double padding = static_cast<double>(p.padding) / static_cast<double>(p.tokens.size() - 1);
+  const nlohmann::json info{{"seq", seq}, {"conversations", p.conversations}, {"tokens", p.tokens.size()},
+                            {"trained_tokens", p.trained}, {"padding_tokens", p.padding},
+                            {"padding_fraction", padding}, {"truncated", p.truncated}, {"tokenizer", model},
+                            {"input", input}};
+  std::ofstream(fs::path(out) / "sft.json") << info.dump(2) << "\n";
+  fmt::print("{} conversations -> {} blocks of {} tokens in {}: {} trained tokens, padding {:.1f}%{}\n",
+             p.conversations, (p.tokens.size() - 1) / static_cast<uint64_t>(seq), seq, out, p.trained, 100 * padding,
+             p.truncated ? fmt::format(", {} truncated", p.truncated) : "");
+  return 0;
+}
 
 int encode_or_decode(int argc, char** argv) {
   const std::string mode = argv[1];
@@ -69,6 +143,7 @@ int encode_or_decode(int argc, char** argv) {
 int main(int argc, char** argv) {
   meshtrain::TokenizeOptions o;
   try {
+    if (argc > 1 && std::string(argv[1]) == "chat") return chat(argc, argv);
     if (argc > 1 && (std::string(argv[1]) == "encode" || std::string(argv[1]) == "decode" ||
                      std::string(argv[1]) == "vocab")) {
       return encode_or_decode(argc, argv);

@@ -74,6 +74,7 @@ const std::map<std::string, Setter>& setters() {
       {"train.weight_decay", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.weight_decay = as_double(n, k); }},
       {"train.clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.clip_norm = as_double(n, k); }},
       {"train.recompute", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.recompute = as_string(n, k); }},
+      {"train.method", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.method = as_string(n, k); }},
       {"train.document_mask", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.document_mask = as_bool(n, k); }},
       {"train.precision", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.precision = as_string(n, k); }},
       {"ddp.bucket_mb", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_bucket_mb = as_int(n, k); }},
@@ -213,6 +214,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: parallel.cp = {} computes attention without dropout; set "
                                             "model.dropout = 0 (it is {})",
                                             path, c.cp, c.model.dropout));
+  }
+  if (c.method != "pretrain" && c.method != "sft") {
+    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\" or \"sft\"", path, c.method));
   }
   if (c.document_mask && (c.model.attention != plan::AttentionImpl::Tiled || c.cp > 1 || c.pp > 1)) {
     throw std::invalid_argument(fmt::format("{}: train.document_mask needs model.attention = \"tiled\" (it is \"{}\"), "

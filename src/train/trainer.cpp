@@ -46,7 +46,8 @@ namespace {
 // Validation loss over `dp` (the data-parallel x cp group): the loader reads
 // windows by data-parallel replica (`data`), each cp rank takes its chunks.
 double evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks) {
-  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask);
+  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask,
+                  c.method == "sft");
   at::Tensor sums = at::zeros({2}, at::kDouble);
   for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
     Batch b = context_shard(val.next(), chunks);
@@ -225,10 +226,30 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                             "tokenizer's size",
                                             c.model.vocab, top, c.train_shards[0]));
   }
-  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed);
+  const bool sft = c.method == "sft";
+  if (sft) {
+    // Blocks packed for another length would cut conversations: the data's sft.json names its seq.
+    for (const auto& shard : c.train_shards) {
+      const auto info = std::filesystem::path(shard).parent_path() / "sft.json";
+      if (!std::filesystem::exists(TokenLoader::mask_path(shard)) || !std::filesystem::exists(info)) {
+        throw std::invalid_argument(fmt::format("train.method = \"sft\" needs {} and {} beside {}: make them with "
+                                                "meshtrain tokenize chat",
+                                                TokenLoader::mask_path(shard), info.string(), shard));
+      }
+      nlohmann::json j;
+      std::ifstream(info) >> j;
+      if (j.value("seq", int64_t{0}) != c.seq) {
+        throw std::invalid_argument(fmt::format("{} was packed into blocks of {} tokens but train.seq = {}: set "
+                                                "train.seq = {} or re-run meshtrain tokenize chat --seq {}",
+                                                shard, j.value("seq", int64_t{0}), c.seq, j.value("seq", int64_t{0}),
+                                                c.seq));
+      }
+    }
+  }
+  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed, c.document_mask, sft);
   if (!c.val_shards.empty()) {
     try {
-      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed);
+      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed, c.document_mask, sft);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(fmt::format("data.val: {} (or drop data.val: --set data.val=[])", e.what()));
     }
@@ -274,7 +295,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
   if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
-  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask);
+  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask,
+                     c.method == "sft");
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   // The MFU denominator: rank 0 times GEMMs on all of this host's cores while the others wait.
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));

@@ -15,6 +15,10 @@
 // position (from the shards' document starts), numbered 0, 1, ... within its
 // window: what a document mask needs so that packed documents do not attend to
 // each other and their positions restart (model/transformer.h).
+//
+// With `loss_masks`, each shard X.bin has a mask shard X.mask.bin beside it
+// (data/chat.h: 1 = the token is trained as a target): targets whose mask is 0
+// become -1 (ignored: zero loss, zero gradient).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +50,10 @@ class TokenLoader {
   // Throws std::invalid_argument when the shards hold fewer windows than one
   // global batch (naming the numbers), or for bad sizes.
   TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank, int dp_size,
-              uint64_t seed, bool documents = false);
+              uint64_t seed, bool documents = false, bool loss_masks = false);
+
+  // The mask shard beside a token shard: X.bin -> X.mask.bin.
+  static std::string mask_path(const std::string& shard);
 
   Batch next();
   LoaderState state() const { return state_; }
@@ -60,6 +67,7 @@ class TokenLoader {
   std::vector<std::unique_ptr<ShardReader>> shards_;
   std::vector<uint64_t> first_window_;  // per shard, its first global window id
   std::vector<std::vector<uint64_t>> doc_starts_;  // per shard, with `documents`
+  std::vector<std::unique_ptr<ShardReader>> masks_;  // per shard, with `loss_masks`
   bool documents_ = false;
   int64_t seq_, micro_batch_;
   int dp_rank_, dp_size_;

@@ -43,6 +43,9 @@ struct TrainConfig {
   // [train] document_mask: packed documents do not attend to each other and
   // their positions restart (the shards' document starts; needs tiled attention).
   bool document_mask = false;
+  // [train] method: "pretrain" (every next token) | "sft" (the shards' loss
+  // masks from `meshtrain tokenize chat`: assistant tokens only, data/chat.h).
+  std::string method = "pretrain";
   // [ddp] (used when the data-parallel group has more than one rank)
   int64_t ddp_bucket_mb = 25;
   bool ddp_overlap = true;

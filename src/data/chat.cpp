@@ -1,0 +1,76 @@
+#include "meshtrain/data/chat.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace meshtrain {
+
+std::vector<ChatSegment> render_chat(const nlohmann::json& conversation, const ChatTemplate& t) {
+  if (!conversation.is_object() || !conversation.contains("messages") || !conversation["messages"].is_array()) {
+    throw std::invalid_argument("a conversation must be {\"messages\": [{\"role\": ..., \"content\": ...}, ...]}");
+  }
+  std::vector<ChatSegment> out;
+  bool answered = false;
+  for (const auto& m : conversation["messages"]) {
+    const std::string role = m.is_object() ? m.value("role", "") : "";
+    if (!m.is_object() || !m.contains("content") || !m["content"].is_string()) {
+      throw std::invalid_argument(fmt::format("a message without string \"content\" (role \"{}\")", role));
+    }
+    const std::string content = m["content"].get<std::string>();
+    if (role == "assistant") {
+      out.push_back({t.assistant, false});
+      out.push_back({content + t.end, true});
+      answered = true;
+    } else if (role == "user" || role == "system") {
+      out.push_back({(role == "user" ? t.user : t.system) + content + t.end, false});
+    } else {
+      throw std::invalid_argument(fmt::format("unknown role \"{}\"; use system, user or assistant", role));
+    }
+  }
+  if (!answered) throw std::invalid_argument("a conversation without an assistant message has nothing to train");
+  return out;
+}
+
+PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uint32_t pad, bool truncate) {
+  if (seq < 2) throw std::invalid_argument(fmt::format("--seq {} must be at least 2", seq));
+  PackedChats p;
+  const uint64_t block = static_cast<uint64_t>(seq);
+  auto pad_block = [&] {
+    const uint64_t used = p.tokens.size() % block;
+    if (used == 0) return;
+    p.doc_starts.push_back(p.tokens.size());
+    for (uint64_t i = used; i < block; ++i) {
+      p.tokens.push_back(pad);
+      p.mask.push_back(0);
+      ++p.padding;
+    }
+  };
+  for (const TokenizedChat& c : chats) {
+    uint64_t n = c.ids.size();
+    if (n > block) {
+      if (!truncate) {
+        throw std::invalid_argument(fmt::format("conversation on line {} has {} tokens, more than --seq {}; shorten "
+                                                "it, raise --seq, or pass --truncate",
+                                                c.line, n, seq));
+      }
+      n = block;
+      ++p.truncated;
+    }
+    if (p.tokens.size() % block + n > block) pad_block();
+    p.doc_starts.push_back(p.tokens.size());
+    p.tokens.insert(p.tokens.end(), c.ids.begin(), c.ids.begin() + static_cast<int64_t>(n));
+    p.mask.insert(p.mask.end(), c.mask.begin(), c.mask.begin() + static_cast<int64_t>(n));
+    for (uint64_t i = 0; i < n; ++i) p.trained += c.mask[i];
+    ++p.conversations;
+  }
+  pad_block();
+  // The loader's windows are block-aligned and read one token past the block
+  // (the target of the last position): one closing pad block-token keeps the last block whole.
+  p.doc_starts.push_back(p.tokens.size());
+  p.tokens.push_back(pad);
+  p.mask.push_back(0);
+  return p;
+}
+
+}  // namespace meshtrain
