@@ -1,0 +1,50 @@
+#include "meshtrain/train/dpo.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+
+DpoLoss parse_dpo_loss(const std::string& s) {
+  if (s == "sigmoid") return DpoLoss::Sigmoid;
+  if (s == "ipo") return DpoLoss::Ipo;
+  if (s == "hinge") return DpoLoss::Hinge;
+  throw std::invalid_argument(fmt::format("DPO loss \"{}\": use sigmoid, ipo or hinge", s));
+}
+
+at::Tensor sequence_logprobs(Transformer& m, const at::Tensor& tokens, const at::Tensor& targets, bool train) {
+  // The model's per-token loss is −log p(target) ([s, b]), 0 where the target is ignored.
+  return -m.forward(tokens, targets, train).sum(0);
+}
+
+DpoResult dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected, const at::Tensor& ref_chosen,
+                   const at::Tensor& ref_rejected, double beta, DpoLoss kind) {
+  if (!(beta > 0)) throw std::invalid_argument(fmt::format("DPO beta {} must be positive", beta));
+  if (policy_chosen.sizes() != policy_rejected.sizes() || policy_chosen.sizes() != ref_chosen.sizes() ||
+      policy_chosen.sizes() != ref_rejected.sizes() || policy_chosen.dim() != 1) {
+    throw std::invalid_argument("dpo_loss: four log-prob vectors of one length (one entry per pair)");
+  }
+  const at::Tensor chosen = beta * (policy_chosen - ref_chosen.detach());
+  const at::Tensor rejected = beta * (policy_rejected - ref_rejected.detach());
+  const at::Tensor h = chosen - rejected;
+  at::Tensor per_pair;
+  switch (kind) {
+    case DpoLoss::Sigmoid: per_pair = -at::log_sigmoid(h); break;
+    case DpoLoss::Ipo: per_pair = (h / beta - 1.0 / (2.0 * beta)).pow(2); break;
+    case DpoLoss::Hinge: per_pair = at::relu(1.0 - h); break;
+  }
+  DpoResult r;
+  r.loss = per_pair.mean();
+  r.chosen_reward = chosen.mean().item<double>();
+  r.rejected_reward = rejected.mean().item<double>();
+  r.margin = h.mean().item<double>();
+  r.accuracy = (h > 0).to(at::kDouble).mean().item<double>();
+  return r;
+}
+
+}  // namespace meshtrain
