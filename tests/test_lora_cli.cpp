@@ -7,9 +7,12 @@
 // checkpoints carry it); ZeRO or pp with LoRA is one error before ranks start.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <ATen/Functions.h>
 
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/safetensors.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
 
@@ -46,6 +49,25 @@ TEST(LoraCli, FineTunesAdaptersOnly) {
   EXPECT_GT(tuned.read_full("model/layers.0.attn.q.lora_b").abs().max().item<double>(), 0);
   EXPECT_FALSE(tuned.has("optim/exp_avg/layers.0.attn.q.weight"));
   EXPECT_TRUE(tuned.has("optim/exp_avg/layers.0.attn.q.lora_a"));
+
+  // Export: merged by default (W + (alpha / rank) B A, here 8 / 4), or the adapters alone.
+  const std::string merged = (d.path / "merged.safetensors").string(), small = (d.path / "adapters.safetensors").string();
+  run = run_command(bin + " ckpt export " + (d.path / "ck_dp2").string() + " --out " + merged);
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = run_command(bin + " ckpt export " + (d.path / "ck_dp2").string() + " --adapters-only --out " + small);
+  ASSERT_EQ(run.code, 0) << run.output;
+  {
+    ckpt::SafetensorsFile m(merged), a(small);
+    EXPECT_FALSE(m.has("layers.0.attn.q.lora_a"));
+    const at::Tensor want = tuned.read_full("model/layers.0.attn.q.weight") +
+                            at::mm(tuned.read_full("model/layers.0.attn.q.lora_b"),
+                                   tuned.read_full("model/layers.0.attn.q.lora_a")) * 2.0;
+    EXPECT_TRUE(at::allclose(m.get("layers.0.attn.q.weight"), want, 1e-6, 1e-7));
+    EXPECT_FALSE(a.has("layers.0.attn.q.weight"));
+    EXPECT_TRUE(a.has("layers.1.mlp.fc2.lora_b"));
+    EXPECT_LT(std::filesystem::file_size(small) * 4, std::filesystem::file_size(merged));
+    EXPECT_NE(a.metadata().at("lora").find("\"rank\":4"), std::string::npos) << a.metadata().at("lora");
+  }
 
   // Stop after 3 steps, resume: the uninterrupted run's losses.
   const std::string split = " --nproc 2 --set checkpoint.dir='\"" + (d.path / "split").string() + "\"'";

@@ -207,14 +207,7 @@ void export_hf(const std::string& step_dir, const std::string& out_dir, bool for
   }
   const plan::ModelSpec m = spec_from_json(man["config"]["model"]);
   hf_family(m);  // fail before reading
-  std::map<std::string, at::Tensor> ours;
-  for (const auto& [name, t] : man["tensors"].items()) {
-    if (name.rfind("model/", 0) != 0 || name.find(".lora_") != std::string::npos) continue;
-    at::Tensor full = reader.read_full(name);
-    const std::string plain = name.substr(6);
-    if ((plain == "embed.weight" || plain == "head.weight") && full.size(0) > m.vocab) full = full.narrow(0, 0, m.vocab);
-    ours[plain] = full;
-  }
+  const std::map<std::string, at::Tensor> ours = model_weights(reader);  // LoRA merged
   std::vector<NamedTensor> tensors;
   for (auto& [name, t] : to_hf(ours, m)) tensors.push_back({name, t});
   const std::string tmp = out_dir + ".tmp";

@@ -188,14 +188,10 @@ VerifyReport verify(const std::string& step_dir) {
   return r;
 }
 
-void export_model(const std::string& step_dir, const std::string& out, bool force) {
-  if (fs::exists(out) && !force) {
-    throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out));
-  }
-  Reader reader(step_dir);
+std::map<std::string, at::Tensor> model_weights(Reader& reader, bool adapters_only) {
   const auto& m = reader.manifest();
   const int64_t vocab = m.contains("config") ? m["config"]["model"].value("vocab", int64_t{0}) : 0;
-  std::vector<NamedTensor> tensors;
+  std::map<std::string, at::Tensor> out, adapters;
   for (const auto& [name, t] : m["tensors"].items()) {
     if (name.rfind("model/", 0) != 0) continue;
     at::Tensor full = reader.read_full(name);
@@ -203,11 +199,42 @@ void export_model(const std::string& step_dir, const std::string& out, bool forc
     if ((plain == "embed.weight" || plain == "head.weight") && vocab > 0 && full.size(0) > vocab) {
       full = full.narrow(0, 0, vocab);  // vocabulary padding is not part of the model
     }
-    tensors.push_back({plain, full});
+    (plain.find(".lora_") != std::string::npos ? adapters : out)[plain] = full;
   }
+  if (adapters_only) {
+    if (adapters.empty()) throw std::runtime_error(fmt::format("{} holds no LoRA adapters", reader.dir()));
+    return adapters;
+  }
+  if (adapters.empty()) return out;
+  // Merged: W += (alpha / rank) B A (peft/lora.h), the adapters' settings from the manifest.
+  if (!m.contains("lora") || !m["lora"].is_object()) {
+    throw std::runtime_error(fmt::format("{} holds LoRA adapters but no \"lora\" settings to merge them with",
+                                         reader.dir()));
+  }
+  const double scale = m["lora"].at("alpha").get<double>() / m["lora"].at("rank").get<double>();
+  for (const auto& [name, a] : adapters) {
+    const size_t pos = name.rfind(".lora_a");
+    if (pos == std::string::npos) continue;
+    const std::string base = name.substr(0, pos);
+    const at::Tensor& b = adapters.at(base + ".lora_b");
+    at::Tensor& w = out.at(base + ".weight");
+    w = w + at::mm(b, a) * scale;
+  }
+  return out;
+}
+
+void export_model(const std::string& step_dir, const std::string& out, bool force, bool adapters_only) {
+  if (fs::exists(out) && !force) {
+    throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out));
+  }
+  Reader reader(step_dir);
+  const auto& m = reader.manifest();
+  std::vector<NamedTensor> tensors;
+  for (auto& [name, t] : model_weights(reader, adapters_only)) tensors.push_back({name, t});
   std::map<std::string, std::string> meta{{"format", "pt"}, {"producer", "meshtrain"},
                                           {"step", std::to_string(m.value("step", int64_t{0}))}};
   if (m.contains("config")) meta["model"] = m["config"]["model"].dump();
+  if (adapters_only) meta["lora"] = m["lora"].dump();
   const std::string tmp = out + ".tmp";
   write_safetensors(tmp, tensors, meta);
   fs::rename(tmp, out);

@@ -17,7 +17,7 @@ namespace meshtrain::cli {
 Run add_ckpt(CLI::App& app) {
   struct Opts {
     std::string dir, out, format = "meshtrain";
-    bool force = false;
+    bool force = false, adapters_only = false;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("ckpt", "inspect sharded checkpoints");
@@ -28,6 +28,8 @@ Run add_ckpt(CLI::App& app) {
   exp->add_option("dir", o->dir, "checkpoint (step directory or its parent)")->required();
   exp->add_option("--out", o->out, "output .safetensors file")->required();
   exp->add_flag("--force", o->force, "replace an existing output file");
+  exp->add_flag("--adapters-only", o->adapters_only,
+                "LoRA: write the adapters alone (default: merged into the base weights)");
   exp->add_option("--format", o->format, "meshtrain (one safetensors file) | hf (a Hugging Face directory)")
       ->capture_default_str();
   auto imp = cmd->add_subcommand("import", "a Hugging Face GPT-2 or Llama directory as a meshtrain checkpoint");
@@ -55,7 +57,7 @@ Run add_ckpt(CLI::App& app) {
       return 0;
     }
     if (o->format != "meshtrain") throw std::invalid_argument(fmt::format("--format {}: use meshtrain or hf", o->format));
-    ckpt::export_model(dir, o->out, o->force);
+    ckpt::export_model(dir, o->out, o->force, o->adapters_only);
     fmt::print("wrote {} (full weights of {})\n", o->out, dir);
     return 0;
   };

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,9 +122,15 @@ struct VerifyReport {
 };
 VerifyReport verify(const std::string& step_dir);
 
-// `meshtrain ckpt export`: the model's full weights (tensors named "model/...",
-// written without the prefix; vocabulary padding removed) as one safetensors
-// file. Refuses to replace an existing file unless `force`.
-void export_model(const std::string& step_dir, const std::string& out, bool force);
+// The model's full weights (tensors named "model/...", returned without the
+// prefix; vocabulary padding removed). A LoRA checkpoint's adapters are merged
+// into their base weights, W + (alpha / rank) B A with the manifest's "lora"
+// settings; with `adapters_only`, the adapters alone (throws when there are none).
+std::map<std::string, at::Tensor> model_weights(Reader& r, bool adapters_only = false);
+
+// `meshtrain ckpt export`: model_weights as one safetensors file (adapters
+// only: with the LoRA settings in its metadata). Refuses to replace an
+// existing file unless `force`.
+void export_model(const std::string& step_dir, const std::string& out, bool force, bool adapters_only = false);
 
 }  // namespace meshtrain::ckpt
