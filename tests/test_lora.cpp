@@ -11,6 +11,7 @@
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/peft/adapter.h"
 #include "meshtrain/peft/lora.h"
 
 namespace meshtrain {
@@ -83,6 +84,26 @@ TEST(Lora, MergeUnmergeAndDisable) {
   EXPECT_LE(rel(m.logits(tokens), without), 1e-6);
   enable_lora(m, true);
   EXPECT_LE(rel(m.logits(tokens), with), 1e-6);
+}
+
+// Houlsby adapters (peft/adapter.h): up = 0 leaves the model bitwise unchanged,
+// only the adapters get gradients, and once trained they change the outputs.
+TEST(Adapters, FreshAdaptersAreNeutralAndOnlyThemTrain) {
+  Comm solo("solo", 0);
+  Transformer base(spec("gpt-tiny"), solo, false, 5), adapted(spec("gpt-tiny"), solo, false, 5);
+  EXPECT_EQ(apply_adapters(adapted, AdapterOptions{8}), 4);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor tokens = at::randint(100, {2, 24}, gen, at::kLong);
+  const at::Tensor la = adapted.forward(tokens, tokens);
+  EXPECT_TRUE(at::equal(la, base.forward(tokens, tokens)));
+  la.sum().backward();
+  for (const auto& p : adapted.params().params()) {
+    const bool adapter = p.name.find(".adapter_") != std::string::npos;
+    EXPECT_EQ(p.tensor.grad().defined(), adapter) << p.name;
+    EXPECT_EQ(p.frozen, !adapter) << p.name;
+  }
+  EXPECT_GT(adapted.params().find("layers.1.adapter_mlp.up.weight").tensor.grad().abs().max().item<double>(), 0);
+  EXPECT_THROW(apply_adapters(base, AdapterOptions{0}), std::invalid_argument);
 }
 
 TEST(Lora, BadOptionsAreClearErrors) {

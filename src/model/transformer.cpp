@@ -15,6 +15,7 @@
 #include "meshtrain/nn/tiled_attention.h"
 #include "meshtrain/parallel/context/attention.h"
 #include "meshtrain/parallel/context/zigzag.h"
+#include "meshtrain/peft/adapter.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 
 namespace meshtrain {
@@ -304,12 +305,14 @@ at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward attention"});
     at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train, cache, i, docs);
+    if (blk.adapter_attn) a = blk.adapter_attn->forward(a);
     x = x + nn::dropout(a, p, residual_rng());
   }
   {
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward ffn"});
     at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
+    if (blk.adapter_mlp) m = blk.adapter_mlp->forward(m);
     x = x + nn::dropout(m, p, residual_rng());
   }
   return profiler_ ? profiler_->mark(x, static_cast<int>(i), true) : x;

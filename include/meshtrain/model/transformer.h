@@ -42,6 +42,7 @@
 namespace meshtrain {
 
 class Comm;
+struct BottleneckAdapter;
 
 struct Block {
   at::Tensor norm1_w, norm1_b, norm2_w, norm2_b;
@@ -49,6 +50,8 @@ struct Block {
   RowParallelLinear o;
   ColumnParallelLinear fc1, gate, up;  // fc1 (GELU) or gate and up (SwiGLU)
   RowParallelLinear fc2;               // fc2 (GELU) or down (SwiGLU)
+  // Bottleneck adapters (peft/adapter.h) on the attention and MLP outputs, when added.
+  std::shared_ptr<BottleneckAdapter> adapter_attn, adapter_mlp;
 };
 
 // Keys and values of the positions seen so far, per layer ([b, kv heads/tp,
@@ -108,6 +111,9 @@ class Transformer {
   // One block on hidden states [s(/tp), b, h] (for benchmarks and labs).
   at::Tensor block_forward(int64_t i, const at::Tensor& x, bool train);
   const Block& block(int64_t i) const { return blocks_.at(i); }
+  Block& block_mut(int64_t i) { return blocks_.at(i); }  // for adapters (peft/)
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  bool sequence_parallel() const { return tp_.sequence_parallel; }
 
   // Seeds both dropout generators from (seed, data-parallel rank, tp rank).
   void set_dropout_seed(uint64_t seed, int dp_rank);
