@@ -85,5 +85,35 @@ TEST(LoraCli, FineTunesAdaptersOnly) {
   }
 }
 
+// [adapters] bottleneck through `meshtrain train`: from a pretrained checkpoint,
+// one process and dp 2 give the same losses (1e-5), the loss falls, the base
+// weights stay bitwise as loaded; with LoRA or ZeRO it is one error.
+TEST(LoraCli, BottleneckAdaptersFineTune) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = tiny_config(d, "a.toml", "") + " --set model.dropout=0.0";
+  const std::string base = (d.path / "base").string();
+  auto run = run_command(bin + " train " + cfg + " --set checkpoint.dir='\"" + base + "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string tune = cfg + " --set init.from='\"" + base + "\"' --set adapters.bottleneck=8 --set train.lr=3e-2";
+  for (const std::string n : {"1", "2"}) {
+    run = run_command(bin + " train " + tune + " --nproc " + n + " --set checkpoint.dir='\"" +
+                      (d.path / ("ck" + n)).string() + "\"' --set train.metrics='\"" + (d.path / ("m" + n)).string() +
+                      "\"'");
+    ASSERT_EQ(run.code, 0) << run.output;
+  }
+  expect_same_losses((d.path / "m1").string(), (d.path / "m2").string(), 0, 6);
+  const auto l = losses((d.path / "m2").string());
+  EXPECT_LT(std::stod(l.at(6)), std::stod(l.at(1)));
+  ckpt::Reader pre(ckpt::resolve(base)), tuned(ckpt::resolve((d.path / "ck2").string()));
+  EXPECT_TRUE(at::equal(pre.read_full("model/layers.1.mlp.fc1.weight"), tuned.read_full("model/layers.1.mlp.fc1.weight")));
+  EXPECT_GT(tuned.read_full("model/layers.1.adapter_mlp.up.weight").abs().max().item<double>(), 0);
+  for (const std::string bad : {" --set lora.rank=4", " --set parallel.zero=2"}) {
+    run = run_command(bin + " train " + tune + " --nproc 2" + bad);
+    EXPECT_NE(run.code, 0) << bad;
+    EXPECT_NE(run.output.find("adapters.bottleneck = 8"), std::string::npos) << bad << "\n" << run.output;
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::test

@@ -208,6 +208,13 @@ void export_hf(const std::string& step_dir, const std::string& out_dir, bool for
   const plan::ModelSpec m = spec_from_json(man["config"]["model"]);
   hf_family(m);  // fail before reading
   const std::map<std::string, at::Tensor> ours = model_weights(reader);  // LoRA merged
+  for (const auto& [name, t] : ours) {
+    if (name.find(".adapter_") != std::string::npos) {
+      throw std::runtime_error(fmt::format("{}: {} is a bottleneck adapter, which no Hugging Face model class holds; "
+                                           "export it in meshtrain's format",
+                                           step_dir, name));
+    }
+  }
   std::vector<NamedTensor> tensors;
   for (auto& [name, t] : to_hf(ours, m)) tensors.push_back({name, t});
   const std::string tmp = out_dir + ".tmp";

@@ -98,6 +98,7 @@ const std::map<std::string, Setter>& setters() {
       {"lora.alpha", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.alpha = as_double(n, k); }},
       {"lora.dropout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.dropout = as_double(n, k); }},
       {"lora.targets", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.targets = as_strings(n, k); }},
+      {"adapters.bottleneck", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.adapters.bottleneck = as_int(n, k); }},
       {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
       {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
       {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
@@ -120,7 +121,7 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, parallel, ddp"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);
@@ -232,6 +233,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: LoRA (lora.rank = {}) trains with DDP or one replica for now: "
                                             "parallel.zero = {} and parallel.pp = {} must be 0 and 1",
                                             path, c.lora.rank, c.zero, c.pp));
+  }
+  if (c.adapters.bottleneck < 0 || (c.adapters.bottleneck > 0 && (c.zero > 0 || c.pp > 1 || c.lora.rank > 0))) {
+    throw std::invalid_argument(fmt::format("{}: adapters.bottleneck = {} (0 = off) trains with DDP or one replica "
+                                            "and without LoRA for now: parallel.zero = {}, parallel.pp = {}, "
+                                            "lora.rank = {} must be 0, 1, 0",
+                                            path, c.adapters.bottleneck, c.zero, c.pp, c.lora.rank));
   }
   if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
     throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "

@@ -50,6 +50,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   }
   for (auto& m : chunks_) {
     if (c.lora.rank > 0) apply_lora(*m, c.lora);
+    if (c.adapters.bottleneck > 0) apply_adapters(*m, c.adapters);
     m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
     m->set_dropout_seed(c.seed, dp_.rank());
     m->set_recompute(plan::parse_recompute(c.recompute));

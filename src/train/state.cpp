@@ -127,10 +127,12 @@ void load_model(ckpt::Reader& r, Transformer& model) {
 
 namespace {
 
-// A LoRA adapter (peft/lora.h) the checkpoint does not hold: it starts as a
-// new one (B = 0), e.g. when fine-tuning from a base model's checkpoint.
+// A LoRA adapter (peft/lora.h) or bottleneck adapter (peft/adapter.h) the
+// checkpoint does not hold: it starts as a new one (B = 0, up = 0), e.g. when
+// fine-tuning from a base model's checkpoint.
 bool new_adapter(const ckpt::Reader& r, const Param& p) {
-  return p.name.find(".lora_") != std::string::npos && !r.has("model/" + p.name);
+  return (p.name.find(".lora_") != std::string::npos || p.name.find(".adapter_") != std::string::npos) &&
+         !r.has("model/" + p.name);
 }
 
 }  // namespace

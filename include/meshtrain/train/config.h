@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/peft/adapter.h"
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/plan/spec.h"
 
@@ -63,6 +64,9 @@ struct TrainConfig {
   // [lora] rank (0 = off), alpha, dropout, targets: train LoRA adapters on a
   // frozen model (peft/lora.h); DDP or one replica, no pipeline, for now.
   LoraOptions lora{0};
+  // [adapters] bottleneck (0 = off): Houlsby adapters on a frozen model
+  // (peft/adapter.h); DDP or one replica, no pipeline, for now.
+  AdapterOptions adapters{0};
 };
 
 // Throws std::invalid_argument naming the file, section.key and the problem.

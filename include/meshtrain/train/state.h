@@ -44,8 +44,8 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
 // Loads the parameters (and, when `opt` is given, the moments) of this rank's
 // shards, whatever mesh wrote them. The checkpoint's model must equal the
 // model's spec up to vocabulary padding (std::runtime_error names the field).
-// LoRA adapters the checkpoint does not hold keep their fresh values (B = 0):
-// fine-tuning starts from a base model's checkpoint.
+// LoRA and bottleneck adapters the checkpoint does not hold keep their fresh
+// values (B = 0, up = 0): fine-tuning starts from a base model's checkpoint.
 void load_model(ckpt::Reader& r, Transformer& model);
 // Throws std::runtime_error naming the field when the checkpoint's model shape
 // (layers, hidden, heads, kv heads, ffn, vocab) differs from `now`.
