@@ -9,6 +9,8 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/peft/adapter.h"
@@ -120,6 +122,24 @@ TEST(Lora, BadOptionsAreClearErrors) {
   o.targets = {"attn.q"};
   o.rank = 0;
   EXPECT_THROW(apply_lora(m, o), std::invalid_argument);
+  // The launching process's check knows the same names as the model.
+  for (const char* preset : {"gpt-tiny", "llama-tiny"}) {
+    Transformer t(spec(preset), solo, false, 5);
+    std::vector<std::string> names;
+    const auto lin = t.linears();
+    for (const auto& [n, l] : lin.column) names.push_back(n);
+    for (const auto& [n, l] : lin.row) names.push_back(n);
+    std::vector<std::string> want = linear_names(spec(preset));
+    std::sort(names.begin(), names.end());
+    std::sort(want.begin(), want.end());
+    EXPECT_EQ(names, want) << preset;
+  }
+  LoraOptions bad;
+  bad.targets = {"attn.qq"};
+  EXPECT_THROW(check_lora(spec("gpt-tiny"), bad), std::invalid_argument);
+  bad.targets = {"mlp.gate"};  // SwiGLU only
+  EXPECT_THROW(check_lora(spec("gpt-tiny"), bad), std::invalid_argument);
+  EXPECT_NO_THROW(check_lora(spec("llama-tiny"), bad));
 }
 
 }  // namespace

@@ -77,7 +77,8 @@ TEST(LoraCli, FineTunesAdaptersOnly) {
   ASSERT_EQ(run.code, 0) << run.output;
   expect_same_losses((d.path / "dp2").string(), (d.path / "resumed").string(), 3, 3);
 
-  for (const std::string bad : {" --set parallel.zero=1", " --set parallel.pp=2", " --set lora.alpha=0"}) {
+  for (const std::string bad : {" --set parallel.zero=1", " --set parallel.pp=2", " --set lora.alpha=0",
+                                " --set lora.targets='[\"attn.qq\"]'"}) {
     run = run_command(bin + " train " + lora + " --nproc 2" + bad);
     EXPECT_NE(run.code, 0) << bad;
     EXPECT_NE(run.output.find("lora"), std::string::npos) << bad << "\n" << run.output;

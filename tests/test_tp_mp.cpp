@@ -105,6 +105,51 @@ TEST(TensorParallel, TiledAttentionMatchesOneProcess) {
     for (bool sp : {false, true}) check_parity(tiny(llama, true, !llama), sp, plan::AttentionImpl::Tiled);
 }
 
+// Sets every parameter whose name contains `a` (and `b`, when given) to the
+// same random full tensor in both models, sliced for `parallel`'s tp rank.
+void set_same_random(Transformer& single, Transformer& parallel, Comm& tp, const std::string& a,
+                     const std::string& b = "") {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < single.params().params().size(); ++i) {
+    Param& s = single.params().params()[i];
+    Param& p = parallel.params().params()[i];
+    if (s.name.find(a) == std::string::npos || s.name.find(b) == std::string::npos) continue;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(stable_hash(s.name));
+    const at::Tensor full = at::randn(s.tensor.sizes(), gen) * 0.05;
+    s.tensor.copy_(full);
+    p.tensor.copy_(p.tp_dim >= 0 ? full.chunk(tp.size(), p.tp_dim)[tp.rank()] : full);
+  }
+}
+
+// One batch through both models: the loss (1e-5 relative) and the gradient of
+// every parameter whose name contains `marker` (expect_grad_parity: shards
+// gathered, tp-partial ones summed by finalize_grads) equal; every other
+// parameter is frozen and has none. Returns how many parameters were compared.
+int check_adapter_parity(Transformer& single, Transformer& parallel, Comm& tp, const plan::ModelSpec& spec,
+                         const std::string& marker, const std::string& what) {
+  Batch bt = batch(spec);
+  at::Tensor ref = single.forward(bt.tokens, bt.targets).sum() / bt.count;
+  ref.backward();
+  at::Tensor loss = parallel.forward(bt.tokens, bt.targets).sum() / bt.count;
+  loss.backward();
+  parallel.finalize_grads();
+  EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>())) << what;
+  int compared = 0;
+  for (size_t i = 0; i < single.params().params().size(); ++i) {
+    const Param& a = single.params().params()[i];
+    const Param& b = parallel.params().params()[i];
+    EXPECT_EQ(a.name, b.name);
+    if (a.name.find(marker) == std::string::npos) {
+      EXPECT_FALSE(b.tensor.grad().defined()) << what << " " << b.name << " is frozen";
+      continue;
+    }
+    ++compared;
+    expect_grad_parity(b.tp_dim >= 0 ? gather_along(b.tensor.grad(), tp, b.tp_dim) : b.tensor.grad(), a.tensor.grad(),
+                       a.name, spec.vocab, what);
+  }
+  return compared;
+}
+
 // LoRA under tp (peft/lora.h): adapters cut like their base linears give the
 // one-process loss and adapter gradients (A and B; shards gathered, partial
 // ones summed by finalize_grads) with the parity tolerances above. B is set to
@@ -124,41 +169,10 @@ TEST(TensorParallel, LoraMatchesOneProcess) {
       o.rank = 4;
       apply_lora(single, o);
       apply_lora(parallel, o);
-      {
-        at::NoGradGuard no_grad;
-        for (size_t i = 0; i < single.params().params().size(); ++i) {
-          Param& a = single.params().params()[i];
-          Param& b = parallel.params().params()[i];
-          if (a.name.find(".lora_b") == std::string::npos) continue;
-          auto gen = at::make_generator<at::CPUGeneratorImpl>(stable_hash(a.name));
-          const at::Tensor full_b = at::randn(a.tensor.sizes(), gen) * 0.05;
-          a.tensor.copy_(full_b);
-          b.tensor.copy_(b.tp_dim >= 0 ? full_b.chunk(tp.size(), b.tp_dim)[tp.rank()] : full_b);
-        }
-      }
-      Batch bt = batch(spec);
-      at::Tensor ref = single.forward(bt.tokens, bt.targets).sum() / bt.count;
-      ref.backward();
-      at::Tensor loss = parallel.forward(bt.tokens, bt.targets).sum() / bt.count;
-      loss.backward();
-      parallel.finalize_grads();
-      const std::string what = fmt::format("llama={} sp={} tp={}", llama, sp, tp.size());
-      EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>())) << what;
-      int adapters = 0;
-      for (size_t i = 0; i < single.params().params().size(); ++i) {
-        const Param& a = single.params().params()[i];
-        const Param& b = parallel.params().params()[i];
-        ASSERT_EQ(a.name, b.name);
-        if (a.name.find(".lora_") == std::string::npos) {
-          EXPECT_FALSE(b.tensor.grad().defined()) << what << " " << b.name << " is frozen";
-          continue;
-        }
-        ++adapters;
-        at::Tensor g = b.tp_dim >= 0 ? gather_along(b.tensor.grad(), tp, b.tp_dim) : b.tensor.grad();
-        const double scale = a.tensor.grad().abs().max().item<double>();
-        EXPECT_LE((g - a.tensor.grad()).abs().max().item<double>(), 1e-4 * scale + 1e-7) << what << " " << a.name;
-      }
-      EXPECT_EQ(adapters, 2 * static_cast<int>(spec.layers) * (llama ? 7 : 6)) << what;
+      set_same_random(single, parallel, tp, ".lora_b");
+      const int adapters = check_adapter_parity(single, parallel, tp, spec, ".lora_",
+                                                fmt::format("llama={} sp={} tp={}", llama, sp, tp.size()));
+      EXPECT_EQ(adapters, 2 * static_cast<int>(spec.layers) * (llama ? 7 : 6)) << llama;
     }
   }
 }
@@ -177,29 +191,9 @@ TEST(TensorParallel, AdaptersMatchOneProcess) {
     Transformer single(spec, solo, false, 78), parallel(spec, tp, sp, 78);
     apply_adapters(single, AdapterOptions{6});
     apply_adapters(parallel, AdapterOptions{6});
-    {
-      at::NoGradGuard no_grad;
-      for (size_t i = 0; i < single.params().params().size(); ++i) {
-        Param& a = single.params().params()[i];
-        if (a.name.find(".adapter_") == std::string::npos || a.name.find(".up.weight") == std::string::npos) continue;
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(stable_hash(a.name));
-        a.tensor.copy_(at::randn(a.tensor.sizes(), gen) * 0.05);
-        parallel.params().params()[i].tensor.copy_(a.tensor);
-      }
-    }
-    Batch bt = batch(spec);
-    at::Tensor ref = single.forward(bt.tokens, bt.targets).sum() / bt.count;
-    ref.backward();
-    at::Tensor loss = parallel.forward(bt.tokens, bt.targets).sum() / bt.count;
-    loss.backward();
-    parallel.finalize_grads();
-    const std::string what = fmt::format("sp={} tp={}", sp, tp.size());
-    EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>())) << what;
-    for (size_t i = 0; i < single.params().params().size(); ++i) {
-      const Param& a = single.params().params()[i];
-      if (a.name.find(".adapter_") == std::string::npos) continue;
-      expect_grad_parity(parallel.params().params()[i].tensor.grad(), a.tensor.grad(), a.name, spec.vocab, what);
-    }
+    set_same_random(single, parallel, tp, ".adapter_", ".up.weight");
+    EXPECT_EQ(check_adapter_parity(single, parallel, tp, spec, ".adapter_", fmt::format("sp={} tp={}", sp, tp.size())),
+              8 * static_cast<int>(spec.layers));  // 2 adapters x 4 tensors per layer
   }
 }
 

@@ -57,4 +57,11 @@ int64_t ParamStore::local_numel() const {
   return n;
 }
 
+void ParamStore::freeze_first(size_t n) {
+  for (size_t i = 0; i < n && i < params_.size(); ++i) {
+    params_[i].frozen = true;
+    params_[i].tensor.requires_grad_(false);
+  }
+}
+
 }  // namespace meshtrain

@@ -38,11 +38,7 @@ int64_t apply_adapters(Transformer& m, const AdapterOptions& o) {
     b.adapter_mlp = make(p + "adapter_mlp");
     added += 2;
   }
-  for (size_t i = 0; i < base_params; ++i) {
-    Param& p = store.params()[i];
-    p.frozen = true;
-    p.tensor.requires_grad_(false);
-  }
+  store.freeze_first(base_params);
   return added;
 }
 

@@ -39,13 +39,44 @@ void for_each_adapter(Transformer& m, Fn fn) {
   }
 }
 
-}  // namespace
-
-std::vector<std::string> apply_lora(Transformer& m, const LoraOptions& o) {
+void check_options(const LoraOptions& o) {
   if (o.rank < 1 || !(o.alpha > 0) || o.dropout < 0 || o.dropout >= 1) {
     throw std::invalid_argument(fmt::format("lora: rank {} must be >= 1, alpha {} > 0, dropout {} in [0, 1)", o.rank,
                                             o.alpha, o.dropout));
   }
+}
+
+void no_match(const std::vector<std::string>& targets) {
+  throw std::invalid_argument(fmt::format("lora: no linear matches the targets {}; names look like layers.0.attn.q, "
+                                          "layers.0.mlp.fc1 (or \"all\")",
+                                          fmt::join(targets, ", ")));
+}
+
+}  // namespace
+
+std::vector<std::string> linear_names(const plan::ModelSpec& m) {
+  const bool swiglu = m.activation == plan::Activation::SwiGLU;
+  std::vector<std::string> out;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    for (const char* s : {"attn.q", "attn.k", "attn.v", "attn.o"}) out.push_back(fmt::format("layers.{}.{}", l, s));
+    for (const char* s : swiglu ? std::vector<const char*>{"mlp.gate", "mlp.up", "mlp.down"}
+                                : std::vector<const char*>{"mlp.fc1", "mlp.fc2"}) {
+      out.push_back(fmt::format("layers.{}.{}", l, s));
+    }
+  }
+  return out;
+}
+
+void check_lora(const plan::ModelSpec& m, const LoraOptions& o) {
+  check_options(o);
+  for (const auto& name : linear_names(m)) {
+    if (targeted(name, o.targets)) return;
+  }
+  no_match(o.targets);
+}
+
+std::vector<std::string> apply_lora(Transformer& m, const LoraOptions& o) {
+  check_options(o);
   ParamStore& store = m.params();
   const size_t base_params = store.params().size();
   auto gens = m.dropout_generators();  // {replicated, split}
@@ -73,16 +104,8 @@ std::vector<std::string> apply_lora(Transformer& m, const LoraOptions& o) {
     if (!targeted(name, o.targets)) continue;
     l->lora = make(name, l->weight.size(1) * tp, l->weight.size(0), 1, -1, gens[1]);
   }
-  if (names.empty()) {
-    throw std::invalid_argument(fmt::format("lora: no linear matches the targets {}; names look like layers.0.attn.q, "
-                                            "layers.0.mlp.fc1 (or \"all\")",
-                                            fmt::join(o.targets, ", ")));
-  }
-  for (size_t i = 0; i < base_params; ++i) {
-    Param& p = store.params()[i];
-    p.frozen = true;
-    p.tensor.requires_grad_(false);
-  }
+  if (names.empty()) no_match(o.targets);
+  store.freeze_first(base_params);
   return names;
 }
 

@@ -224,10 +224,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "parallel.cp = 1 (it is {}) and parallel.pp = 1 (it is {})",
                                             path, plan::attention_name(c.model.attention), c.cp, c.pp));
   }
-  if (c.lora.rank < 0 || (c.lora.rank > 0 && (!(c.lora.alpha > 0) || c.lora.dropout < 0 || c.lora.dropout >= 1))) {
-    throw std::invalid_argument(fmt::format("{}: lora.rank = {} (0 = off), lora.alpha = {} (> 0), lora.dropout = {} "
-                                            "(in [0, 1))",
-                                            path, c.lora.rank, c.lora.alpha, c.lora.dropout));
+  if (c.lora.rank < 0) throw std::invalid_argument(fmt::format("{}: lora.rank = {} (0 = off)", path, c.lora.rank));
+  if (c.lora.rank > 0) {
+    try {
+      check_lora(c.model, c.lora);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
+    }
   }
   if (c.lora.rank > 0 && (c.zero > 0 || c.pp > 1)) {
     throw std::invalid_argument(fmt::format("{}: LoRA (lora.rank = {}) trains with DDP or one replica for now: "

@@ -55,6 +55,9 @@ class ParamStore {
   const std::vector<Param>& params() const { return params_; }
   const Param& find(const std::string& name) const;
   int64_t local_numel() const;
+  // Freezes the first `n` parameters (frozen, requires no gradient): the base
+  // model under adapters (peft/), registered before them.
+  void freeze_first(size_t n);
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
 

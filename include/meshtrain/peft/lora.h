@@ -26,6 +26,8 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/plan/spec.h"
+
 namespace meshtrain {
 
 class Transformer;
@@ -50,6 +52,13 @@ struct LoraAdapter {
   // (α / r) · dropout(x) Aᵀ Bᵀ; dropout only when `train`.
   at::Tensor delta(const at::Tensor& x, bool train) const;
 };
+
+// The names of a model's block linears, as Transformer::linears() gives them
+// ("layers.L.attn.q", ...): what LoRA targets are matched against.
+std::vector<std::string> linear_names(const plan::ModelSpec& m);
+// Throws std::invalid_argument (as apply_lora would, on every rank) when the
+// options are out of range or no linear matches the targets: for the launching process.
+void check_lora(const plan::ModelSpec& m, const LoraOptions& o);
 
 // Adds an adapter to every targeted linear of `m` and freezes the rest.
 // Returns the adapted linears' names; throws std::invalid_argument when none
