@@ -40,7 +40,15 @@ int chat(int argc, char** argv) {
     if (a == "--input") input = value();
     else if (a == "--tokenizer") model = value();
     else if (a == "--out") out = value();
-    else if (a == "--seq") seq = std::stoll(value());
+    else if (a == "--seq") {
+      const std::string v = value();
+      size_t used = 0;
+      try {
+        seq = std::stoll(v, &used);
+      } catch (const std::exception&) {
+      }
+      if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("--seq '{}' is not a whole number", v));
+    }
     else if (a == "--truncate") truncate = true;
     else if (a == "--force") force = true;
     else throw std::invalid_argument(fmt::format("chat: unknown option '{}'", a));
