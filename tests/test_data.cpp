@@ -130,7 +130,7 @@ TEST(Loader, DocumentIdsFollowTheShardsDocumentStarts) {
   TempDir d;
   const std::vector<uint64_t> starts = {0, 10, 11, 40, 41, 42, 90};
   write_shard(d.file("a.bin"), ramp(100, 1000), starts, 2);
-  TokenLoader l({d.file("a.bin")}, 16, 2, 0, 1, 3, true);
+  TokenLoader l({d.file("a.bin")}, 16, 2, 0, 1, 3, {true});
   TokenLoader plain({d.file("a.bin")}, 16, 2, 0, 1, 3);
   EXPECT_FALSE(plain.next().doc_ids.defined());
   for (int step = 0; step < 3; ++step) {

@@ -86,7 +86,7 @@ TEST(Sft, LoaderIgnoresMaskedTargetsOnly) {
   }
   write_shard((d.path / "s.bin").string(), tokens, {0}, 2);
   write_shard((d.path / "s.mask.bin").string(), mask, {0}, 2);
-  TokenLoader l({(d.path / "s.bin").string()}, 8, 2, 0, 1, 5, false, true);
+  TokenLoader l({(d.path / "s.bin").string()}, 8, 2, 0, 1, 5, {false, true});
   for (int step = 0; step < 4; ++step) {
     const Batch b = l.next();
     for (int64_t r = 0; r < 2; ++r) {
@@ -97,7 +97,7 @@ TEST(Sft, LoaderIgnoresMaskedTargetsOnly) {
     }
   }
   std::filesystem::remove(d.path / "s.mask.bin");
-  EXPECT_THROW(TokenLoader({(d.path / "s.bin").string()}, 8, 2, 0, 1, 5, false, true), std::runtime_error);
+  EXPECT_THROW(TokenLoader({(d.path / "s.bin").string()}, 8, 2, 0, 1, 5, {false, true}), std::runtime_error);
 }
 
 TEST(Sft, TokenizeChatAndTrain) {

@@ -32,7 +32,8 @@ std::vector<ChatSegment> render_chat(const nlohmann::json& conversation, const C
   return out;
 }
 
-PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uint32_t pad, bool truncate) {
+PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uint32_t pad, bool truncate,
+                       bool one_per_block) {
   if (seq < 2) throw std::invalid_argument(fmt::format("--seq {} must be at least 2", seq));
   PackedChats p;
   const uint64_t block = static_cast<uint64_t>(seq);
@@ -57,7 +58,7 @@ PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uin
       n = block;
       ++p.truncated;
     }
-    if (p.tokens.size() % block + n > block) pad_block();
+    if (one_per_block || p.tokens.size() % block + n > block) pad_block();
     p.doc_starts.push_back(p.tokens.size());
     p.tokens.insert(p.tokens.end(), c.ids.begin(), c.ids.begin() + static_cast<int64_t>(n));
     p.mask.insert(p.mask.end(), c.mask.begin(), c.mask.begin() + static_cast<int64_t>(n));

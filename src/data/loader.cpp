@@ -11,11 +11,13 @@
 namespace meshtrain {
 
 TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank,
-                         int dp_size, uint64_t seed, bool documents, bool loss_masks)
-    : documents_(documents), seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
-  if (seq < 1 || micro_batch < 1) {
-    throw std::invalid_argument(fmt::format("sequence {} and micro-batch {} must be positive", seq, micro_batch));
+                         int dp_size, uint64_t seed, LoaderOptions o)
+    : documents_(o.documents), seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+  if (seq < 1 || micro_batch < 1 || o.group < 1) {
+    throw std::invalid_argument(fmt::format("sequence {}, micro-batch {} and group {} must be positive", seq,
+                                            micro_batch, o.group));
   }
+  group_ = static_cast<uint64_t>(o.group);
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
     throw std::invalid_argument(fmt::format("data-parallel rank {} outside 0..{}", dp_rank, dp_size - 1));
   }
@@ -23,9 +25,16 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
   for (const auto& path : shards) {
     shards_.push_back(std::make_unique<ShardReader>(path));
     first_window_.push_back(total_windows_);
-    total_windows_ += (shards_.back()->size() - 1) / static_cast<uint64_t>(seq);
+    const uint64_t windows = (shards_.back()->size() - 1) / static_cast<uint64_t>(seq);
+    if (windows % group_ != 0) {
+      throw std::invalid_argument(fmt::format("{} holds {} windows of {} tokens, not whole groups of {} (a preference "
+                                              "shard holds a chosen and a rejected window per pair: was it written "
+                                              "with another seq?)",
+                                              path, windows, seq + 1, group_));
+    }
+    total_windows_ += windows;
     if (documents_) doc_starts_.push_back(shards_.back()->doc_starts());
-    if (loss_masks) {
+    if (o.loss_masks) {
       masks_.push_back(std::make_unique<ShardReader>(mask_path(path)));
       if (masks_.back()->size() != shards_.back()->size()) {
         throw std::invalid_argument(fmt::format("{} holds {} tokens but its mask {} holds {}", path,
@@ -35,20 +44,22 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
   }
   if (steps_per_epoch() == 0) {
     throw std::invalid_argument(fmt::format(
-        "the shards hold {} windows of {} tokens, fewer than one global batch of {} x {} ranks; use more data, a "
+        "the shards hold {} windows of {} tokens{}, fewer than one global batch of {} x {} ranks; use more data, a "
         "shorter sequence or a smaller batch",
-        total_windows_, seq + 1, micro_batch, dp_size));
+        total_windows_, seq + 1, group_ > 1 ? fmt::format(" ({} groups of {})", total_windows_ / group_, group_) : "",
+        micro_batch, dp_size));
   }
 }
 
 void TokenLoader::shuffle(uint64_t epoch) {
   if (order_epoch_ == epoch) return;
-  order_.resize(total_windows_);
+  const uint64_t n = total_windows_ / group_;
+  order_.resize(n);
   std::iota(order_.begin(), order_.end(), 0);
   std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ULL + epoch);
   // Fisher-Yates with our own index draw: std::shuffle's use of the engine is
   // implementation-defined, and the order must not change across libraries.
-  for (uint64_t i = total_windows_ - 1; i > 0; --i) std::swap(order_[i], order_[rng() % (i + 1)]);
+  for (uint64_t i = n - 1; i > 0; --i) std::swap(order_[i], order_[rng() % (i + 1)]);
   order_epoch_ = epoch;
 }
 
@@ -61,11 +72,12 @@ Batch TokenLoader::next() {
   const uint64_t global = static_cast<uint64_t>(micro_batch_) * dp_size_;
   const uint64_t base = state_.step * global + static_cast<uint64_t>(dp_rank_) * micro_batch_;
   Batch b;
-  at::Tensor buf = at::empty({micro_batch_, seq_ + 1}, at::kLong);
-  if (documents_) b.doc_ids = at::empty({micro_batch_, seq_}, at::kLong);
-  at::Tensor target_mask = masks_.empty() ? at::Tensor() : at::empty({micro_batch_, seq_}, at::kLong);
-  for (int64_t i = 0; i < micro_batch_; ++i) {
-    const uint64_t w = order_[base + i];
+  const int64_t rows = micro_batch_ * static_cast<int64_t>(group_);
+  at::Tensor buf = at::empty({rows, seq_ + 1}, at::kLong);
+  if (documents_) b.doc_ids = at::empty({rows, seq_}, at::kLong);
+  at::Tensor target_mask = masks_.empty() ? at::Tensor() : at::empty({rows, seq_}, at::kLong);
+  for (int64_t i = 0; i < rows; ++i) {
+    const uint64_t w = order_[base + i / static_cast<int64_t>(group_)] * group_ + i % static_cast<int64_t>(group_);
     const size_t s = std::upper_bound(first_window_.begin(), first_window_.end(), w) - first_window_.begin() - 1;
     const uint64_t start = (w - first_window_[s]) * seq_;
     shards_[s]->read(start, seq_ + 1, buf[i].data_ptr<int64_t>());

@@ -10,6 +10,9 @@
 // and, for supervised fine-tuning (data/chat.h):
 //   chat --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
 //        writes DIR/train.bin, DIR/train.mask.bin (1 = trained target) and DIR/sft.json
+// and, for DPO (data/preference.h):
+//   prefs --input PAIRS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
+//        writes DIR/train.bin, DIR/train.mask.bin and DIR/dpo.json (two blocks per pair)
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -22,12 +25,16 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/data/chat.h"
+#include "meshtrain/data/preference.h"
 #include "meshtrain/data/shard.h"
 #include "meshtrain/data/tokenize.h"
 
 namespace {
 
+// `chat` (SFT conversations) and `prefs` (DPO pairs): the same options and files.
 int chat(int argc, char** argv) {
+  const bool prefs = std::string(argv[1]) == "prefs";
+  const char* what = prefs ? "prefs" : "chat";
   std::string input, model, out;
   int64_t seq = 0;
   bool truncate = false, force = false;
@@ -51,10 +58,11 @@ int chat(int argc, char** argv) {
     }
     else if (a == "--truncate") truncate = true;
     else if (a == "--force") force = true;
-    else throw std::invalid_argument(fmt::format("chat: unknown option '{}'", a));
+    else throw std::invalid_argument(fmt::format("{}: unknown option '{}'", what, a));
   }
   if (input.empty() || model.empty() || out.empty() || seq < 2) {
-    throw std::invalid_argument("chat needs --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N (N >= 2)");
+    throw std::invalid_argument(fmt::format("{} needs --input {}.jsonl --tokenizer MODEL --out DIR --seq N (N >= 2)",
+                                            what, prefs ? "PAIRS" : "CHATS"));
   }
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(out) / "train.bin") && !force) {
@@ -68,34 +76,44 @@ int chat(int argc, char** argv) {
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    meshtrain::TokenizedChat c;
-    c.line = line_no;
     try {
-      for (const auto& seg : meshtrain::render_chat(nlohmann::json::parse(line))) {
-        for (int id : tok.encode(seg.text)) {
-          c.ids.push_back(static_cast<uint32_t>(id));
-          c.mask.push_back(seg.train ? 1 : 0);
+      const nlohmann::json j = nlohmann::json::parse(line);
+      // A pair is two conversations, chosen then rejected.
+      std::vector<nlohmann::json> conversations{j};
+      if (prefs) conversations = {meshtrain::preference_conversation(j, true), meshtrain::preference_conversation(j, false)};
+      for (const auto& conversation : conversations) {
+        meshtrain::TokenizedChat c;
+        c.line = line_no;
+        for (const auto& seg : meshtrain::render_chat(conversation)) {
+          for (int id : tok.encode(seg.text)) {
+            c.ids.push_back(static_cast<uint32_t>(id));
+            c.mask.push_back(seg.train ? 1 : 0);
+          }
         }
+        chats.push_back(std::move(c));
       }
     } catch (const std::exception& e) {
       throw std::invalid_argument(fmt::format("{} line {}: {}", input, line_no, e.what()));
     }
-    chats.push_back(std::move(c));
   }
-  if (chats.empty()) throw std::invalid_argument(fmt::format("{} holds no conversation", input));
-  const meshtrain::PackedChats p = meshtrain::pack_chats(chats, seq, static_cast<uint32_t>(tok.eos_id()), truncate);
+  if (chats.empty()) throw std::invalid_argument(fmt::format("{} holds no {}", input, prefs ? "pair" : "conversation"));
+  const uint32_t pad = static_cast<uint32_t>(tok.eos_id());
+  const meshtrain::PackedChats p =
+      prefs ? meshtrain::pack_pairs(chats, seq, pad, truncate) : meshtrain::pack_chats(chats, seq, pad, truncate);
   fs::create_directories(out);
   const int width = tok.vocab_size() <= 65536 ? 2 : 4;
   meshtrain::write_shard((fs::path(out) / "train.bin").string(), p.tokens, p.doc_starts, width);
   meshtrain::write_shard((fs::path(out) / "train.mask.bin").string(), p.mask, p.doc_starts, 2);
   const double padding = static_cast<double>(p.padding) / static_cast<double>(p.tokens.size() - 1);
-  const nlohmann::json info{{"seq", seq}, {"conversations", p.conversations}, {"tokens", p.tokens.size()},
-                            {"trained_tokens", p.trained}, {"padding_tokens", p.padding},
-                            {"padding_fraction", padding}, {"truncated", p.truncated}, {"tokenizer", model},
-                            {"input", input}};
-  std::ofstream(fs::path(out) / "sft.json") << info.dump(2) << "\n";
-  fmt::print("{} conversations -> {} blocks of {} tokens in {}: {} trained tokens, padding {:.1f}%{}\n",
-             p.conversations, (p.tokens.size() - 1) / static_cast<uint64_t>(seq), seq, out, p.trained, 100 * padding,
+  nlohmann::json info{{"seq", seq}, {"conversations", p.conversations}, {"tokens", p.tokens.size()},
+                      {"trained_tokens", p.trained}, {"padding_tokens", p.padding},
+                      {"padding_fraction", padding}, {"truncated", p.truncated}, {"tokenizer", model},
+                      {"input", input}};
+  if (prefs) info["pairs"] = p.conversations / 2;
+  std::ofstream(fs::path(out) / (prefs ? "dpo.json" : "sft.json")) << info.dump(2) << "\n";
+  fmt::print("{} {} -> {} blocks of {} tokens in {}: {} trained tokens, padding {:.1f}%{}\n",
+             prefs ? p.conversations / 2 : p.conversations, prefs ? "pairs" : "conversations",
+             (p.tokens.size() - 1) / static_cast<uint64_t>(seq), seq, out, p.trained, 100 * padding,
              p.truncated ? fmt::format(", {} truncated", p.truncated) : "");
   return 0;
 }
@@ -151,7 +169,7 @@ int encode_or_decode(int argc, char** argv) {
 int main(int argc, char** argv) {
   meshtrain::TokenizeOptions o;
   try {
-    if (argc > 1 && std::string(argv[1]) == "chat") return chat(argc, argv);
+    if (argc > 1 && (std::string(argv[1]) == "chat" || std::string(argv[1]) == "prefs")) return chat(argc, argv);
     if (argc > 1 && (std::string(argv[1]) == "encode" || std::string(argv[1]) == "decode" ||
                      std::string(argv[1]) == "vocab")) {
       return encode_or_decode(argc, argv);

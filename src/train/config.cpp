@@ -8,6 +8,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/plan/strategy.h"
+#include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
 
 namespace meshtrain {
@@ -102,6 +103,9 @@ const std::map<std::string, Setter>& setters() {
       {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
       {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
       {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
+      {"dpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_beta = as_double(n, k); }},
+      {"dpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_loss = as_string(n, k); }},
+      {"dpo.reference", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_reference = as_string(n, k); }},
       {"parallel.offload", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.offload = as_bool(n, k); }},
   };
   return s;
@@ -121,7 +125,7 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, parallel, ddp"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);
@@ -216,8 +220,33 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "model.dropout = 0 (it is {})",
                                             path, c.cp, c.model.dropout));
   }
-  if (c.method != "pretrain" && c.method != "sft") {
-    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\" or \"sft\"", path, c.method));
+  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo") {
+    throw std::invalid_argument(
+        fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\" or \"dpo\"", path, c.method));
+  }
+  if (c.method == "dpo") {
+    // A pair's loss needs each sequence's whole log-probability on one rank.
+    if (c.pp > 1 || c.cp > 1) {
+      throw std::invalid_argument(fmt::format("{}: train.method = \"dpo\" needs each sequence whole on one rank: "
+                                              "parallel.pp = {} and parallel.cp = {} must be 1 (tp, dp and ZeRO work)",
+                                              path, c.pp, c.cp));
+    }
+    if (!(c.dpo_beta > 0)) throw std::invalid_argument(fmt::format("{}: dpo.beta = {} must be positive", path, c.dpo_beta));
+    try {
+      parse_dpo_loss(c.dpo_loss);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: dpo.loss: {}", path, e.what()));
+    }
+    if (c.dpo_reference == "auto") c.dpo_reference = c.lora.rank > 0 ? "adapters" : "copy";
+    if (c.dpo_reference != "copy" && c.dpo_reference != "adapters") {
+      throw std::invalid_argument(fmt::format("{}: dpo.reference = \"{}\": use \"copy\", \"adapters\" or \"auto\"",
+                                              path, c.dpo_reference));
+    }
+    if (c.dpo_reference == "adapters" && c.lora.rank == 0) {
+      throw std::invalid_argument(fmt::format("{}: dpo.reference = \"adapters\" is the policy with its LoRA adapters "
+                                              "off; set lora.rank or use dpo.reference = \"copy\"",
+                                              path));
+    }
   }
   if (c.document_mask && (c.model.attention != plan::AttentionImpl::Tiled || c.cp > 1 || c.pp > 1)) {
     throw std::invalid_argument(fmt::format("{}: train.document_mask needs model.attention = \"tiled\" (it is \"{}\"), "

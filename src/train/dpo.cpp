@@ -4,9 +4,12 @@
 #include <ATen/TensorOperators.h>
 #include <fmt/format.h>
 
+#include <ATen/core/grad_mode.h>
+
 #include <stdexcept>
 
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/peft/lora.h"
 
 namespace meshtrain {
 
@@ -39,12 +42,51 @@ DpoResult dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rej
     case DpoLoss::Hinge: per_pair = at::relu(1.0 - h); break;
   }
   DpoResult r;
+  r.per_pair = per_pair;
+  r.chosen = chosen.detach();
+  r.rejected = rejected.detach();
   r.loss = per_pair.mean();
   r.chosen_reward = chosen.mean().item<double>();
   r.rejected_reward = rejected.mean().item<double>();
   r.margin = h.mean().item<double>();
   r.accuracy = (h > 0).to(at::kDouble).mean().item<double>();
   return r;
+}
+
+double DpoObjective::units(const Batch& b) const {
+  if (b.tokens.size(0) % 2 != 0) {
+    throw std::invalid_argument(fmt::format("a DPO batch holds chosen/rejected pairs; it has {} rows", b.tokens.size(0)));
+  }
+  return static_cast<double>(b.tokens.size(0) / 2);
+}
+
+at::Tensor DpoObjective::loss(Transformer& m, const Batch& b, bool train, std::vector<double>& metric_sums) {
+  const int64_t rows = static_cast<int64_t>(units(b)) * 2;
+  // One forward over chosen and rejected rows together (one ZeRO-3 gather, one DDP backward).
+  const at::Tensor policy = sequence_logprobs(m, b.tokens, b.targets, train);
+  at::Tensor ref;
+  {
+    at::NoGradGuard no_grad;
+    if (reference_) {
+      ref = sequence_logprobs(*reference_, b.tokens, b.targets, false);
+    } else {
+      enable_lora(m, false);
+      try {
+        ref = sequence_logprobs(m, b.tokens, b.targets, false);
+      } catch (...) {
+        enable_lora(m, true);
+        throw;
+      }
+      enable_lora(m, true);
+    }
+  }
+  const DpoResult r = dpo_loss(policy.slice(0, 0, rows, 2), policy.slice(0, 1, rows, 2), ref.slice(0, 0, rows, 2),
+                               ref.slice(0, 1, rows, 2), o_.beta, o_.loss);
+  metric_sums.at(0) += r.chosen.sum().item<double>();
+  metric_sums.at(1) += r.rejected.sum().item<double>();
+  metric_sums.at(2) += (r.chosen - r.rejected).sum().item<double>();
+  metric_sums.at(3) += (r.chosen > r.rejected).sum().item<double>();
+  return r.per_pair.sum();
 }
 
 }  // namespace meshtrain

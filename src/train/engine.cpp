@@ -8,6 +8,7 @@
 
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/runtime/runtime.h"
+#include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 
@@ -75,13 +76,28 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     }
   }
   opt_ = std::make_unique<AdamW>(updated_, c.optim);
+  if (c.method == "dpo") {
+    // The reference is the starting model: built from the same seed and [init]
+    // weights as the policy (so a resumed run gets the same one), frozen.
+    if (c.dpo_reference == "copy") {
+      reference_ = std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed);
+      if (!c.init_from.empty()) {
+        ckpt::Reader r(ckpt::resolve(c.init_from));
+        load_initial_weights(r, *reference_);
+      }
+      for (auto& p : reference_->params().params()) p.tensor.requires_grad_(false);
+    }
+    objective_ = std::make_unique<DpoObjective>(DpoOptions{c.dpo_beta, parse_dpo_loss(c.dpo_loss)}, reference_.get());
+  } else {
+    objective_ = std::make_unique<NextTokenObjective>();
+  }
   if (precision_ == Precision::Fp16) scaler_ = std::make_unique<LossScaler>();
   std::vector<ShardedDataParallel*> zero_raw;
   for (auto& z : zero_) zero_raw.push_back(z.get());
   if (c.pp == 1) {
     step_ = std::make_unique<TrainStep>(*chunks_[0], *opt_, dp_, tp_,
                                         StepOptions{precision_, scaler_.get(), ddp_.get(),
-                                                    zero_raw.empty() ? nullptr : zero_raw[0]});
+                                                    zero_raw.empty() ? nullptr : zero_raw[0], objective_.get()});
   } else {
     embed_ = make_embedding_group(rt, mesh.layout());
     plan::PipelineSchedule schedule;
@@ -126,11 +142,14 @@ StepResult TrainEngine::step(const std::vector<Batch>& micro) {
   return pipeline_step_ ? pipeline_step_->run(micro) : step_->run(micro);
 }
 
-double TrainEngine::loss_sum(const Batch& b) {
+std::vector<double> TrainEngine::evaluate(const Batch& b) {
   AutocastGuard autocast(precision_);
-  if (exec_) return exec_->evaluate({b});
+  if (exec_) return {exec_->evaluate({b}), (b.targets >= 0).sum().item<double>()};
   at::NoGradGuard no_grad;
-  return chunks_[0]->forward(b.tokens, b.targets, false, b.doc_ids).sum().item<double>();
+  std::vector<double> metrics(objective_->metrics().size(), 0.0);
+  std::vector<double> out{objective_->loss(*chunks_[0], b, false, metrics).item<double>(), objective_->units(b)};
+  out.insert(out.end(), metrics.begin(), metrics.end());
+  return out;
 }
 
 std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank) {
@@ -161,10 +180,10 @@ void TrainEngine::load_weights(ckpt::Reader& r) {
     Transformer& m = *chunks_[c];
     if (!zero_.empty()) {
       std::vector<at::Tensor> w = zeros_like_params(m);
-      load_model(r, m, w);
+      load_initial_weights(r, m, w);
       zero_[c]->load_weights(w);
     } else {
-      load_model(r, m);
+      load_initial_weights(r, m);
     }
   }
 }

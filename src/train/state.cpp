@@ -163,6 +163,36 @@ void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& in
   }
 }
 
+void load_initial_weights(ckpt::Reader& r, Transformer& model) {
+  std::vector<at::Tensor> into;
+  for (auto& p : model.params().params()) into.push_back(p.tensor.detach());
+  load_initial_weights(r, model, into);
+}
+
+void load_initial_weights(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into) {
+  check_same_model(r, model.spec());
+  at::NoGradGuard no_grad;
+  const int tp_rank = model.params().tp_rank();
+  const auto& m = r.manifest();
+  const bool lora = m.contains("lora") && m["lora"].is_object();
+  const double scale = lora ? m["lora"].at("alpha").get<double>() / m["lora"].at("rank").get<double>() : 0;
+  auto& params = model.params().params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    // The model's own LoRA adapters start fresh; the checkpoint's are merged below.
+    if (p.name.find(".lora_") != std::string::npos || new_adapter(r, p)) continue;
+    const auto off = offsets_of(p, tp_rank);
+    r.read("model/" + p.name, into.at(i), off, p.full_shape);
+    const size_t w = p.name.rfind(".weight");
+    const std::string base = w == std::string::npos ? "" : p.name.substr(0, w);
+    if (!lora || base.empty() || !r.has("model/" + base + ".lora_a")) continue;
+    // W + (alpha / rank) B A, whole, then this rank's box of it.
+    at::Tensor delta = at::mm(r.read_full("model/" + base + ".lora_b"), r.read_full("model/" + base + ".lora_a")) * scale;
+    for (size_t d = 0; d < off.size(); ++d) delta = delta.narrow(static_cast<int64_t>(d), off[d], into[i].size(d));
+    into[i].add_(delta.to(into[i].scalar_type()));
+  }
+}
+
 void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& exp_avg,
                   std::vector<at::Tensor>& exp_avg_sq) {
   const int tp_rank = model.params().tp_rank();

@@ -1,5 +1,7 @@
 #include "meshtrain/train/step.h"
 
+#include "meshtrain/train/objective.h"
+
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <fmt/format.h>
@@ -26,24 +28,32 @@ TrainStep::TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOpt
 
 StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   if (micro_batches.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
+  NextTokenObjective next_token;
+  Objective& objective = o_.objective ? *o_.objective : next_token;
   // Gradients accumulate over this step's micro-batches only.
   if (o_.zero) {
     o_.zero->zero_grad();
   } else {
     for (auto& p : model_.params().params()) p.tensor.mutable_grad() = at::Tensor();
   }
-  const double tokens = count_target_tokens(micro_batches, dp_);
+  // The global batch's units, counted once before any backward (step.h's invariant).
+  at::Tensor count = at::zeros({1}, at::kDouble);
+  for (const auto& b : micro_batches) count += objective.units(b);
+  dp_.all_reduce(count);
+  const double tokens = count.item<double>();
+  if (tokens == 0) throw std::invalid_argument("the global batch has no target tokens (all ignored)");
+  std::vector<double> metric_sums(objective.metrics().size(), 0.0);
   double loss_sum = 0;
   const double scale = o_.scaler ? o_.scaler->scale() : 1.0;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const Batch& b = micro_batches[i];
     if (o_.ddp) o_.ddp->set_sync(i + 1 == micro_batches.size());  // reduce in the last backward only
-    at::Tensor per_token;
+    at::Tensor summed;
     {
       AutocastGuard precision(o_.precision);
-      per_token = model_.forward(b.tokens, b.targets, true, b.doc_ids);
+      summed = objective.loss(model_, b, true, metric_sums);
     }
-    at::Tensor loss = per_token.sum() / tokens;
+    at::Tensor loss = summed / tokens;
     (o_.scaler ? loss * scale : loss).backward();
     if (o_.zero) o_.zero->after_backward();
     loss_sum += loss.item<double>();
@@ -73,9 +83,14 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
     r.grad_norm = std::numeric_limits<double>::quiet_NaN();
   }
   r.lr = opt_.last_lr();
-  at::Tensor l = at::tensor({loss_sum}, at::kDouble);
+  // The loss and the metric sums in one all-reduce.
+  std::vector<double> sums{loss_sum};
+  sums.insert(sums.end(), metric_sums.begin(), metric_sums.end());
+  at::Tensor l = at::tensor(sums, at::kDouble);
   dp_.all_reduce(l);
-  r.loss = l.item<double>();
+  r.loss = l[0].item<double>();
+  const auto names = objective.metrics();
+  for (size_t i = 0; i < names.size(); ++i) r.metrics.emplace_back(names[i], l[1 + i].item<double>() / tokens);
   r.tokens = static_cast<int64_t>(tokens);
   return r;
 }

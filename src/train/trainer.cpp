@@ -43,19 +43,35 @@ namespace {
 
 
 
-// Validation loss over `dp` (the data-parallel x cp group): the loader reads
+// What the method's data needs from the loader: documents for the mask, loss
+// masks for SFT and DPO, pairs kept together for DPO.
+LoaderOptions loader_options(const TrainConfig& c) {
+  return {c.document_mask, c.method == "sft" || c.method == "dpo", c.method == "dpo" ? 2 : 1};
+}
+
+// Validation over `dp` (the data-parallel x cp group): the loader reads
 // windows by data-parallel replica (`data`), each cp rank takes its chunks.
-double evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks) {
-  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask,
-                  c.method == "sft");
-  at::Tensor sums = at::zeros({2}, at::kDouble);
+// Returns the mean loss, then the objective's metrics, per unit.
+std::vector<double> evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks) {
+  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
+  at::Tensor sums;
   for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
-    Batch b = context_shard(val.next(), chunks);
-    sums[0] += engine.loss_sum(b);
-    sums[1] += (b.targets >= 0).sum().to(at::kDouble);
+    const at::Tensor one = at::tensor(engine.evaluate(context_shard(val.next(), chunks)), at::kDouble);
+    sums = sums.defined() ? sums + one : one;
   }
   dp.all_reduce(sums);
-  return sums[0].item<double>() / sums[1].item<double>();
+  std::vector<double> out;
+  for (int64_t i = 0; i < sums.size(0); ++i) {
+    if (i != 1) out.push_back(sums[i].item<double>() / sums[1].item<double>());
+  }
+  return out;
+}
+
+// " | name value" for each of a method's metrics.
+std::string metrics_text(const std::vector<std::string>& names, const std::vector<double>& values) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += fmt::format(" | {} {:.4f}", names[i], values.at(i));
+  return out;
 }
 
 uint32_t max_token(const std::vector<std::string>& shards) {
@@ -229,30 +245,33 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                             "tokenizer's size",
                                             c.model.vocab, top, c.train_shards[0]));
   }
-  const bool sft = c.method == "sft";
-  if (sft) {
-    // Blocks packed for another length would cut conversations: the data's sft.json names its seq.
-    for (const auto& shard : c.train_shards) {
-      const auto info = std::filesystem::path(shard).parent_path() / "sft.json";
+  if (c.method == "sft" || c.method == "dpo") {
+    // Blocks packed for another length would cut conversations: the data's sft.json (dpo.json) names its seq.
+    const bool sft = c.method == "sft";
+    std::vector<std::string> shards = c.train_shards;
+    shards.insert(shards.end(), c.val_shards.begin(), c.val_shards.end());
+    for (const auto& shard : shards) {
+      const auto info = std::filesystem::path(shard).parent_path() / (sft ? "sft.json" : "dpo.json");
       if (!std::filesystem::exists(TokenLoader::mask_path(shard)) || !std::filesystem::exists(info)) {
-        throw std::invalid_argument(fmt::format("train.method = \"sft\" needs {} and {} beside {}: make them with "
-                                                "meshtrain tokenize chat",
-                                                TokenLoader::mask_path(shard), info.string(), shard));
+        throw std::invalid_argument(fmt::format("train.method = \"{}\" needs {} and {} beside {}: make them with "
+                                                "meshtrain tokenize {}",
+                                                c.method, TokenLoader::mask_path(shard), info.string(), shard,
+                                                sft ? "chat" : "prefs"));
       }
       nlohmann::json j;
       std::ifstream(info) >> j;
       if (j.value("seq", int64_t{0}) != c.seq) {
         throw std::invalid_argument(fmt::format("{} was packed into blocks of {} tokens but train.seq = {}: set "
-                                                "train.seq = {} or re-run meshtrain tokenize chat --seq {}",
+                                                "train.seq = {} or re-run meshtrain tokenize {} --seq {}",
                                                 shard, j.value("seq", int64_t{0}), c.seq, j.value("seq", int64_t{0}),
-                                                c.seq));
+                                                sft ? "chat" : "prefs", c.seq));
       }
     }
   }
-  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed, c.document_mask, sft);
+  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
   if (!c.val_shards.empty()) {
     try {
-      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed, c.document_mask, sft);
+      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(fmt::format("data.val: {} (or drop data.val: --set data.val=[])", e.what()));
     }
@@ -263,7 +282,16 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
   }
   if (!c.init_from.empty()) {
     try {
-      check_same_model(ckpt::Reader(ckpt::resolve(c.init_from)), c.model);
+      const ckpt::Reader r(ckpt::resolve(c.init_from));
+      check_same_model(r, c.model);
+      // LoRA adapters merge into the weights (train/state.h); bottleneck adapters cannot.
+      for (const auto& [name, t] : r.manifest()["tensors"].items()) {
+        if (name.find(".adapter_") != std::string::npos && c.adapters.bottleneck == 0) {
+          throw std::invalid_argument(fmt::format("it holds bottleneck adapters ({}), which cannot be merged into the "
+                                                  "weights; train on with the same [adapters] bottleneck",
+                                                  name));
+        }
+      }
     } catch (const std::exception& e) {
       throw std::invalid_argument(fmt::format("init.from = \"{}\": {}", c.init_from, e.what()));
     }
@@ -298,8 +326,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
   if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
-  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, c.document_mask,
-                     c.method == "sft");
+  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   // The MFU denominator: rank 0 times GEMMs on all of this host's cores while the others wait.
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
@@ -375,21 +402,43 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                  coords.at("tp") == 0 && coords.at("dp") == 0 && coords.at("cp") == 0);
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double tokens_per_s = static_cast<double>(c.global_batch * c.seq) / dt;
+    // DPO's batch counts pairs: two sequences each.
+    const double tokens_per_s = static_cast<double>(c.global_batch * c.seq * (c.method == "dpo" ? 2 : 1)) / dt;
     const double mfu = flops_per_token * tokens_per_s / peak_flops;
     const auto [wait, predicted] = engine.bubble();
+    // Validation (when due) first, so the step's metrics line holds it too.
+    std::vector<double> val;
+    if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) val = evaluate(engine, c, dp, data, chunks);
     if (lead) {
       if (s % c.log_every == 0 || s == start + 1 || s == last) {
-        fmt::print("step {:>5} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}{}\n",
-                   s, r.loss, r.lr, r.grad_norm, tokens_per_s, 100 * mfu, plan::human_bytes(peak_rss_bytes()),
+        std::vector<std::string> names;
+        std::vector<double> values;
+        for (const auto& [name, value] : r.metrics) {
+          names.push_back(name);
+          values.push_back(value);
+        }
+        fmt::print("step {:>5} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}{}\n",
+                   s, r.loss, metrics_text(names, values), r.lr, r.grad_norm, tokens_per_s, 100 * mfu,
+                   plan::human_bytes(peak_rss_bytes()),
                    c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
                                           100 * wait / dt, 100 * predicted)
                             : "");
+      }
+      if (!val.empty()) {
+        fmt::print("step {:>5} | validation loss {:.4f}{}\n", s, val[0],
+                   c.method == "dpo" ? metrics_text(engine.objective().metrics(), {val.begin() + 1, val.end()})
+                                     : fmt::format(" | perplexity {:.2f}", std::exp(val[0])));
       }
       if (metrics.is_open()) {
         nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
                          {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
+        for (const auto& [name, value] : r.metrics) j[name] = value;
+        if (!val.empty()) {
+          j["val_loss"] = val[0];
+          const auto names = engine.objective().metrics();
+          for (size_t i = 0; i < names.size() && 1 + i < val.size(); ++i) j["val_" + names[i]] = val[1 + i];
+        }
         if (engine.scaler()) {
           j["loss_scale"] = r.loss_scale;
           j["skipped"] = r.skipped;
@@ -397,10 +446,6 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
         if (c.pp > 1) j["bubble_measured"] = wait / dt;
         metrics << j.dump() << "\n" << std::flush;
       }
-    }
-    if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) {
-      const double v = evaluate(engine, c, dp, data, chunks);
-      if (lead) fmt::print("step {:>5} | validation loss {:.4f} | perplexity {:.2f}\n", s, v, std::exp(v));
     }
     if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
     if (s == start + 1 && lead) fmt::print("{}", engine.memory_report(dp.size(), c.precision));

@@ -54,6 +54,9 @@ struct PackedChats {
 };
 
 // Packs into blocks of `seq` tokens (see above); `pad` fills the rest of a block.
-PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uint32_t pad, bool truncate);
+// With `one_per_block`, every conversation starts a block of its own (DPO's
+// layout, data/preference.h).
+PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uint32_t pad, bool truncate,
+                       bool one_per_block = false);
 
 }  // namespace meshtrain

@@ -19,6 +19,11 @@
 // With `loss_masks`, each shard X.bin has a mask shard X.mask.bin beside it
 // (data/chat.h: 1 = the token is trained as a target): targets whose mask is 0
 // become -1 (ignored: zero loss, zero gradient).
+//
+// With `group` > 1, windows come in groups of that many consecutive windows
+// that stay together (DPO's chosen and rejected sequences of one pair, data/
+// preference.h): the permutation is over groups, micro_batch counts groups, and
+// a batch holds micro_batch x group rows, each group's windows adjacent.
 #pragma once
 
 #include <cstdint>
@@ -45,12 +50,19 @@ struct Batch {
   at::Tensor doc_ids;  // [micro_batch, seq] int64 when the loader gives documents, else undefined
 };
 
+struct LoaderOptions {
+  bool documents = false;   // Batch::doc_ids from the shards' document starts
+  bool loss_masks = false;  // targets masked by X.mask.bin
+  int64_t group = 1;        // windows that stay together (2: preference pairs)
+};
+
 class TokenLoader {
  public:
   // Throws std::invalid_argument when the shards hold fewer windows than one
-  // global batch (naming the numbers), or for bad sizes.
+  // global batch (naming the numbers), or for bad sizes (a shard whose windows
+  // are not whole groups among them).
   TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank, int dp_size,
-              uint64_t seed, bool documents = false, bool loss_masks = false);
+              uint64_t seed, LoaderOptions o = {});
 
   // The mask shard beside a token shard: X.bin -> X.mask.bin.
   static std::string mask_path(const std::string& shard);
@@ -60,7 +72,9 @@ class TokenLoader {
   void restore(const LoaderState& s);
 
   uint64_t windows() const { return total_windows_; }
-  uint64_t steps_per_epoch() const { return total_windows_ / (static_cast<uint64_t>(micro_batch_) * dp_size_); }
+  uint64_t steps_per_epoch() const {
+    return total_windows_ / group_ / (static_cast<uint64_t>(micro_batch_) * dp_size_);
+  }
 
  private:
   void shuffle(uint64_t epoch);
@@ -69,12 +83,13 @@ class TokenLoader {
   std::vector<std::vector<uint64_t>> doc_starts_;  // per shard, with `documents`
   std::vector<std::unique_ptr<ShardReader>> masks_;  // per shard, with `loss_masks`
   bool documents_ = false;
+  uint64_t group_ = 1;
   int64_t seq_, micro_batch_;
   int dp_rank_, dp_size_;
   uint64_t seed_, total_windows_ = 0;
   LoaderState state_;
   uint64_t order_epoch_ = UINT64_MAX;
-  std::vector<uint64_t> order_;
+  std::vector<uint64_t> order_;  // a permutation of the groups
 };
 
 }  // namespace meshtrain

@@ -45,8 +45,16 @@ struct TrainConfig {
   // their positions restart (the shards' document starts; needs tiled attention).
   bool document_mask = false;
   // [train] method: "pretrain" (every next token) | "sft" (the shards' loss
-  // masks from `meshtrain tokenize chat`: assistant tokens only, data/chat.h).
+  // masks from `meshtrain tokenize chat`: assistant tokens only, data/chat.h)
+  // | "dpo" (pairs from `meshtrain tokenize prefs`, data/preference.h; batch
+  // sizes count pairs; train/dpo.h).
   std::string method = "pretrain";
+  // [dpo] beta, loss (sigmoid | ipo | hinge), reference: "copy" (a frozen copy
+  // of the starting weights), "adapters" (the policy with its LoRA adapters
+  // off: no second copy; needs LoRA) or "auto" (adapters with LoRA, else copy).
+  double dpo_beta = 0.1;
+  std::string dpo_loss = "sigmoid";
+  std::string dpo_reference = "auto";
   // [ddp] (used when the data-parallel group has more than one rank)
   int64_t ddp_bucket_mb = 25;
   bool ddp_overlap = true;

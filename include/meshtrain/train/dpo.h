@@ -17,8 +17,11 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "meshtrain/train/objective.h"
 
 namespace meshtrain {
 
@@ -28,8 +31,10 @@ enum class DpoLoss { Sigmoid, Ipo, Hinge };
 DpoLoss parse_dpo_loss(const std::string& s);  // sigmoid | ipo | hinge; throws naming the value
 
 struct DpoResult {
-  at::Tensor loss;  // scalar, differentiable through the policy's log-probs
-  double chosen_reward = 0, rejected_reward = 0, margin = 0, accuracy = 0;
+  at::Tensor loss;      // scalar, the mean over pairs, differentiable through the policy's log-probs
+  at::Tensor per_pair;  // [n], the same per pair
+  at::Tensor chosen, rejected;  // [n] rewards (detached)
+  double chosen_reward = 0, rejected_reward = 0, margin = 0, accuracy = 0;  // means over the pairs
 };
 
 // Log-probability of each sequence's targets (targets < 0 ignored): the sum
@@ -40,5 +45,28 @@ at::Tensor sequence_logprobs(Transformer& m, const at::Tensor& tokens, const at:
 // Per-pair log-probs [n] of the policy (differentiable) and the reference.
 DpoResult dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected, const at::Tensor& ref_chosen,
                    const at::Tensor& ref_rejected, double beta, DpoLoss kind);
+
+struct DpoOptions {
+  double beta = 0.1;
+  DpoLoss loss = DpoLoss::Sigmoid;
+};
+
+// DPO as a training objective: batches from the loader with group = 2 (data/
+// preference.h: row 2i the chosen sequence of pair i, row 2i+1 its rejected
+// one); units are pairs. `reference` is the frozen reference model; null means
+// the policy itself with its LoRA adapters disabled (it must have some). The
+// reference's log-probs are computed without gradients and without dropout.
+// Metrics: rewards/chosen, rewards/rejected, margin, accuracy.
+class DpoObjective : public Objective {
+ public:
+  DpoObjective(DpoOptions o, Transformer* reference) : o_(o), reference_(reference) {}
+  double units(const Batch& b) const override;
+  at::Tensor loss(Transformer& m, const Batch& b, bool train, std::vector<double>& metric_sums) override;
+  std::vector<std::string> metrics() const override { return {"rewards/chosen", "rewards/rejected", "margin", "accuracy"}; }
+
+ private:
+  DpoOptions o_;
+  Transformer* reference_;
+};
 
 }  // namespace meshtrain

@@ -20,6 +20,7 @@
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/memory.h"
+#include "meshtrain/train/objective.h"
 #include "meshtrain/train/pipeline_step.h"
 #include "meshtrain/train/step.h"
 
@@ -32,8 +33,11 @@ class TrainEngine {
   TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead);
 
   StepResult step(const std::vector<Batch>& micro);
-  // Summed per-token loss of one batch (forward only), on every rank.
-  double loss_sum(const Batch& b);
+  // One batch evaluated (forward only, no dropout), on every rank: {summed
+  // loss, units, then each of the objective's metrics summed over the units}.
+  std::vector<double> evaluate(const Batch& b);
+  // The method's objective (train/objective.h): next-token or DPO.
+  Objective& objective() { return *objective_; }
 
   std::vector<ckpt::Piece> pieces(int dp_rank, int world_rank);
   // Parameters and moments from `r`, whatever mesh wrote it; the dropout
@@ -72,6 +76,8 @@ class TrainEngine {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<PipelineExecutor> exec_;
   double predicted_bubble_ = 0;
+  std::unique_ptr<Transformer> reference_;  // DPO's frozen copy (dpo.reference = "copy")
+  std::unique_ptr<Objective> objective_;
   std::unique_ptr<TrainStep> step_;
   std::unique_ptr<PipelineTrainStep> pipeline_step_;
   Precision precision_;

@@ -52,6 +52,14 @@ void load_model(ckpt::Reader& r, Transformer& model);
 void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now);
 // The same into `into` (one tensor per parameter, its shape) instead.
 void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into);
+// [init] from: the checkpoint's model as a starting point. A checkpoint
+// trained with LoRA starts its successor from the merged model: W + (alpha /
+// rank) B A into the base weights (the manifest's "lora" settings), and the
+// model's own adapters, if any, start fresh (B = 0); so SFT with LoRA, then DPO
+// with new adapters, starts (and references) the SFT model. Everything else as
+// load_model.
+void load_initial_weights(ckpt::Reader& r, Transformer& model);
+void load_initial_weights(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into);
 void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt);
 // The moments per model parameter (this rank's tp shard), for ZeRO to slice;
 // undefined entries (frozen parameters) and adapters the checkpoint lacks are skipped.

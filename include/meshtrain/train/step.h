@@ -7,10 +7,13 @@
 // divided by that count, so the summed gradients over ranks and micro-batches
 // are exactly the gradient of the global mean loss, whatever the split and
 // however many targets each micro-batch ignores. (A mean per micro-batch or per
-// rank would weight tokens unequally.)
+// rank would weight tokens unequally.) Another method's objective (train/
+// objective.h) keeps the invariant with its own units: DPO's pairs.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/data/loader.h"
@@ -24,13 +27,15 @@ class DataParallel;
 class ShardedDataParallel;
 class LossScaler;
 class Comm;
+class Objective;
 class Transformer;
 
 struct StepResult {
   double loss = 0;       // global mean loss per target token
   double grad_norm = 0;  // before clipping
   double lr = 0;
-  int64_t tokens = 0;    // target tokens in the global batch
+  int64_t tokens = 0;    // target tokens in the global batch (the objective's units)
+  std::vector<std::pair<std::string, double>> metrics;  // the objective's, means over the global batch
   bool skipped = false;  // the loss scaler found inf/NaN gradients: no update
   double loss_scale = 1;
 };
@@ -41,6 +46,7 @@ struct StepOptions {
   DataParallel* ddp = nullptr;            // bucketed, overlapped reduction; null: one flat all-reduce after backward
   // ZeRO / FSDP instead of ddp: the optimizer must update zero->shard_params().
   ShardedDataParallel* zero = nullptr;
+  Objective* objective = nullptr;  // null: next-token loss (pretraining, SFT)
 };
 
 // Target tokens (targets >= 0) of the global batch: this rank's micro-batches
