@@ -103,9 +103,8 @@ TEST(Sft, LoaderIgnoresMaskedTargetsOnly) {
 TEST(Sft, TokenizeChatAndTrain) {
   Dir d;
   const std::string bin = MESHTRAIN_BIN;
+  const std::string tokenizer = tiny_tokenizer(d, bin);
   {
-    std::ofstream f(d.path / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "In the beginning God created the heaven and the earth " << i % 17 << "\n";
     std::ofstream c(d.path / "chats.jsonl");
     for (int i = 0; i < 40; ++i) {
       c << nlohmann::json{{"messages", {{{"role", "user"}, {"content", "Quote verse " + std::to_string(i % 9)}},
@@ -115,11 +114,8 @@ TEST(Sft, TokenizeChatAndTrain) {
         << "\n";
     }
   }
-  auto run = run_command(bin + " tokenize --input " + (d.path / "corpus.txt").string() + " --out " +
-                         (d.path / "tok").string() + " --vocab-size 400");
-  ASSERT_EQ(run.code, 0) << run.output;
-  run = run_command(bin + " tokenize chat --input " + (d.path / "chats.jsonl").string() + " --tokenizer " +
-                    (d.path / "tok/tokenizer.model").string() + " --out " + (d.path / "sft").string() + " --seq 64");
+  auto run = run_command(bin + " tokenize chat --input " + (d.path / "chats.jsonl").string() + " --tokenizer " +
+                    tokenizer + " --out " + (d.path / "sft").string() + " --seq 64");
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("40 conversations -> "), std::string::npos) << run.output;
   const std::string cfg = d.write("sft.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 400\ndropout = 0.0\n"

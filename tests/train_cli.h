@@ -14,6 +14,7 @@
 
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
+#include "tests/run_command.h"
 
 namespace meshtrain::test {
 
@@ -78,6 +79,19 @@ inline void expect_same_losses(const std::string& a_file, const std::string& b_f
     const double x = std::stod(a.at(step)), y = std::stod(v);
     EXPECT_NEAR(x, y, 1e-5 * x) << "step " << step;
   }
+}
+
+// A SentencePiece tokenizer (400 pieces) trained on a small Genesis-like
+// corpus in `d`, via `meshtrain tokenize`; returns its model path.
+inline std::string tiny_tokenizer(const Dir& d, const std::string& bin) {
+  {
+    std::ofstream f(d.path / "corpus.txt");
+    for (int i = 0; i < 300; ++i) f << "In the beginning God created the heaven and the earth " << i % 17 << "\n";
+  }
+  const auto run = run_command(bin + " tokenize --input " + (d.path / "corpus.txt").string() + " --out " +
+                               (d.path / "tok").string() + " --vocab-size 400");
+  EXPECT_EQ(run.code, 0) << run.output;
+  return (d.path / "tok/tokenizer.model").string();
 }
 
 }  // namespace meshtrain::test

@@ -1,0 +1,123 @@
+// Post-training through `meshtrain train` as a user runs it: chat data from
+// `meshtrain tokenize chat`, SFT on it, preference pairs from `meshtrain
+// tokenize prefs`, then DPO from the SFT checkpoint. Each method gives the same
+// losses on one process, dp 2 and tp 2 (relative 1e-5: other reduction
+// orders); DPO's metrics move the right way (the margin grows, the loss falls);
+// DPO with LoRA and the adapters-disabled reference equals DPO with LoRA and an
+// explicit frozen copy; a DPO run that cannot work is one error before ranks
+// start.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/run_command.h"
+#include "tests/train_cli.h"
+
+namespace meshtrain::test {
+namespace {
+
+// step -> the metrics line's value of `key`.
+std::map<int, double> metric(const std::string& file, const std::string& key) {
+  std::map<int, double> out;
+  std::ifstream f(file);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out[j.at("step").get<int>()] = j.at(key).get<double>();
+  }
+  return out;
+}
+
+TEST(PostTrainCli, SftThenDpoMatchAcrossMeshes) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string tokenizer = tiny_tokenizer(d, bin);
+  {
+    std::ofstream chats(d.path / "chats.jsonl"), pairs(d.path / "pairs.jsonl");
+    for (int i = 0; i < 48; ++i) {
+      const std::string q = "Quote verse " + std::to_string(i % 9);
+      const std::string a = "In the beginning God created " + std::to_string(i % 17);
+      chats << nlohmann::json{{"messages", {{{"role", "user"}, {"content", q}}, {{"role", "assistant"}, {"content", a}}}}}
+                   .dump()
+            << "\n";
+      pairs << nlohmann::json{{"prompt", q}, {"chosen", a},
+                              {"rejected", "the earth " + std::to_string((i + 5) % 17)}}
+                   .dump()
+            << "\n";
+    }
+  }
+  auto run = run_command(bin + " tokenize chat --input " + (d.path / "chats.jsonl").string() + " --tokenizer " +
+                         tokenizer + " --out " + (d.path / "sft").string() + " --seq 64");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = run_command(bin + " tokenize prefs --input " + (d.path / "pairs.jsonl").string() + " --tokenizer " +
+                    tokenizer + " --out " + (d.path / "dpo").string() + " --seq 64");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("48 pairs -> 96 blocks of 64 tokens"), std::string::npos) << run.output;
+
+  const std::string model = "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 400\ndropout = 0.0\n";
+  const std::string sft = d.write("sft.toml", model + "[data]\ntrain = \"" + (d.path / "sft/train.bin").string() +
+                                                  "\"\n[train]\nmethod = \"sft\"\nsteps = 4\nmicro_batch = 2\n"
+                                                  "global_batch = 4\nseq = 64\nlr = 1e-2\nlog_every = 1\n");
+  const std::string dpo = d.write("dpo.toml", model + "[data]\ntrain = \"" + (d.path / "dpo/train.bin").string() +
+                                                  "\"\n[train]\nmethod = \"dpo\"\nsteps = 4\nmicro_batch = 2\n"
+                                                  "global_batch = 4\nseq = 64\nlr = 1e-3\nwarmup = 0\nlog_every = 1\n"
+                                                  "[dpo]\nbeta = 0.5\n");
+  auto file = [&](const std::string& tag) { return (d.path / tag).string(); };
+  auto sets = [&](const std::string& tag) {
+    return " --set train.metrics='\"" + file(tag + ".jsonl") + "\"' --set checkpoint.dir='\"" + file("ck_" + tag) +
+           "\"'";
+  };
+  const std::pair<std::string, std::string> meshes[] = {
+      {" --nproc 1", "one"}, {" --nproc 2", "dp2"}, {" --nproc 2 --set parallel.tp=2 --set parallel.sp=true", "tp2"}};
+  for (const auto& [mesh, tag] : meshes) {
+    run = run_command(bin + " train " + sft + mesh + sets("sft_" + tag));
+    ASSERT_EQ(run.code, 0) << run.output;
+  }
+  expect_same_losses(file("sft_one.jsonl"), file("sft_dp2.jsonl"), 0, 4);
+  expect_same_losses(file("sft_one.jsonl"), file("sft_tp2.jsonl"), 0, 4);
+
+  const std::string from = " --set init.from='\"" + file("ck_sft_one") + "\"'";
+  for (const auto& [mesh, tag] : meshes) {
+    run = run_command(bin + " train " + dpo + from + mesh + sets("dpo_" + tag));
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("| rewards/chosen "), std::string::npos) << run.output;
+  }
+  expect_same_losses(file("dpo_one.jsonl"), file("dpo_dp2.jsonl"), 0, 4);
+  expect_same_losses(file("dpo_one.jsonl"), file("dpo_tp2.jsonl"), 0, 4);
+  // The reference is the starting policy: zero rewards at step 1, log 2 loss; then the margin grows.
+  const auto margin = metric(file("dpo_one.jsonl"), "margin"), loss = metric(file("dpo_one.jsonl"), "loss");
+  EXPECT_NEAR(margin.at(1), 0, 1e-6);
+  EXPECT_NEAR(loss.at(1), std::log(2.0), 1e-6);
+  EXPECT_GT(margin.at(4), margin.at(1));
+  EXPECT_LT(loss.at(4), loss.at(1));
+
+  // LoRA: the adapters-disabled reference equals a frozen copy of the start.
+  const std::string lora = " --set lora.rank=4 --set lora.targets='[\"all\"]' --set train.lr=5e-3";
+  for (const char* ref : {"adapters", "copy"}) {
+    run = run_command(bin + " train " + dpo + from + lora + " --nproc 2 --set dpo.reference=" + ref +
+                      sets(std::string("lora_") + ref));
+    ASSERT_EQ(run.code, 0) << run.output;
+  }
+  expect_same_losses(file("lora_adapters.jsonl"), file("lora_copy.jsonl"), 0, 4);
+  const auto lora_margin = metric(file("lora_adapters.jsonl"), "margin");
+  EXPECT_GT(lora_margin.at(4), lora_margin.at(1)) << lora_margin.at(2) << " " << lora_margin.at(3) << " "
+                                                  << std::ifstream(file("lora_adapters.jsonl")).rdbuf();
+
+  // What cannot work is one error in the launching process.
+  const std::pair<std::string, std::string> bad[] = {
+      {" --set parallel.pp=2", "needs each sequence whole on one rank"},
+      {" --set dpo.reference=adapters", "set lora.rank or use dpo.reference = \"copy\""},
+      {" --set dpo.loss=kto", "DPO loss \"kto\": use sigmoid, ipo or hinge"},
+      {" --set data.train='\"" + file("sft/train.bin") + "\"'", "dpo.json"},
+  };
+  for (const auto& [set, want] : bad) {
+    run = run_command(bin + " train " + dpo + " --nproc 2" + set);
+    EXPECT_NE(run.code, 0) << set;
+    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
+    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::test
