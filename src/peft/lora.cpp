@@ -113,6 +113,9 @@ void merge_lora(Transformer& m) {
   at::NoGradGuard no_grad;
   for_each_adapter(m, [](LoraAdapter& l, at::Tensor& w) {
     if (l.merged) return;
+    if (!w.defined()) {
+      throw std::invalid_argument("merge_lora: the base is in NF4 (QLoRA); merge on export (meshtrain ckpt export)");
+    }
     w.add_(at::mm(l.b, l.a).to(w.scalar_type()), l.scale);
     l.merged = true;
   });

@@ -9,6 +9,7 @@
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/peft/lora.h"
+#include "meshtrain/peft/qlora.h"
 
 namespace meshtrain {
 
@@ -35,7 +36,8 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
 
 // LoRA's term trains only under autograd (GradMode on): evaluation and decoding run without its dropout.
 at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x) const {
-  at::Tensor y = nn::linear(x, weight, bias);
+  at::Tensor y = nf4 ? nf4_linear(x, *nf4) : nn::linear(x, weight, bias);
+  if (nf4 && bias.defined()) y = y + bias;
   return lora && lora->active() ? y + lora->delta(x, at::GradMode::is_enabled()) : y;
 }
 
@@ -50,7 +52,7 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
-  at::Tensor partial = nn::linear(x, weight);
+  at::Tensor partial = nf4 ? nf4_linear(x, *nf4) : nn::linear(x, weight);
   if (lora && lora->active()) partial = partial + lora->delta(x, at::GradMode::is_enabled());
   at::Tensor y = tp_.leave(partial);
   return bias.defined() ? y + bias : y;

@@ -23,6 +23,7 @@ namespace meshtrain {
 
 class Comm;
 struct LoraAdapter;
+struct Nf4Tensor;
 
 struct TensorParallel {
   Comm* comm = nullptr;  // the tp group
@@ -46,6 +47,7 @@ class ColumnParallelLinear {
   at::Tensor forward(const at::Tensor& x) const { return forward_entered(tp_.enter(x)); }
   at::Tensor weight, bias;
   std::shared_ptr<LoraAdapter> lora;  // peft/lora.h: added to the output when set and enabled
+  std::shared_ptr<Nf4Tensor> nf4;     // peft/qlora.h: the weight in NF4 (then `weight` is undefined)
 
  private:
   TensorParallel tp_;
@@ -60,6 +62,7 @@ class RowParallelLinear {
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
   std::shared_ptr<LoraAdapter> lora;  // peft/lora.h: added to the partial product before the reduction
+  std::shared_ptr<Nf4Tensor> nf4;     // peft/qlora.h: the weight in NF4 (then `weight` is undefined)
 
  private:
   TensorParallel tp_;
