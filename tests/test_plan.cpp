@@ -257,7 +257,11 @@ TEST(PostTraining, QloraBits) {
   q.qlora = true;
   q.rank = 16;
   StageLedger l = lora_ledger(preset("llama2-7b"), s, q);
-  EXPECT_NEAR(l.lines[0].bytes / 1e9, count_params(preset("llama2-7b")).total * qlora_bits_per_param(true) / 8 / 1e9, 1e-9);
+  // The blocks' linears in NF4 (32 layers x (4 x 4096^2 + 3 x 4096 x 11008)); embeddings, head and norms in bf16.
+  const double linear = 32.0 * (4.0 * 4096 * 4096 + 3.0 * 4096 * 11008);
+  EXPECT_EQ(block_linear_weights(preset("llama2-7b")), static_cast<int64_t>(linear));
+  const double rest = static_cast<double>(count_params(preset("llama2-7b")).total) - linear;
+  EXPECT_DOUBLE_EQ(l.lines[0].bytes, linear * qlora_bits_per_param(true) / 8 + rest * 2);
 }
 
 TEST(PostTraining, RlhfHoldsFourModels) {

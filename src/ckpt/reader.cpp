@@ -9,6 +9,7 @@
 
 #include "ckpt/files.h"
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/peft/nf4.h"
 #include "meshtrain/ckpt/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -204,6 +205,17 @@ std::map<std::string, at::Tensor> model_weights(Reader& reader, bool adapters_on
   if (adapters_only) {
     if (adapters.empty()) throw std::runtime_error(fmt::format("{} holds no LoRA adapters", reader.dir()));
     return adapters;
+  }
+  if (m.contains("qlora") && m["qlora"].is_object()) {
+    // QLoRA: the base linears are the [init] weights in NF4 (train/config.h):
+    // quantised and dequantised again exactly as the run did, then merged below.
+    const auto& q = m["qlora"];
+    Reader base(resolve(q.at("base").get<std::string>()));
+    for (auto& [name, w] : model_weights(base)) {
+      if (out.count(name)) continue;
+      out[name] = nf4_dequantize(nf4_quantize(w, q.at("block").get<int64_t>(), q.at("double_quant").get<bool>()),
+                                 w.scalar_type());
+    }
   }
   if (adapters.empty()) return out;
   // Merged: W += (alpha / rank) B A (peft/lora.h), the adapters' settings from the manifest.

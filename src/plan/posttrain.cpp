@@ -1,5 +1,6 @@
 #include "meshtrain/plan/posttrain.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -37,25 +38,50 @@ int64_t lora_params(const ModelSpec& m, const LoraOptions& o) {
 
 double qlora_bits_per_param(bool double_quant) { return 4.0 + (double_quant ? 8.0 / 64 + 32.0 / (64 * 256) : 32.0 / 64); }
 
-StageLedger lora_ledger(const ModelSpec& m, const Strategy& s, const LoraOptions& o) {
+int64_t block_linear_weights(const ModelSpec& m) {
+  const int64_t h = m.hidden, q = m.heads * m.head_dim(), kv = m.kv_heads * m.head_dim(), f = m.ffn;
+  const int64_t ins = m.activation == Activation::SwiGLU ? 2 : 1;
+  return m.layers * (h * q + 2 * h * kv + q * h + ins * h * f + f * h);
+}
+
+LoraStates lora_state_bytes(const ModelSpec& m, const Strategy& s, const LoraOptions& o, int64_t vocab_multiple) {
   validate(s, m);
+  const double split = static_cast<double>(s.tp) * s.pp;
+  const double base = static_cast<double>(count_params(m, vocab_multiple).total) / split;
+  const double adapters = static_cast<double>(lora_params(m, o)) / split;
+  const double weight_bytes = s.precision == Precision::Fp32 ? 4 : 2;
+  LoraStates out;
+  if (o.qlora) {
+    const double linear = static_cast<double>(block_linear_weights(m)) / split;
+    out.base = linear * qlora_bits_per_param(o.double_quant) / 8 + (base - linear) * weight_bytes;
+  } else {
+    out.base = base * weight_bytes;
+  }
+  out.adapters = model_state_bytes(adapters, s.precision, s.zero, s.shard_group());
+  return out;
+}
+
+StageLedger lora_ledger(const ModelSpec& m, const Strategy& s, const LoraOptions& o) {
+  const LoraStates st = lora_state_bytes(m, s, o);
   const double split = static_cast<double>(s.tp) * s.pp;
   const double base = static_cast<double>(count_params(m).total) / split;
   const double adapters = static_cast<double>(lora_params(m, o)) / split;
+  const double weight_bytes = s.precision == Precision::Fp32 ? 4 : 2;
   StageLedger L;
   L.layers = m.layers / s.pp;
   L.params = base + adapters;
   if (o.qlora) {
-    const double bits = qlora_bits_per_param(o.double_quant);
-    L.lines.push_back({"frozen base (NF4)", base * bits / 8,
-                       fmt::format("{:.4g} params x {:.3f} bits (4 + constants{})", base, bits,
-                                   o.double_quant ? ", double-quantised" : "")});
+    const double linear = static_cast<double>(block_linear_weights(m)) / split;
+    L.lines.push_back({"frozen base (NF4 linears)", st.base,
+                       fmt::format("{:.4g} linear weights x {:.3f} bits (4 + constants{}) + {:.4g} others x {:.0f} B",
+                                   linear, qlora_bits_per_param(o.double_quant),
+                                   o.double_quant ? ", double-quantised" : "", base - linear, weight_bytes)});
   } else {
-    L.lines.push_back({"frozen base (bf16)", base * 2, fmt::format("{:.4g} params x 2 B", base)});
+    L.lines.push_back({"frozen base", st.base, fmt::format("{:.4g} params x {:.0f} B", base, weight_bytes)});
   }
-  ModelStates st = model_state_bytes(adapters, Precision::Bf16, s.zero, s.shard_group());
-  L.lines.push_back({"adapters + grads + optimizer", st.total(),
-                     fmt::format("{:.4g} trainable (rank {}, {}) x 16 B", adapters, o.rank, o.targets)});
+  L.lines.push_back({"adapters + grads + optimizer", st.adapters.total(),
+                     fmt::format("{:.4g} trainable (rank {}, {}) x {:.0f} B", adapters, o.rank, o.targets,
+                                 st.adapters.total() / std::max(adapters, 1.0))});
   const double per_layer = layer_activation_bytes(m, s);
   L.lines.push_back({"activations", per_layer * L.layers * std::min<int64_t>(s.pp, s.microbatches()),
                      "the full backward still runs through the frozen layers"});

@@ -99,6 +99,8 @@ const std::map<std::string, Setter>& setters() {
       {"lora.alpha", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.alpha = as_double(n, k); }},
       {"lora.dropout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.dropout = as_double(n, k); }},
       {"lora.targets", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.targets = as_strings(n, k); }},
+      {"lora.quantize", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora_quantize = as_string(n, k); }},
+      {"lora.double_quant", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora_double_quant = as_bool(n, k); }},
       {"adapters.bottleneck", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.adapters.bottleneck = as_int(n, k); }},
       {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
       {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
@@ -265,6 +267,17 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: LoRA (lora.rank = {}) trains with DDP or one replica for now: "
                                             "parallel.zero = {} and parallel.pp = {} must be 0 and 1",
                                             path, c.lora.rank, c.zero, c.pp));
+  }
+  if (c.lora_quantize != "none" && c.lora_quantize != "nf4") {
+    throw std::invalid_argument(fmt::format("{}: lora.quantize = \"{}\": use \"none\" or \"nf4\" (QLoRA)", path,
+                                            c.lora_quantize));
+  }
+  if (c.lora_quantize == "nf4" && (c.lora.rank == 0 || c.init_from.empty() || c.tp > 1)) {
+    // The base is frozen and, in NF4, not checkpointed: it must come from [init] from to be found again.
+    throw std::invalid_argument(fmt::format("{}: lora.quantize = \"nf4\" (QLoRA) quantises a pretrained base under "
+                                            "LoRA adapters: it needs lora.rank > 0 (it is {}), init.from (it is "
+                                            "\"{}\") and parallel.tp = 1 (it is {})",
+                                            path, c.lora.rank, c.init_from, c.tp));
   }
   if (c.adapters.bottleneck < 0 || (c.adapters.bottleneck > 0 && (c.zero > 0 || c.pp > 1 || c.lora.rank > 0))) {
     throw std::invalid_argument(fmt::format("{}: adapters.bottleneck = {} (0 = off) trains with DDP or one replica "

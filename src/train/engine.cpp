@@ -8,6 +8,7 @@
 
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/runtime/runtime.h"
+#include "meshtrain/peft/qlora.h"
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
@@ -188,6 +189,12 @@ void TrainEngine::load_weights(ckpt::Reader& r) {
   }
 }
 
+int64_t TrainEngine::quantize_base() {
+  int64_t bytes = 0;
+  for (auto& m : chunks_) bytes += meshtrain::quantize_base(*m, QloraOptions{64, c_.lora_double_quant});
+  return bytes;
+}
+
 int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
   size_t k = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -229,7 +236,9 @@ MemoryUse TrainEngine::measure() {
   }
   std::vector<ShardedDataParallel*> zero;
   for (auto& z : zero_) zero.push_back(z.get());
-  return measure_memory(params, *opt_, ddp_.get(), zero);
+  MemoryUse use = measure_memory(params, *opt_, ddp_.get(), zero);
+  for (auto& m : chunks_) use.quantized += quantized_bytes(*m);
+  return use;
 }
 
 std::string TrainEngine::memory_report(int dp_size, const std::string& precision) {

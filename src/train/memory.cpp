@@ -35,7 +35,11 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
     if (!z) continue;
     for (const auto& p : z->shard_params()) all.push_back(&p);
   }
-  for (const Param* p : all) m.params += seen.add(p->tensor);
+  for (const Param* p : all) {
+    const int64_t b = seen.add(p->tensor);
+    m.params += b;
+    if (p->frozen) m.frozen += b;
+  }
   for (const Param* p : all) m.grads += seen.add(p->tensor.grad());
   for (const auto& t : opt.exp_avg()) m.optimizer += seen.add(t);
   for (const auto& t : opt.exp_avg_sq()) m.optimizer += seen.add(t);

@@ -24,6 +24,7 @@
 #include "meshtrain/parallel/context/zigzag.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
+#include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
 #include "meshtrain/runtime/env.h"
@@ -106,9 +107,22 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
           {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
                                                     {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
                                    : nlohmann::json(nullptr)},
+          // QLoRA: the base linears are not in the checkpoint; they are these weights in NF4.
+          {"qlora", c.lora_quantize != "none" ? nlohmann::json{{"base", c.init_from}, {"block", 64},
+                                                               {"double_quant", c.lora_double_quant}}
+                                              : nlohmann::json(nullptr)},
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
 }
 
+
+// The planner's name for a run's LoRA targets: "qv" (the default) or "all".
+std::string plan_lora_targets(const LoraOptions& o) {
+  if (o.targets == std::vector<std::string>{"attn.q", "attn.v"}) return "qv";
+  if (o.targets.empty() || o.targets == std::vector<std::string>{"all"}) return "all";
+  throw std::invalid_argument(fmt::format("--check-plan with LoRA compares lora.targets [\"attn.q\", \"attn.v\"] or "
+                                          "[\"all\"] (the planner's qv and all), not [{}]",
+                                          fmt::join(o.targets, ", ")));
+}
 
 // --check-plan: the planner's bytes for this rank (plan/traffic.h, and the
 // fp32 model states of plan/memory.h) beside what the runtime measured in the
@@ -117,18 +131,34 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
                 int pp_rank, bool print) {
   const plan::Strategy s = strategy_of(c, dp);
   const plan::RankTraffic t = plan::rank_traffic(c.model, s, pp_rank, engine.stage_layers());
-  const plan::ModelStates ms =
-      plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, c.dp_shard > 0 ? c.dp_shard : dp * c.cp);
   const MemoryUse mu = engine.measure();
-  const std::pair<const char*, std::pair<double, double>> rows[] = {
-      {"parameters", {ms.params, static_cast<double>(mu.params)}},
-      {"gradients", {ms.grads, static_cast<double>(mu.grads)}},
-      {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}},
+  std::vector<std::pair<std::string, std::pair<double, double>>> rows;
+  double dp_bytes = t.dp;
+  if (c.lora.rank > 0) {
+    // Adapter fine-tuning (plan/posttrain.h): a frozen base, the adapters' states,
+    // and gradients reduced for the adapters only.
+    const plan::LoraOptions lo{c.lora.rank, plan_lora_targets(c.lora), c.lora_quantize == "nf4", c.lora_double_quant};
+    const plan::LoraStates ls = plan::lora_state_bytes(c.model, s, lo, 128 * c.tp);
+    rows = {{c.lora_quantize == "nf4" ? "frozen base (NF4 linears)" : "frozen base",
+             {ls.base, static_cast<double>(mu.frozen + mu.quantized)}},
+            {"adapters", {ls.adapters.params, static_cast<double>(mu.params - mu.frozen)}},
+            {"gradients", {ls.adapters.grads, static_cast<double>(mu.grads)}},
+            {"optimizer states", {ls.adapters.optimizer, static_cast<double>(mu.optimizer)}}};
+    dp_bytes = t.dp * static_cast<double>(plan::lora_params(c.model, lo)) / (t.params * c.tp * c.pp);
+  } else {
+    const plan::ModelStates ms =
+        plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, c.dp_shard > 0 ? c.dp_shard : dp * c.cp);
+    rows = {{"parameters", {ms.params, static_cast<double>(mu.params)}},
+            {"gradients", {ms.grads, static_cast<double>(mu.grads)}},
+            {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}}};
+  }
+  const std::pair<const char*, std::pair<double, double>> traffic[] = {
       {"tp bytes sent", {t.tp, comm.at("tp")}},
       {"cp bytes sent", {t.cp, comm.at("cp")}},
-      {"dp bytes sent", {t.dp, comm.at("dp")}},
+      {"dp bytes sent", {dp_bytes, comm.at("dp")}},
       {"pp bytes sent", {t.pp, comm.at("pp")}},
       {"tied-embedding bytes sent", {t.embedding, comm.at("embedding")}}};
+  for (const auto& [name, v] : traffic) rows.push_back({name, v});
   std::string table = fmt::format("check-plan, pipeline stage {} ({} parameters on this rank by the plan, {} measured):\n",
                                   pp_rank, t.params, engine.local_params());
   table += fmt::format("  {:<28} {:>14} {:>14} {:>8}\n", "per rank, one step", "plan", "measured", "ratio");
@@ -152,18 +182,18 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
 
 // Loads the newest checkpoint (or the one named) into model, optimizer,
 // loader and RNG; returns its step (0: nothing to resume).
-int64_t resume(const TrainConfig& c, TrainEngine& engine, TokenLoader& loader, int dp, int world_rank, int world_size,
-               bool lead) {
-  if (c.resume == "none") return 0;
-  std::string path;
-  if (c.resume == "auto") {
-    if (c.ckpt_dir.empty()) return 0;
-    auto l = ckpt::latest(c.ckpt_dir);
-    if (!l) return 0;
-    path = *l;
-  } else {
-    path = ckpt::resolve(c.resume);
-  }
+// The checkpoint this run resumes from ("" when it starts afresh).
+std::string resume_path(const TrainConfig& c) {
+  if (c.resume == "none") return "";
+  if (c.resume != "auto") return ckpt::resolve(c.resume);
+  if (c.ckpt_dir.empty()) return "";
+  auto l = ckpt::latest(c.ckpt_dir);
+  return l ? *l : "";
+}
+
+int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engine, TokenLoader& loader, int dp,
+               int world_rank, int world_size, bool lead) {
+  if (path.empty()) return 0;
   ckpt::Reader r(path);
   const auto& m = r.manifest();
   const auto& t = m.at("config").at("train");
@@ -276,6 +306,10 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
       throw std::invalid_argument(fmt::format("data.val: {} (or drop data.val: --set data.val=[])", e.what()));
     }
   }
+  if (plan_check && c.lora.rank > 0) plan_lora_targets(c.lora);
+  if (plan_check && c.adapters.bottleneck > 0) {
+    throw std::invalid_argument("--check-plan has no planner ledger for bottleneck adapters yet; drop --check-plan");
+  }
   if (plan_check && c.precision != "fp32") {
     throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
                                 "op by op); add --set train.precision=fp32");
@@ -347,14 +381,25 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                "measured at start)\n",
                flops_per_token, plan::flops_formula(plan::AttnFlops::Full), peak_flops / 1e9, cores);
   }
-  const int64_t start = resume(c, engine, loader, data.size(), rt->rank(), rt->world_size(), lead);
-  if (start == 0 && !c.init_from.empty()) {
+  // The starting weights, then QLoRA's quantisation of them, then the
+  // checkpoint (a QLoRA checkpoint holds no base linears: they are the [init]
+  // weights quantised again, so a resumed run loads them first too).
+  const std::string resumed = resume_path(c);
+  if (!c.init_from.empty() && (resumed.empty() || c.lora_quantize != "none")) {
     ckpt::Reader r(ckpt::resolve(c.init_from));
     engine.load_weights(r);
-    if (lead) {
+    if (lead && resumed.empty()) {
       fmt::print("weights from {} (step {}; a new optimizer, step 0)\n", r.dir(), r.manifest().value("step", 0));
     }
   }
+  if (c.lora_quantize != "none") {
+    const int64_t bytes = engine.quantize_base();
+    if (lead) {
+      fmt::print("QLoRA: block linears in NF4 (block 64{}): {} on this rank\n",
+                 c.lora_double_quant ? ", double-quantised scales" : "", plan::human_bytes(static_cast<double>(bytes)));
+    }
+  }
+  const int64_t start = resume(c, resumed, engine, loader, data.size(), rt->rank(), rt->world_size(), lead);
   std::unique_ptr<ckpt::Checkpointer> saver;
   if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
       ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());

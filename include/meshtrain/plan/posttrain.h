@@ -31,6 +31,19 @@ struct LoraOptions {
 int64_t lora_params(const ModelSpec& m, const LoraOptions& o);
 // Bits per base parameter under QLoRA: 4 + constants.
 double qlora_bits_per_param(bool double_quant);
+// The blocks' linear weights (q, k, v, o, the MLP's; no biases): what QLoRA
+// stores in NF4. Embeddings, norms, biases and the head keep their precision.
+int64_t block_linear_weights(const ModelSpec& m);
+
+// Per-rank bytes of adapter fine-tuning's model states in the precision of
+// `s` (fp32: 4 B per base weight, adapters 4 + 4 + 8; mixed: 2 B, 2 + 2 + 12),
+// the adapters' states sharded by ZeRO as in `s`; the vocabulary padded to
+// `vocab_multiple` as the runtime pads it.
+struct LoraStates {
+  double base = 0;  // frozen weights (NF4 linears + the rest under QLoRA)
+  ModelStates adapters;
+};
+LoraStates lora_state_bytes(const ModelSpec& m, const Strategy& s, const LoraOptions& o, int64_t vocab_multiple = 1);
 
 // Ledger of one rank fine-tuning `m` with adapters; `s` gives tp/pp/dp, micro-batch,
 // sequence and recomputation (ZeRO applies to the adapters' state).

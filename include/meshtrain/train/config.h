@@ -72,6 +72,11 @@ struct TrainConfig {
   // [lora] rank (0 = off), alpha, dropout, targets: train LoRA adapters on a
   // frozen model (peft/lora.h); DDP or one replica, no pipeline, for now.
   LoraOptions lora{0};
+  // [lora] quantize: "none" | "nf4" (QLoRA, peft/qlora.h: block linears in NF4,
+  // blocks of 64; needs [init] from and tp = 1); double_quant: the block
+  // scales in int8 (4.127 bits per weight) or fp32 (4.5).
+  std::string lora_quantize = "none";
+  bool lora_double_quant = true;
   // [adapters] bottleneck (0 = off): Houlsby adapters on a frozen model
   // (peft/adapter.h); DDP or one replica, no pipeline, for now.
   AdapterOptions adapters{0};

@@ -45,6 +45,8 @@ class TrainEngine {
   int64_t load(ckpt::Reader& r, int world_rank, bool same_mesh);
   // The parameters only (optimizer untouched): [init] from.
   void load_weights(ckpt::Reader& r);
+  // QLoRA (peft/qlora.h): the block linears into NF4. Returns their bytes.
+  int64_t quantize_base();
 
   AdamW& optimizer() { return *opt_; }
   LossScaler* scaler() { return scaler_.get(); }

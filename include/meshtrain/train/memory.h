@@ -27,7 +27,9 @@ class ShardedDataParallel;
 
 struct MemoryUse {
   int64_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes
-  int64_t state() const { return params + grads + optimizer; }
+  int64_t frozen = 0;     // of `params`: frozen parameters (a base under adapters)
+  int64_t quantized = 0;  // NF4 weights (QLoRA's base linears), not among `params`
+  int64_t state() const { return params + quantized + grads + optimizer; }
 };
 
 // Bytes of the storage held by this rank's parameters, their gradients (where
