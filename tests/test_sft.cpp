@@ -96,6 +96,13 @@ TEST(Sft, LoaderIgnoresMaskedTargetsOnly) {
       }
     }
   }
+  // One row per batch: the inputs stay untouched (targets once were a view of them).
+  TokenLoader one({(d.path / "s.bin").string()}, 8, 1, 0, 1, 5, {false, true});
+  for (int step = 0; step < 8; ++step) {
+    const Batch b = one.next();
+    EXPECT_GE(b.tokens.min().item<int64_t>(), 100) << "a masked target overwrote an input";
+    EXPECT_EQ(b.tokens[0][7].item<int64_t>() - b.tokens[0][0].item<int64_t>(), 7);
+  }
   std::filesystem::remove(d.path / "s.mask.bin");
   EXPECT_THROW(TokenLoader({(d.path / "s.bin").string()}, 8, 2, 0, 1, 5, {false, true}), std::runtime_error);
 }

@@ -15,6 +15,7 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/sampler.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/train/exact_match.h"
 #include "meshtrain/train/state.h"
 
 namespace fs = std::filesystem;
@@ -63,8 +64,9 @@ Run add_sample(CLI::App& app) {
     }
     o->s.vocab_limit = std::stoll(capture_output({helper, "vocab", "--tokenizer", tokenizer}));
     Comm solo("tp", 0);
-    Transformer model(spec, solo, false, 0);
-    load_model(reader, model);
+    // LoRA merged, a QLoRA run's base found again (train/exact_match.h).
+    auto loaded = load_for_inference(dir, solo);
+    Transformer& model = *loaded;
     fmt::print("{}: {} at step {}, {} prompt tokens\n", dir, spec.name, m.value("step", int64_t{0}), prompt.size());
     for (int i = 0; i < o->samples; ++i) {
       SampleOptions s = o->s;

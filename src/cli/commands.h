@@ -37,6 +37,7 @@ Run add_plan(CLI::App& app);
 Run add_tokenize(CLI::App& app);
 Run add_train(CLI::App& app);
 Run add_sample(CLI::App& app);
+Run add_eval(CLI::App& app);
 
 // Names that `meshtrain launch NAME ...` runs as this binary's own subcommand.
 const std::vector<std::string>& subcommand_names();

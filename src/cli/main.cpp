@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_tokenize);
   add(meshtrain::cli::add_train);
   add(meshtrain::cli::add_sample);
+  add(meshtrain::cli::add_eval);
   add(meshtrain::cli::add_ckpt);
   try {
     app.parse(argc, argv);

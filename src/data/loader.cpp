@@ -99,8 +99,10 @@ Batch TokenLoader::next() {
     }
     b.windows.push_back(w);
   }
-  b.tokens = buf.narrow(1, 0, seq_).contiguous();
-  b.targets = buf.narrow(1, 1, seq_).contiguous();
+  // Copies, not views: with one row both narrows are contiguous already, and
+  // masking the targets in place would write into the inputs.
+  b.tokens = buf.narrow(1, 0, seq_).clone(at::MemoryFormat::Contiguous);
+  b.targets = buf.narrow(1, 1, seq_).clone(at::MemoryFormat::Contiguous);
   if (target_mask.defined()) b.targets.masked_fill_(target_mask == 0, -1);  // not trained: ignored
   state_.step += 1;
   return b;

@@ -8,7 +8,8 @@
 //   decode --tokenizer MODEL --ids "1 2 3"   prints the text (end-of-sequence: a new line)
 //   vocab --tokenizer MODEL                  prints the number of pieces
 // and, for supervised fine-tuning (data/chat.h):
-//   chat --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
+//   chat --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--no-pack] [--force]
+//        (--no-pack: one conversation per block, the rest padding)
 //        writes DIR/train.bin, DIR/train.mask.bin (1 = trained target) and DIR/sft.json
 // and, for DPO (data/preference.h):
 //   prefs --input PAIRS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
@@ -37,7 +38,7 @@ int chat(int argc, char** argv) {
   const char* what = prefs ? "prefs" : "chat";
   std::string input, model, out;
   int64_t seq = 0;
-  bool truncate = false, force = false;
+  bool truncate = false, force = false, no_pack = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -57,6 +58,7 @@ int chat(int argc, char** argv) {
       if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("--seq '{}' is not a whole number", v));
     }
     else if (a == "--truncate") truncate = true;
+    else if (a == "--no-pack") no_pack = true;
     else if (a == "--force") force = true;
     else throw std::invalid_argument(fmt::format("{}: unknown option '{}'", what, a));
   }
@@ -99,7 +101,7 @@ int chat(int argc, char** argv) {
   if (chats.empty()) throw std::invalid_argument(fmt::format("{} holds no {}", input, prefs ? "pair" : "conversation"));
   const uint32_t pad = static_cast<uint32_t>(tok.eos_id());
   const meshtrain::PackedChats p =
-      prefs ? meshtrain::pack_pairs(chats, seq, pad, truncate) : meshtrain::pack_chats(chats, seq, pad, truncate);
+      prefs ? meshtrain::pack_pairs(chats, seq, pad, truncate) : meshtrain::pack_chats(chats, seq, pad, truncate, no_pack);
   fs::create_directories(out);
   const int width = tok.vocab_size() <= 65536 ? 2 : 4;
   meshtrain::write_shard((fs::path(out) / "train.bin").string(), p.tokens, p.doc_starts, width);

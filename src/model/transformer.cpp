@@ -325,9 +325,9 @@ at::Tensor Transformer::head(const at::Tensor& h) {
   return spec_.tied ? nn::linear(x, embed_.weight) : head_.forward_entered(x);
 }
 
-at::Tensor Transformer::logits(const at::Tensor& tokens, bool train) {
+at::Tensor Transformer::logits(const at::Tensor& tokens, bool train, const at::Tensor& doc_ids) {
   enter_root();
-  return leave_root(head(hidden_states(tokens, train)));
+  return leave_root(head(hidden_states(tokens, train, nullptr, doc_ids)));
 }
 
 at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {

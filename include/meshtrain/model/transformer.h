@@ -100,8 +100,8 @@ class Transformer {
   // (needs tiled attention; not with context parallelism).
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets, bool train = true,
                      const at::Tensor& doc_ids = {});
-  // Logits of this rank's vocabulary slice, [s, b, V_pad/tp].
-  at::Tensor logits(const at::Tensor& tokens, bool train = false);
+  // Logits of this rank's vocabulary slice, [s, b, V_pad/tp]; `doc_ids` as in forward.
+  at::Tensor logits(const at::Tensor& tokens, bool train = false, const at::Tensor& doc_ids = {});
 
   // Generation: logits [t, b, V_pad/tp] of `tokens` [b, t], which continue the
   // positions already in `cache` (empty: a prompt); appends their keys and

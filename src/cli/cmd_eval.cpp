@@ -1,0 +1,51 @@
+// meshtrain eval exact-match CKPT --data DIR/train.bin [--document-mask]: the
+// SFT exact-match rate of a checkpoint on `meshtrain tokenize chat` data
+// (train/exact_match.h), in one process.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+
+#include "cli/commands.h"
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/train/exact_match.h"
+
+namespace meshtrain::cli {
+
+Run add_eval(CLI::App& app) {
+  auto cmd = app.add_subcommand("eval", "evaluate a checkpoint");
+  cmd->require_subcommand(1);
+  auto em = cmd->add_subcommand("exact-match", "SFT answers reproduced exactly by greedy decoding (teacher-forced)");
+  struct Opts {
+    std::string ckpt, data;
+    bool document_mask = false;
+  };
+  auto o = std::make_shared<Opts>();
+  em->add_option("ckpt", o->ckpt, "checkpoint (step directory or its parent)")->required();
+  em->add_option("--data", o->data, "a shard from meshtrain tokenize chat (sft.json beside it)")->required();
+  em->add_flag("--document-mask", o->document_mask, "keep packed conversations apart (as train.document_mask)");
+  return [o]() -> int {
+    namespace fs = std::filesystem;
+    const fs::path info = fs::path(o->data).parent_path() / "sft.json";
+    if (!fs::exists(info)) {
+      throw std::invalid_argument(fmt::format("{} has no sft.json beside it: make it with meshtrain tokenize chat", o->data));
+    }
+    nlohmann::json j;
+    std::ifstream(info) >> j;
+    const std::string dir = ckpt::resolve(o->ckpt);
+    Comm solo("tp", 0);
+    auto model = load_for_inference(dir, solo);
+    const ExactMatch r = exact_match(*model, {o->data}, j.at("seq").get<int64_t>(), o->document_mask);
+    fmt::print("{}: exact match {}/{} = {:.3f}; answer-token accuracy {}/{} = {:.3f}\n", dir, r.exact, r.answers,
+               r.rate(), r.correct, r.targets, r.token_accuracy());
+    return 0;
+  };
+}
+
+}  // namespace meshtrain::cli
