@@ -1,10 +1,11 @@
 // LoRA through `meshtrain train` ([lora] rank, alpha, dropout, targets): fine-
 // tuning a pretrained checkpoint ([init] from) trains the adapters only. One
 // process, dp 2 and tp 2 (SP) give the same losses (relative 1e-5: other
-// reduction orders); the base weights in the run's checkpoint are bitwise the
+// reduction orders), and so does ZeRO-2 over dp 2 (the frozen base out of its
+// flats); the base weights in the run's checkpoint are bitwise the
 // pretrained ones while the adapters moved; stopping and resuming gives the
 // uninterrupted losses (the optimizer holds state for the adapters only, and
-// checkpoints carry it); ZeRO or pp with LoRA is one error before ranks start.
+// checkpoints carry it); ZeRO-3 or pp with LoRA is one error before ranks start.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -31,7 +32,8 @@ TEST(LoraCli, FineTunesAdaptersOnly) {
                                  "--set lora.targets='[\"all\"]' --set train.lr=3e-2";
   auto metrics = [&](const std::string& tag) { return " --set train.metrics='\"" + (d.path / tag).string() + "\"'"; };
   const std::pair<std::string, std::string> meshes[] = {
-      {" --nproc 1", "one"}, {" --nproc 2", "dp2"}, {" --nproc 2 --set parallel.tp=2 --set parallel.sp=true", "tp2"}};
+      {" --nproc 1", "one"}, {" --nproc 2", "dp2"}, {" --nproc 2 --set parallel.tp=2 --set parallel.sp=true", "tp2"},
+      {" --nproc 2 --set parallel.zero=2", "zero2"}};
   for (const auto& [mesh, tag] : meshes) {
     const std::string ck = " --set checkpoint.dir='\"" + (d.path / ("ck_" + tag)).string() + "\"'";
     run = run_command(bin + " train " + lora + mesh + ck + metrics(tag));
@@ -40,6 +42,7 @@ TEST(LoraCli, FineTunesAdaptersOnly) {
   }
   expect_same_losses((d.path / "one").string(), (d.path / "dp2").string(), 0, 6);
   expect_same_losses((d.path / "one").string(), (d.path / "tp2").string(), 0, 6);
+  expect_same_losses((d.path / "one").string(), (d.path / "zero2").string(), 0, 6);
   const auto l = losses((d.path / "one").string());
   EXPECT_LT(std::stod(l.at(6)), std::stod(l.at(1)));  // the adapters learn
 
@@ -78,7 +81,7 @@ TEST(LoraCli, FineTunesAdaptersOnly) {
   ASSERT_EQ(run.code, 0) << run.output;
   expect_same_losses((d.path / "dp2").string(), (d.path / "resumed").string(), 3, 3);
 
-  for (const std::string bad : {" --set parallel.zero=1", " --set parallel.pp=2", " --set lora.alpha=0",
+  for (const std::string bad : {" --set parallel.zero=3", " --set parallel.pp=2", " --set lora.alpha=0",
                                 " --set lora.targets='[\"attn.qq\"]'"}) {
     run = run_command(bin + " train " + lora + " --nproc 2" + bad);
     EXPECT_NE(run.code, 0) << bad;
@@ -110,7 +113,7 @@ TEST(LoraCli, BottleneckAdaptersFineTune) {
   ckpt::Reader pre(ckpt::resolve(base)), tuned(ckpt::resolve((d.path / "ck2").string()));
   EXPECT_TRUE(at::equal(pre.read_full("model/layers.1.mlp.fc1.weight"), tuned.read_full("model/layers.1.mlp.fc1.weight")));
   EXPECT_GT(tuned.read_full("model/layers.1.adapter_mlp.up.weight").abs().max().item<double>(), 0);
-  for (const std::string bad : {" --set lora.rank=4", " --set parallel.zero=2"}) {
+  for (const std::string bad : {" --set lora.rank=4", " --set parallel.zero=3"}) {
     run = run_command(bin + " train " + tune + " --nproc 2" + bad);
     EXPECT_NE(run.code, 0) << bad;
     EXPECT_NE(run.output.find("adapters.bottleneck = 8"), std::string::npos) << bad << "\n" << run.output;

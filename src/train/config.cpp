@@ -263,27 +263,28 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
     }
   }
-  if (c.lora.rank > 0 && (c.zero > 0 || c.pp > 1)) {
-    throw std::invalid_argument(fmt::format("{}: LoRA (lora.rank = {}) trains with DDP or one replica for now: "
-                                            "parallel.zero = {} and parallel.pp = {} must be 0 and 1",
+  // Adapters train with DDP or ZeRO-1/2 (the frozen base stays whole, out of ZeRO's flats), not ZeRO-3 or pp yet.
+  if (c.lora.rank > 0 && (c.zero > 2 || c.pp > 1)) {
+    throw std::invalid_argument(fmt::format("{}: LoRA (lora.rank = {}) trains with DDP or ZeRO-1/2 for now: "
+                                            "parallel.zero = {} must be at most 2 and parallel.pp = {} must be 1",
                                             path, c.lora.rank, c.zero, c.pp));
+  }
+  if (c.adapters.bottleneck < 0 || (c.adapters.bottleneck > 0 && (c.zero > 2 || c.pp > 1 || c.lora.rank > 0))) {
+    throw std::invalid_argument(fmt::format("{}: adapters.bottleneck = {} (0 = off) trains with DDP or ZeRO-1/2 "
+                                            "and without LoRA for now: parallel.zero = {} (at most 2), parallel.pp = "
+                                            "{} (1), lora.rank = {} (0)",
+                                            path, c.adapters.bottleneck, c.zero, c.pp, c.lora.rank));
   }
   if (c.lora_quantize != "none" && c.lora_quantize != "nf4") {
     throw std::invalid_argument(fmt::format("{}: lora.quantize = \"{}\": use \"none\" or \"nf4\" (QLoRA)", path,
                                             c.lora_quantize));
   }
-  if (c.lora_quantize == "nf4" && (c.lora.rank == 0 || c.init_from.empty() || c.tp > 1)) {
+  if (c.lora_quantize == "nf4" && (c.lora.rank == 0 || c.init_from.empty() || c.tp > 1 || c.zero > 0)) {
     // The base is frozen and, in NF4, not checkpointed: it must come from [init] from to be found again.
     throw std::invalid_argument(fmt::format("{}: lora.quantize = \"nf4\" (QLoRA) quantises a pretrained base under "
                                             "LoRA adapters: it needs lora.rank > 0 (it is {}), init.from (it is "
-                                            "\"{}\") and parallel.tp = 1 (it is {})",
-                                            path, c.lora.rank, c.init_from, c.tp));
-  }
-  if (c.adapters.bottleneck < 0 || (c.adapters.bottleneck > 0 && (c.zero > 0 || c.pp > 1 || c.lora.rank > 0))) {
-    throw std::invalid_argument(fmt::format("{}: adapters.bottleneck = {} (0 = off) trains with DDP or one replica "
-                                            "and without LoRA for now: parallel.zero = {}, parallel.pp = {}, "
-                                            "lora.rank = {} must be 0, 1, 0",
-                                            path, c.adapters.bottleneck, c.zero, c.pp, c.lora.rank));
+                                            "\"{}\"), parallel.tp = 1 (it is {}) and parallel.zero = 0 (it is {})",
+                                            path, c.lora.rank, c.init_from, c.tp, c.zero));
   }
   if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
     throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "

@@ -29,9 +29,22 @@ std::vector<at::Tensor> aligned(const std::vector<at::Tensor>& state, Transforme
   return out;
 }
 
-std::vector<at::Tensor> zeros_like_params(Transformer& m) {
+// One fp32 tensor per parameter to load a checkpoint into before ZeRO slices
+// it: the parameter's current values where it holds them (adapters the
+// checkpoint lacks keep their fresh ones), zeros where ZeRO-3 freed them.
+std::vector<at::Tensor> current_params(Transformer& m) {
   std::vector<at::Tensor> out;
-  for (const auto& p : m.params().params()) out.push_back(at::zeros(p.tensor.sizes(), at::kFloat));
+  for (const auto& p : m.params().params()) {
+    const bool held = p.tensor.storage().nbytes() >= static_cast<size_t>(p.tensor.numel()) * 4;
+    out.push_back(held ? p.tensor.detach().to(at::kFloat).clone() : at::zeros(p.tensor.sizes(), at::kFloat));
+  }
+  return out;
+}
+
+// Moments to load into: zeros for trained parameters, undefined for frozen ones (they have none).
+std::vector<at::Tensor> moments_like(Transformer& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m.params().params()) out.push_back(p.frozen ? at::Tensor() : at::zeros(p.tensor.sizes(), at::kFloat));
   return out;
 }
 
@@ -180,7 +193,7 @@ void TrainEngine::load_weights(ckpt::Reader& r) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Transformer& m = *chunks_[c];
     if (!zero_.empty()) {
-      std::vector<at::Tensor> w = zeros_like_params(m);
+      std::vector<at::Tensor> w = current_params(m);
       load_initial_weights(r, m, w);
       zero_[c]->load_weights(w);
     } else {
@@ -202,7 +215,7 @@ int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
     if (!zero_.empty()) {
       ShardedDataParallel& z = *zero_[c];
       const size_t n = z.shard_params().size();
-      std::vector<at::Tensor> w = zeros_like_params(m), ma = zeros_like_params(m), va = zeros_like_params(m);
+      std::vector<at::Tensor> w = current_params(m), ma = moments_like(m), va = moments_like(m);
       load_model(r, m, w);
       z.load_weights(w);
       load_moments(r, m, ma, va);

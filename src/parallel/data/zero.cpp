@@ -82,7 +82,11 @@ ShardGroups make_shard_groups(Runtime& rt, Comm& dp, int shard_size) {
 
 struct ShardedDataParallel::State {
   Transformer& model;
-  std::vector<Param>& params;
+  // The trained parameters (copies of the model's entries: the same tensors),
+  // and where each sits among the model's; frozen ones (LoRA's base) are left
+  // out of the flats: no gradient, no optimizer state, never sharded.
+  std::vector<Param> params;
+  std::vector<size_t> model_index;
   Comm& shard;
   Comm& replicate;
   Comm& tp;
@@ -97,8 +101,14 @@ struct ShardedDataParallel::State {
   bool saw_backward = false;
   int64_t gathered_bytes = 0, peak_gathered = 0;
 
-  State(Transformer& m, Comm& s, Comm& r, Comm& t, ZeroOptions opt)
-      : model(m), params(m.params().params()), shard(s), replicate(r), tp(t), o(opt) {}
+  State(Transformer& m, Comm& s, Comm& r, Comm& t, ZeroOptions opt) : model(m), shard(s), replicate(r), tp(t), o(opt) {
+    const auto& all = m.params().params();
+    for (size_t k = 0; k < all.size(); ++k) {
+      if (all[k].frozen) continue;
+      params.push_back(all[k]);
+      model_index.push_back(k);
+    }
+  }
 
   int64_t owned_offset(const Flat& f) const { return shard.rank() * f.shard; }
 
@@ -224,6 +234,10 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
     throw std::invalid_argument(fmt::format("parallel.zero = {}: ZeRO stages are 1 (optimizer states), 2 (+ gradients) "
                                             "and 3 (+ parameters); 0 is plain DDP",
                                             o.stage));
+  }
+  if (o.stage == 3 && s.params.size() != model.params().params().size()) {
+    throw std::invalid_argument("zero: stage 3 shards every parameter, and this model has frozen ones (adapters on a "
+                                "frozen base); use stage 1 or 2, which leave the frozen base whole and untouched");
   }
   // Flats: one per (unit, class), ordered by unit, then by first appearance.
   std::map<std::tuple<int64_t, int, bool, bool, bool>, size_t> index;
@@ -403,7 +417,12 @@ void ShardedDataParallel::release_params() {
 std::vector<at::Tensor> ShardedDataParallel::whole_weights() {
   std::vector<at::Tensor> slices;
   for (const auto& p : s_->shards) slices.push_back(p.tensor.detach());
-  return whole_state(slices);
+  std::vector<at::Tensor> out = whole_state(slices);
+  const auto& all = s_->model.params().params();
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (all[k].frozen) out[k] = all[k].tensor.detach();  // whole on every rank
+  }
+  return out;
 }
 
 void ShardedDataParallel::load_weights(const std::vector<at::Tensor>& whole) {
@@ -415,20 +434,21 @@ void ShardedDataParallel::load_weights(const std::vector<at::Tensor>& whole) {
     shard_state(whole, slices);
     return;
   }
-  // Stages 1 and 2: every rank holds the whole parameters (the slices are views of them).
-  for (size_t k = 0; k < s.params.size(); ++k) s.params[k].tensor.detach().copy_(whole.at(k));
+  // Stages 1 and 2: every rank holds the whole parameters (the slices are views of them); frozen ones too.
+  auto& all = s.model.params().params();
+  for (size_t k = 0; k < all.size(); ++k) all[k].tensor.detach().copy_(whole.at(k));
 }
 
 std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::Tensor>& flat_state) {
   State& s = *s_;
-  std::vector<at::Tensor> out(s.params.size());
+  std::vector<at::Tensor> out(s.model.params().params().size());  // frozen entries stay undefined
   for (size_t i = 0; i < s.flats.size(); ++i) {
     const Flat& f = s.flats[i];
     at::Tensor whole = at::empty({f.padded}, at::kFloat);
     s.shard.all_gather(whole, flat_state.at(i));
     for (size_t j = 0; j < f.params.size(); ++j) {
       const at::Tensor& t = s.params[f.params[j]].tensor;
-      out[f.params[j]] = whole.narrow(0, f.offsets[j], t.numel()).view(t.sizes());
+      out[s.model_index[f.params[j]]] = whole.narrow(0, f.offsets[j], t.numel()).view(t.sizes());
     }
   }
   return out;
@@ -440,7 +460,7 @@ void ShardedDataParallel::shard_state(const std::vector<at::Tensor>& whole, std:
     const Flat& f = s.flats[i];
     at::Tensor buf = at::zeros({f.padded}, at::kFloat);
     for (size_t j = 0; j < f.params.size(); ++j) {
-      const at::Tensor& w = whole.at(f.params[j]);
+      const at::Tensor& w = whole.at(s.model_index[f.params[j]]);
       buf.narrow(0, f.offsets[j], w.numel()).copy_(w.reshape({-1}));
     }
     flat_state.at(i).copy_(buf.narrow(0, s.owned_offset(f), f.shard));

@@ -45,6 +45,10 @@
 // of the flats (stage 3: of freed storage between uses), and a stage 3 model
 // must not be run after the wrapper is gone.
 //
+// Frozen parameters (Param::frozen: a base under LoRA or adapters) stay out of
+// the flats in stages 1 and 2: whole on every rank, no gradient, no optimizer
+// state; stage 3 refuses a model that has them.
+//
 // Memory per rank (fp32, Ψ parameters, N shard ranks): stage 1 8Ψ + 8Ψ/N,
 // stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N plus the gathered units in flight
 // (train/memory.h). Checkpoints gather to whole parameters (train/state.h),
@@ -118,7 +122,9 @@ class ShardedDataParallel : public UnitHooks {
 
   // Checkpoints hold whole tensors per model parameter (fp32, the parameter's
   // shape), gathered from the slices over the shard group: the fp32 weights,
-  // and any per-flat state (e.g. AdamW::exp_avg()). And the reverse.
+  // and any per-flat state (e.g. AdamW::exp_avg()). And the reverse. Frozen
+  // parameters (not in the flats) are whole in whole_weights, undefined in
+  // whole_state, copied as they are by load_weights and skipped by shard_state.
   std::vector<at::Tensor> whole_weights();
   void load_weights(const std::vector<at::Tensor>& whole);
   std::vector<at::Tensor> whole_state(const std::vector<at::Tensor>& flat_state);
