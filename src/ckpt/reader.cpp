@@ -9,7 +9,9 @@
 
 #include "ckpt/files.h"
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/peft/lora.h"
 #include "meshtrain/peft/nf4.h"
+#include "meshtrain/train/state.h"
 #include "meshtrain/ckpt/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -206,15 +208,20 @@ std::map<std::string, at::Tensor> model_weights(Reader& reader, bool adapters_on
     if (adapters.empty()) throw std::runtime_error(fmt::format("{} holds no LoRA adapters", reader.dir()));
     return adapters;
   }
-  if (m.contains("qlora") && m["qlora"].is_object()) {
-    // QLoRA: the base linears are the [init] weights in NF4 (train/config.h):
-    // quantised and dequantised again exactly as the run did, then merged below.
-    const auto& q = m["qlora"];
-    Reader base(resolve(q.at("base").get<std::string>()));
+  if (m.contains("base") && m["base"].is_object()) {
+    // An adapter checkpoint: the frozen base is its [init] weights; QLoRA's
+    // block linears were those in NF4, quantised and dequantised again exactly as the run did.
+    Reader base(resolve(m["base"].at("from").get<std::string>()));
+    std::set<std::string> quantized;
+    if (m.contains("qlora") && m["qlora"].is_object()) {
+      for (const auto& name : linear_names(spec_from_json(m.at("config").at("model")))) quantized.insert(name + ".weight");
+    }
     for (auto& [name, w] : model_weights(base)) {
       if (out.count(name)) continue;
-      out[name] = nf4_dequantize(nf4_quantize(w, q.at("block").get<int64_t>(), q.at("double_quant").get<bool>()),
-                                 w.scalar_type());
+      out[name] = quantized.count(name) ? nf4_dequantize(nf4_quantize(w, m["qlora"].at("block").get<int64_t>(),
+                                                                      m["qlora"].at("double_quant").get<bool>()),
+                                                         w.scalar_type())
+                                        : w;
     }
   }
   if (adapters.empty()) return out;

@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "meshtrain/plan/strategy.h"
@@ -166,7 +167,7 @@ std::vector<double> TrainEngine::evaluate(const Batch& b) {
   return out;
 }
 
-std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank) {
+std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank, bool trained_only) {
   std::vector<ckpt::Piece> out;
   size_t k = 0;  // this chunk's first entry in the optimizer's lists
   for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -183,6 +184,13 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank) {
       size_t k2 = k;
       const std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
       p = training_pieces(m, {}, ms, vs, dp_rank, world_rank, static_cast<int>(c));
+    }
+    if (trained_only) {
+      for (const auto& param : m.params().params()) {
+        if (!param.frozen) continue;
+        p.erase(std::remove_if(p.begin(), p.end(), [&](const ckpt::Piece& x) { return x.name == "model/" + param.name; }),
+                p.end());
+      }
     }
     out.insert(out.end(), p.begin(), p.end());
   }

@@ -157,8 +157,11 @@ void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& in
   at::NoGradGuard no_grad;
   const int tp_rank = model.params().tp_rank();
   auto& params = model.params().params();
+  // An adapter checkpoint (trainer.h) leaves the frozen base to its "base" checkpoint, loaded before.
+  const bool base_elsewhere = r.manifest().contains("base") && r.manifest()["base"].is_object();
   for (size_t i = 0; i < params.size(); ++i) {
     if (new_adapter(r, params[i])) continue;
+    if (base_elsewhere && params[i].frozen && !r.has("model/" + params[i].name)) continue;
     r.read("model/" + params[i].name, into.at(i), offsets_of(params[i], tp_rank), params[i].full_shape);
   }
 }

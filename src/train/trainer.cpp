@@ -107,9 +107,10 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
           {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
                                                     {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
                                    : nlohmann::json(nullptr)},
-          // QLoRA: the base linears are not in the checkpoint; they are these weights in NF4.
-          {"qlora", c.lora_quantize != "none" ? nlohmann::json{{"base", c.init_from}, {"block", 64},
-                                                               {"double_quant", c.lora_double_quant}}
+          // Adapters on a frozen base from [init] from: the checkpoint holds what trains, and the
+          // base is found again there (ckpt::model_weights, load_model); QLoRA's in NF4.
+          {"base", adapter_checkpoints(c) ? nlohmann::json{{"from", c.init_from}} : nlohmann::json(nullptr)},
+          {"qlora", c.lora_quantize != "none" ? nlohmann::json{{"block", 64}, {"double_quant", c.lora_double_quant}}
                                               : nlohmann::json(nullptr)},
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
 }
@@ -232,6 +233,10 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
 }
 
 }  // namespace
+
+bool adapter_checkpoints(const TrainConfig& c) {
+  return (c.lora.rank > 0 || c.adapters.bottleneck > 0) && !c.init_from.empty();
+}
 
 // The planner's description of this run.
 plan::Strategy strategy_of(const TrainConfig& c, int dp) {
@@ -385,7 +390,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   // checkpoint (a QLoRA checkpoint holds no base linears: they are the [init]
   // weights quantised again, so a resumed run loads them first too).
   const std::string resumed = resume_path(c);
-  if (!c.init_from.empty() && (resumed.empty() || c.lora_quantize != "none")) {
+  if (!c.init_from.empty() && (resumed.empty() || adapter_checkpoints(c))) {
     ckpt::Reader r(ckpt::resolve(c.init_from));
     engine.load_weights(r);
     if (lead && resumed.empty()) {
@@ -408,7 +413,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     if (!saver) return;
     const auto t0 = std::chrono::steady_clock::now();
     // Every pipeline stage writes its own layers under their global names.
-    saver->save(s, engine.pieces(dp.rank(), rt->rank()),
+    saver->save(s, engine.pieces(dp.rank(), rt->rank(), adapter_checkpoints(c)),
                 checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler()), nlohmann::json::object());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) {

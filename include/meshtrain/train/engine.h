@@ -39,7 +39,8 @@ class TrainEngine {
   // The method's objective (train/objective.h): next-token or DPO.
   Objective& objective() { return *objective_; }
 
-  std::vector<ckpt::Piece> pieces(int dp_rank, int world_rank);
+  // `trained_only`: frozen parameters left out (adapter checkpoints, trainer.h).
+  std::vector<ckpt::Piece> pieces(int dp_rank, int world_rank, bool trained_only = false);
   // Parameters and moments from `r`, whatever mesh wrote it; the dropout
   // generators too when `same_mesh`. Returns the optimizer step.
   int64_t load(ckpt::Reader& r, int world_rank, bool same_mesh);

@@ -15,6 +15,11 @@ namespace meshtrain {
 
 class Runtime;
 
+// Whether the run's checkpoints hold only what trains: adapters (LoRA or
+// bottleneck) on a frozen base that [init] from names (small checkpoints; the
+// base is loaded from there again on resume and export).
+bool adapter_checkpoints(const TrainConfig& c);
+
 // The planner's description of the run, with `dp` data-parallel replicas.
 plan::Strategy strategy_of(const TrainConfig& c, int dp);
 
