@@ -47,6 +47,25 @@ TEST(Sft, TemplateMarksAssistantTokensOnly) {
   }
 }
 
+TEST(Sft, TemplateRoundTrips) {
+  auto text = [](const nlohmann::json& chat, const ChatTemplate& t) {
+    std::string out;
+    for (const auto& seg : render_chat(chat, t)) out += seg.text;
+    return out;
+  };
+  EXPECT_EQ(parse_chat(text(kChat, {})), kChat);
+  ChatTemplate llama{"<<SYS>>", "[INST]", "[/INST]", "</s>"};  // other markers, the same round trip
+  EXPECT_EQ(parse_chat(text(kChat, llama), llama), kChat);
+  const auto multi = nlohmann::json::parse(R"({"messages": [{"role": "user", "content": "a\nb"},
+      {"role": "assistant", "content": ""}, {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]})");
+  EXPECT_EQ(parse_chat(text(multi, {})), multi);
+  // Content that holds a marker could not be parsed back: refused when rendering.
+  const auto bad = nlohmann::json::parse(R"({"messages": [{"role": "assistant", "content": "x<|end|>\ny"}]})");
+  EXPECT_THROW(render_chat(bad), std::invalid_argument);
+  EXPECT_THROW(parse_chat("<|user|>\nno end"), std::invalid_argument);
+  EXPECT_THROW(parse_chat("plain text"), std::invalid_argument);
+}
+
 TEST(Sft, PackingKeepsConversationsWhole) {
   auto chat = [](int64_t line, uint32_t n) {
     TokenizedChat c;

@@ -18,6 +18,11 @@ std::vector<ChatSegment> render_chat(const nlohmann::json& conversation, const C
       throw std::invalid_argument(fmt::format("a message without string \"content\" (role \"{}\")", role));
     }
     const std::string content = m["content"].get<std::string>();
+    for (const std::string* marker : {&t.system, &t.user, &t.assistant, &t.end}) {
+      if (content.find(*marker) != std::string::npos) {
+        throw std::invalid_argument(fmt::format("a {} message's content holds the template marker \"{}\"", role, *marker));
+      }
+    }
     if (role == "assistant") {
       out.push_back({t.assistant, false});
       out.push_back({content + t.end, true});
@@ -30,6 +35,27 @@ std::vector<ChatSegment> render_chat(const nlohmann::json& conversation, const C
   }
   if (!answered) throw std::invalid_argument("a conversation without an assistant message has nothing to train");
   return out;
+}
+
+nlohmann::json parse_chat(const std::string& text, const ChatTemplate& t) {
+  nlohmann::json messages = nlohmann::json::array();
+  size_t pos = 0;
+  while (pos < text.size()) {
+    std::string role;
+    for (const auto& [name, header] : {std::pair{"system", &t.system}, {"user", &t.user}, {"assistant", &t.assistant}}) {
+      if (text.compare(pos, header->size(), *header) == 0) {
+        role = name;
+        pos += header->size();
+        break;
+      }
+    }
+    if (role.empty()) throw std::invalid_argument(fmt::format("no role header at offset {} of the chat text", pos));
+    const size_t end = text.find(t.end, pos);
+    if (end == std::string::npos) throw std::invalid_argument(fmt::format("the {} message at offset {} has no end marker", role, pos));
+    messages.push_back({{"role", role}, {"content", text.substr(pos, end - pos)}});
+    pos = end + t.end.size();
+  }
+  return {{"messages", messages}};
 }
 
 PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uint32_t pad, bool truncate,

@@ -38,8 +38,14 @@ struct ChatSegment {
 };
 
 // Throws std::invalid_argument naming the problem (no "messages" list, an
-// unknown role, a message without string content, no assistant message).
+// unknown role, a message without string content, no assistant message, a
+// content holding one of the template's markers, which would make it ambiguous).
 std::vector<ChatSegment> render_chat(const nlohmann::json& conversation, const ChatTemplate& t = {});
+
+// The inverse: {"messages": [...]} from a rendered conversation's text (the
+// segments joined). Throws std::invalid_argument where the text does not
+// follow the template.
+nlohmann::json parse_chat(const std::string& text, const ChatTemplate& t = {});
 
 struct TokenizedChat {
   std::vector<uint32_t> ids;
