@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <ATen/Functions.h>
 
@@ -94,6 +95,68 @@ TEST(Sft, PackingKeepsConversationsWhole) {
         << e.what();
   }
   EXPECT_EQ(pack_chats({chat(7, 9)}, 8, 0, true).truncated, 1u);
+}
+
+// Repacking (data/loader.h): every conversation once per epoch, whole, in a
+// new order each epoch; rows never exceed the sequence; dp ranks split one
+// process's rows; a restored state continues on the same batch.
+TEST(Sft, RepackingShufflesConversationsEachEpoch) {
+  Dir d;
+  std::vector<TokenizedChat> chats;
+  for (uint32_t c = 1; c <= 11; ++c) {
+    TokenizedChat t;
+    t.line = c;
+    const uint32_t n = 2 + c % 5;  // 2..6 tokens
+    for (uint32_t i = 0; i < n; ++i) {
+      t.ids.push_back(100 * c + i);
+      t.mask.push_back(i > 0);
+    }
+    chats.push_back(t);
+  }
+  const PackedChats p = pack_chats(chats, 8, 7, false);
+  write_shard((d.path / "r.bin").string(), p.tokens, p.doc_starts, 2);
+  write_shard((d.path / "r.mask.bin").string(), p.mask, p.doc_starts, 2);
+  const std::string shard = (d.path / "r.bin").string();
+  LoaderOptions o{true, true, 1};
+  o.repack = true;
+  TokenLoader one({shard}, 8, 2, 0, 1, 3, o), r0({shard}, 8, 1, 0, 2, 3, o), r1({shard}, 8, 1, 1, 2, 3, o);
+  EXPECT_EQ(one.windows(), 11u);
+  std::vector<std::vector<uint32_t>> orders;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<uint32_t> seen;
+    const uint64_t steps = one.steps_per_epoch();
+    for (uint64_t s = 0; s < steps; ++s) {
+      const Batch b = one.next(), a = r0.next(), c = r1.next();
+      EXPECT_TRUE(at::equal(at::cat({a.tokens, c.tokens}), b.tokens));
+      for (int64_t row = 0; row < 2; ++row) {
+        for (int64_t j = 0; j < 8; ++j) {
+          const int64_t t = b.tokens[row][j].item<int64_t>();
+          if (t == 7) {  // padding: nothing trains after a pad input, and its document is the last
+            EXPECT_EQ(b.targets[row][j].item<int64_t>(), -1);
+            continue;
+          }
+          if (t % 100 == 0) seen.push_back(static_cast<uint32_t>(t / 100));  // a conversation starts
+          // Within a conversation the next token trains (mask 1), and only its own.
+          const int64_t next = j + 1 < 8 ? b.tokens[row][j + 1].item<int64_t>() : -2;
+          const int64_t want = next != 7 && next != -2 && next / 100 == t / 100 ? next : -1;
+          if (next != -2) EXPECT_EQ(b.targets[row][j].item<int64_t>(), want) << row << " " << j;
+          if (j > 0) EXPECT_GE(b.doc_ids[row][j].item<int64_t>(), b.doc_ids[row][j - 1].item<int64_t>());
+        }
+      }
+    }
+    // Leftover rows (fewer than a global batch) are skipped: most conversations, each at most once.
+    std::set<uint32_t> unique(seen.begin(), seen.end());
+    EXPECT_EQ(unique.size(), seen.size()) << "a conversation twice in epoch " << epoch;
+    EXPECT_GE(seen.size(), 8u);
+    orders.push_back(seen);
+  }
+  EXPECT_NE(orders[0], orders[1]) << "the same order in two epochs";
+  // Restore: the state after 2 steps continues where it was.
+  TokenLoader a({shard}, 8, 2, 0, 1, 3, o), b({shard}, 8, 2, 0, 1, 3, o);
+  a.next();
+  a.next();
+  b.restore(a.state());
+  EXPECT_TRUE(at::equal(a.next().tokens, b.next().tokens));
 }
 
 TEST(Sft, LoaderIgnoresMaskedTargetsOnly) {

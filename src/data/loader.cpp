@@ -42,6 +42,30 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
       }
     }
   }
+  if (o.repack) {
+    if (!o.loss_masks || o.group != 1) {
+      throw std::invalid_argument("repacking conversations needs loss masks (what trains) and group 1");
+    }
+    repack_ = true;
+    for (size_t sh = 0; sh < shards_.size(); ++sh) {
+      const auto starts = shards_[sh]->doc_starts();
+      const uint64_t n = shards_[sh]->size();
+      pad_ = (*shards_[sh])[n - 1];
+      for (size_t d = 0; d < starts.size(); ++d) {
+        const uint64_t start = starts[d], end = d + 1 < starts.size() ? starts[d + 1] : n;
+        if (end <= start) continue;
+        bool trains = false;  // padding runs train nothing
+        for (uint64_t i = start; i < end && !trains; ++i) trains = (*masks_[sh])[i] != 0;
+        if (!trains) continue;
+        if (end - start > static_cast<uint64_t>(seq)) {
+          throw std::invalid_argument(fmt::format("{}: a conversation at token {} has {} tokens, more than the sequence "
+                                                  "{}; tokenize with --seq {} or more",
+                                                  shards_[sh]->path(), start, end - start, seq, end - start));
+        }
+        convs_.push_back({sh, start, end - start});
+      }
+    }
+  }
   if (steps_per_epoch() == 0) {
     throw std::invalid_argument(fmt::format(
         "the shards hold {} windows of {} tokens{}, fewer than one global batch of {} x {} ranks; use more data, a "
@@ -49,6 +73,59 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
         total_windows_, seq + 1, group_ > 1 ? fmt::format(" ({} groups of {})", total_windows_ / group_, group_) : "",
         micro_batch, dp_size));
   }
+}
+
+uint64_t TokenLoader::steps_per_epoch() const {
+  const uint64_t units = repack_ ? rows(state_.epoch).size() : total_windows_ / group_;
+  return units / (static_cast<uint64_t>(micro_batch_) * dp_size_);
+}
+
+const std::vector<std::vector<size_t>>& TokenLoader::rows(uint64_t epoch) const {
+  if (rows_epoch_ == epoch) return rows_;
+  std::vector<size_t> order(convs_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed_ * 0x9E3779B97F4A7C15ULL + epoch);
+  for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng() % (i + 1)]);
+  rows_.clear();
+  uint64_t used = 0;
+  for (size_t c : order) {
+    if (rows_.empty() || used + convs_[c].length > static_cast<uint64_t>(seq_)) {
+      rows_.emplace_back();
+      used = 0;
+    }
+    rows_.back().push_back(c);
+    used += convs_[c].length;
+  }
+  rows_epoch_ = epoch;
+  return rows_;
+}
+
+Batch TokenLoader::next_repacked(uint64_t base) {
+  const auto& all = rows(state_.epoch);
+  Batch b;
+  at::Tensor buf = at::full({micro_batch_, seq_ + 1}, static_cast<int64_t>(pad_), at::kLong);
+  at::Tensor mask = at::zeros({micro_batch_, seq_ + 1}, at::kLong);
+  at::Tensor docs = at::empty({micro_batch_, seq_ + 1}, at::kLong);
+  for (int64_t i = 0; i < micro_batch_; ++i) {
+    int64_t at_pos = 0, doc = 0;
+    int64_t* id = docs[i].data_ptr<int64_t>();
+    for (size_t c : all[base + i]) {
+      const Conversation& cv = convs_[c];
+      shards_[cv.shard]->read(cv.start, cv.length, buf[i].data_ptr<int64_t>() + at_pos);
+      masks_[cv.shard]->read(cv.start, cv.length, mask[i].data_ptr<int64_t>() + at_pos);
+      for (uint64_t j = 0; j < cv.length; ++j) id[at_pos + j] = doc;
+      at_pos += static_cast<int64_t>(cv.length);
+      ++doc;
+    }
+    for (int64_t j = at_pos; j <= seq_; ++j) id[j] = doc;  // the padding: a document of its own
+    b.windows.push_back(base + i);
+  }
+  if (documents_) b.doc_ids = docs.narrow(1, 0, seq_).clone(at::MemoryFormat::Contiguous);
+  b.tokens = buf.narrow(1, 0, seq_).clone(at::MemoryFormat::Contiguous);
+  b.targets = buf.narrow(1, 1, seq_).clone(at::MemoryFormat::Contiguous);
+  b.targets.masked_fill_(mask.narrow(1, 1, seq_) == 0, -1);
+  state_.step += 1;
+  return b;
 }
 
 void TokenLoader::shuffle(uint64_t epoch) {
@@ -68,9 +145,10 @@ Batch TokenLoader::next() {
     state_.epoch += 1;
     state_.step = 0;
   }
-  shuffle(state_.epoch);
   const uint64_t global = static_cast<uint64_t>(micro_batch_) * dp_size_;
   const uint64_t base = state_.step * global + static_cast<uint64_t>(dp_rank_) * micro_batch_;
+  if (repack_) return next_repacked(base);
+  shuffle(state_.epoch);
   Batch b;
   const int64_t rows = micro_batch_ * static_cast<int64_t>(group_);
   at::Tensor buf = at::empty({rows, seq_ + 1}, at::kLong);
@@ -116,7 +194,10 @@ std::string TokenLoader::mask_path(const std::string& shard) {
 }
 
 void TokenLoader::restore(const LoaderState& s) {
+  const LoaderState before = state_;
+  state_ = s;  // the epoch decides its steps (with repacking)
   if (s.step > steps_per_epoch()) {
+    state_ = before;
     throw std::invalid_argument(fmt::format("loader state step {} is beyond the {} steps of an epoch of this data; was "
                                             "it saved with other shards or batch sizes?",
                                             s.step, steps_per_epoch()));

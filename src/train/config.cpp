@@ -76,6 +76,7 @@ const std::map<std::string, Setter>& setters() {
       {"train.clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.clip_norm = as_double(n, k); }},
       {"train.recompute", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.recompute = as_string(n, k); }},
       {"train.method", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.method = as_string(n, k); }},
+      {"train.repack", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.repack = as_bool(n, k); }},
       {"train.document_mask", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.document_mask = as_bool(n, k); }},
       {"train.precision", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.precision = as_string(n, k); }},
       {"ddp.bucket_mb", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_bucket_mb = as_int(n, k); }},

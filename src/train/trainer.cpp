@@ -47,7 +47,9 @@ namespace {
 // What the method's data needs from the loader: documents for the mask, loss
 // masks for SFT and DPO, pairs kept together for DPO.
 LoaderOptions loader_options(const TrainConfig& c) {
-  return {c.document_mask, c.method == "sft" || c.method == "dpo", c.method == "dpo" ? 2 : 1};
+  LoaderOptions o{c.document_mask, c.method == "sft" || c.method == "dpo", c.method == "dpo" ? 2 : 1};
+  o.repack = c.method == "sft" && c.repack;  // SFT: conversations shuffled and packed afresh each epoch
+  return o;
 }
 
 // Validation over `dp` (the data-parallel x cp group): the loader reads

@@ -20,6 +20,17 @@
 // (data/chat.h: 1 = the token is trained as a target): targets whose mask is 0
 // become -1 (ignored: zero loss, zero gradient).
 //
+// With `repack` (SFT; needs `loss_masks`), the unit is the conversation, not
+// the window: the shards' documents that train something (data/chat.h; the
+// padding runs are dropped) are shuffled each epoch from (seed, epoch) and
+// packed afresh, whole and in that order, into rows of `seq` inputs (a row
+// closes when the next conversation does not fit; the rest is padding, mask 0,
+// a document of its own). So every epoch sees every conversation once, in a
+// new order and new company; micro_batch counts rows, and the steps of an
+// epoch follow from its packing (still a pure function of seed and epoch, so
+// the state (epoch, step) resumes exactly). Batch::doc_ids numbers each row's
+// conversations.
+//
 // With `group` > 1, windows come in groups of that many consecutive windows
 // that stay together (DPO's chosen and rejected sequences of one pair, data/
 // preference.h): the permutation is over groups, micro_batch counts groups, and
@@ -54,6 +65,7 @@ struct LoaderOptions {
   bool documents = false;   // Batch::doc_ids from the shards' document starts
   bool loss_masks = false;  // targets masked by X.mask.bin
   int64_t group = 1;        // windows that stay together (2: preference pairs)
+  bool repack = false;      // conversations shuffled and packed afresh each epoch
 };
 
 class TokenLoader {
@@ -71,13 +83,25 @@ class TokenLoader {
   LoaderState state() const { return state_; }
   void restore(const LoaderState& s);
 
-  uint64_t windows() const { return total_windows_; }
-  uint64_t steps_per_epoch() const {
-    return total_windows_ / group_ / (static_cast<uint64_t>(micro_batch_) * dp_size_);
-  }
+  // Windows of the shards (with `repack`: conversations).
+  uint64_t windows() const { return repack_ ? convs_.size() : total_windows_; }
+  // Steps of the current epoch.
+  uint64_t steps_per_epoch() const;
 
  private:
   void shuffle(uint64_t epoch);
+  Batch next_repacked(uint64_t base);
+  struct Conversation {
+    size_t shard;
+    uint64_t start, length;
+  };
+  bool repack_ = false;
+  std::vector<Conversation> convs_;
+  uint32_t pad_ = 0;  // the shards' closing token: pack_chats' pad
+  // With `repack`: rows of the packed epoch `rows_epoch_`, each its conversations.
+  mutable uint64_t rows_epoch_ = UINT64_MAX;
+  mutable std::vector<std::vector<size_t>> rows_;
+  const std::vector<std::vector<size_t>>& rows(uint64_t epoch) const;
   std::vector<std::unique_ptr<ShardReader>> shards_;
   std::vector<uint64_t> first_window_;  // per shard, its first global window id
   std::vector<std::vector<uint64_t>> doc_starts_;  // per shard, with `documents`

@@ -49,6 +49,9 @@ struct TrainConfig {
   // | "dpo" (pairs from `meshtrain tokenize prefs`, data/preference.h; batch
   // sizes count pairs; train/dpo.h).
   std::string method = "pretrain";
+  // [train] repack (SFT): shuffle the conversations and pack them afresh each
+  // epoch (data/loader.h), rather than shuffling the blocks tokenize packed.
+  bool repack = true;
   // [dpo] beta, loss (sigmoid | ipo | hinge), reference: "copy" (a frozen copy
   // of the starting weights), "adapters" (the policy with its LoRA adapters
   // off: no second copy; needs LoRA) or "auto" (adapters with LoRA, else copy).
