@@ -43,12 +43,12 @@ post-train-demo: build data/kjv/train.bin
 	python3 scripts/kjv_post_train.py $(POST) 2
 	./$(BUILD)/meshtrain tokenize chat --input $(POST)/chats.jsonl --tokenizer data/kjv/tokenizer.model --out $(POST)/sft --seq 128 --force
 	./$(BUILD)/meshtrain tokenize prefs --input $(POST)/prefs.jsonl --tokenizer data/kjv/tokenizer.model --out $(POST)/dpo --seq 128 --force
-	./$(BUILD)/meshtrain eval exact-match runs/kjv-tiny/ckpt --data $(POST)/sft/train.bin
+	./$(BUILD)/meshtrain eval exact-match runs/kjv-tiny/ckpt --data $(POST)/sft/train.bin --document-mask
 	rm -rf runs/kjv-sft runs/kjv-dpo
 	./$(BUILD)/meshtrain train configs/kjv-sft.toml
-	./$(BUILD)/meshtrain eval exact-match runs/kjv-sft/ckpt --data $(POST)/sft/train.bin
+	./$(BUILD)/meshtrain eval exact-match runs/kjv-sft/ckpt --data $(POST)/sft/train.bin --document-mask
 	./$(BUILD)/meshtrain train configs/kjv-dpo.toml
-	./$(BUILD)/meshtrain eval exact-match runs/kjv-dpo/ckpt --data $(POST)/sft/train.bin
+	./$(BUILD)/meshtrain eval exact-match runs/kjv-dpo/ckpt --data $(POST)/sft/train.bin --document-mask
 
 data/kjv/train.bin: | build
 	mkdir -p data/kjv

@@ -40,7 +40,7 @@ Run add_eval(CLI::App& app) {
     std::ifstream(info) >> j;
     const std::string dir = ckpt::resolve(o->ckpt);
     Comm solo("tp", 0);
-    auto model = load_for_inference(dir, solo);
+    auto model = load_for_inference(dir, solo, o->document_mask);
     const ExactMatch r = exact_match(*model, {o->data}, j.at("seq").get<int64_t>(), o->document_mask);
     fmt::print("{}: exact match {}/{} = {:.3f}; answer-token accuracy {}/{} = {:.3f}\n", dir, r.exact, r.answers,
                r.rate(), r.correct, r.targets, r.token_accuracy());

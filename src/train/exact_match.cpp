@@ -15,11 +15,13 @@
 
 namespace meshtrain {
 
-std::unique_ptr<Transformer> load_for_inference(const std::string& ckpt_dir, Comm& solo) {
+std::unique_ptr<Transformer> load_for_inference(const std::string& ckpt_dir, Comm& solo, bool tiled) {
   ckpt::Reader reader(ckpt_dir);
   const auto& manifest = reader.manifest();
   if (!manifest.contains("config")) throw std::runtime_error(fmt::format("{} has no model description", ckpt_dir));
-  auto model = std::make_unique<Transformer>(spec_from_json(manifest["config"]["model"]), solo, false, 0);
+  plan::ModelSpec spec = spec_from_json(manifest["config"]["model"]);
+  if (tiled) spec.attention = plan::AttentionImpl::Tiled;
+  auto model = std::make_unique<Transformer>(spec, solo, false, 0);
   const auto weights = ckpt::model_weights(reader);
   at::NoGradGuard no_grad;
   for (auto& p : model->params().params()) {

@@ -23,8 +23,9 @@ class Transformer;
 
 // The checkpoint's model (spec from its manifest) with the weights of
 // ckpt::model_weights: LoRA adapters merged, a QLoRA run's base found again.
-// `solo`: a one-rank group that outlives the model.
-std::unique_ptr<Transformer> load_for_inference(const std::string& ckpt_dir, Comm& solo);
+// `solo`: a one-rank group that outlives the model. With `tiled`, tiled
+// attention whatever the run used (the same function; document masks need it).
+std::unique_ptr<Transformer> load_for_inference(const std::string& ckpt_dir, Comm& solo, bool tiled = false);
 
 struct ExactMatch {
   int64_t answers = 0, exact = 0;    // conversations with trained targets, and those all right
