@@ -1,0 +1,91 @@
+#include "meshtrain/rl/rollout.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "meshtrain/model/transformer.h"
+
+namespace meshtrain {
+namespace {
+
+// Whether `row` (its generated tokens so far) ends with one of the stop sequences.
+bool ends_with_stop(const std::vector<int64_t>& row, const std::vector<std::vector<int64_t>>& stops) {
+  for (const auto& s : stops) {
+    if (!s.empty() && row.size() >= s.size() && std::equal(s.rbegin(), s.rend(), row.rbegin())) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Rollout rollout(Transformer& m, const at::Tensor& prompts, const RolloutOptions& o, const std::vector<uint64_t>& seeds) {
+  const SampleOptions& so = o.sample;
+  validate(so);
+  if (m.params().tp_size() != 1) throw std::invalid_argument("rollout: a tp = 1 model for now");
+  if (prompts.dim() != 2 || prompts.size(1) < 1 || prompts.size(0) < 1) {
+    throw std::invalid_argument("rollout: prompts must be [batch, length >= 1]");
+  }
+  const int64_t B = prompts.size(0), P = prompts.size(1), N = so.max_new_tokens;
+  if (static_cast<int64_t>(seeds.size()) != B) {
+    throw std::invalid_argument(fmt::format("rollout: {} seeds for {} rows", seeds.size(), B));
+  }
+  if (P + N > m.spec().seq) {
+    throw std::invalid_argument(fmt::format("rollout: prompt {} + {} new tokens exceeds the model's sequence {}", P, N,
+                                            m.spec().seq));
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Generator> gens;
+  for (uint64_t s : seeds) gens.push_back(at::make_generator<at::CPUGeneratorImpl>(s));
+  const int64_t vocab = so.vocab_limit > 0 ? std::min(so.vocab_limit, m.spec().vocab) : m.spec().vocab;
+  const double t = so.temperature > 0 ? so.temperature : 1.0;
+  Rollout r;
+  r.prompt = P;
+  r.tokens = at::full({B, P + N}, o.pad, at::kLong);
+  r.tokens.narrow(1, 0, P).copy_(prompts);
+  r.logprobs = at::zeros({B, N}, at::kFloat);
+  r.mask = at::zeros({B, N}, at::kFloat);
+  r.lengths = at::zeros({B}, at::kLong);
+  std::vector<std::vector<int64_t>> generated(B);
+  std::vector<bool> done(B, N == 0);
+  KVCache cache;
+  at::Tensor next = prompts.to(at::kLong).contiguous();
+  for (int64_t i = 0; i < N; ++i) {
+    const at::Tensor logits = m.decode(next, cache)[-1].narrow(1, 0, vocab).to(at::kFloat);  // [B, vocab]
+    const at::Tensor logp = at::log_softmax(logits / t, -1);
+    std::vector<int64_t> chosen(B, o.pad);
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b]) continue;
+      const int64_t tok = sample_token(logits[b], so, gens[b]);
+      chosen[b] = tok;
+      generated[b].push_back(tok);
+      r.tokens[b][P + i] = tok;
+      r.logprobs[b][i] = logp[b][tok];
+      r.mask[b][i] = 1;
+      r.lengths[b] = i + 1;
+      if (tok == so.stop_token || ends_with_stop(generated[b], o.stop_sequences)) done[b] = true;
+    }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    next = at::tensor(chosen, at::kLong).view({B, 1});
+  }
+  return r;
+}
+
+at::Tensor completion_logprobs(Transformer& m, const at::Tensor& tokens, int64_t prompt, double temperature,
+                               int64_t vocab_limit, bool train) {
+  const int64_t vocab = vocab_limit > 0 ? std::min(vocab_limit, m.spec().vocab) : m.spec().vocab;
+  const int64_t S = tokens.size(1), N = S - prompt;
+  if (prompt < 1 || N < 1) throw std::invalid_argument("completion_logprobs: a prompt and at least one completion token");
+  const double t = temperature > 0 ? temperature : 1.0;
+  // Position j's logits predict token j + 1: positions P - 1 .. S - 2 predict the completion.
+  const at::Tensor logits = m.logits(tokens, train).narrow(0, prompt - 1, N).narrow(2, 0, vocab);  // [N, B, V]
+  const at::Tensor logp = at::log_softmax(logits.to(at::kFloat) / t, -1);
+  const at::Tensor want = tokens.narrow(1, prompt, N).t().unsqueeze(-1);  // [N, B, 1]
+  return logp.gather(2, want).squeeze(-1).t();  // [B, N]
+}
+
+}  // namespace meshtrain

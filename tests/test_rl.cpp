@@ -1,0 +1,150 @@
+// Reinforcement learning pieces (rl/): GRPO's group advantages, k3 KL and
+// clipped loss in each aggregation equal hand computations (and the gradient
+// of an unclipped token is −A w / denominator); rollouts: a row's completion
+// does not depend on its batch (batched = one at a time, same seeds), the
+// log-probabilities recomputed by a full forward equal the rollout's (ratio 1),
+// rows stop on their stop token or stop sequence and are masked after it.
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+
+#include <cmath>
+
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/rl/grpo.h"
+#include "meshtrain/rl/rollout.h"
+
+namespace meshtrain {
+namespace {
+
+at::Tensor vec(std::vector<double> v) { return at::tensor(v, at::kDouble); }
+
+TEST(Grpo, GroupAdvantagesByHand) {
+  const at::Tensor r = vec({1, 0, 0, 1, 2, 2, 2, 2});
+  const at::Tensor a = group_advantages(r, 4);
+  const double sd = std::sqrt(4 * 0.25 / 3);  // Bessel: (Σ (r − 0.5)²) / (4 − 1)
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(a[i].item<double>(), (i == 0 || i == 3 ? 0.5 : -0.5) / (sd + 1e-4), 1e-12);
+  for (int i = 4; i < 8; ++i) EXPECT_EQ(a[i].item<double>(), 0) << "a group with equal rewards learns nothing";
+  const at::Tensor none = group_advantages(r, 4, false);
+  EXPECT_NEAR(none[0].item<double>(), 0.5, 1e-12);
+  EXPECT_THROW(group_advantages(r, 1), std::invalid_argument);
+  EXPECT_THROW(group_advantages(r, 3), std::invalid_argument);
+  EXPECT_THROW(parse_grpo_loss("ppo"), std::invalid_argument);
+}
+
+TEST(Grpo, K3AndTheClippedLossByHand) {
+  EXPECT_NEAR(k3_kl(vec({-1.0}), vec({-1.5}))[0].item<double>(), std::exp(-0.5) + 0.5 - 1, 1e-12);
+  EXPECT_EQ(k3_kl(vec({-2.0}), vec({-2.0}))[0].item<double>(), 0);
+  // Two completions of three tokens; the second's last token masked (after its stop).
+  const std::vector<std::vector<double>> lp = {{-1.0, -0.5, -2.0}, {-0.3, -1.2, -0.7}};
+  const std::vector<std::vector<double>> old = {{-1.1, -0.9, -2.0}, {-0.1, -1.2, -0.2}};
+  const std::vector<std::vector<double>> ref = {{-1.2, -0.4, -1.8}, {-0.5, -1.0, -0.9}};
+  const std::vector<std::vector<double>> mask = {{1, 1, 1}, {1, 1, 0}};
+  const std::vector<double> adv = {1.5, -0.8};
+  const double beta = 0.05, eps = 0.2;
+  std::vector<std::vector<double>> L(2, std::vector<double>(3));
+  double clip_low = 0, clip_high = 0, kl = 0, n = 0;
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 3; ++t) {
+      const double w = std::exp(lp[b][t] - old[b][t]), c = std::min(std::max(w, 1 - eps), 1 + eps);
+      const double d = ref[b][t] - lp[b][t], k = std::exp(d) - d - 1;
+      L[b][t] = -std::min(w * adv[b], c * adv[b]) + beta * k;
+      if (mask[b][t] == 0) continue;
+      n += 1, kl += k, clip_low += (w < 1 - eps && adv[b] < 0), clip_high += (w > 1 + eps && adv[b] > 0);
+    }
+  }
+  auto masked_sum = [&](int b) { return L[b][0] * mask[b][0] + L[b][1] * mask[b][1] + L[b][2] * mask[b][2]; };
+  const double want[] = {(masked_sum(0) / 3 + masked_sum(1) / 2) / 2, (masked_sum(0) + masked_sum(1)) / n,
+                         (masked_sum(0) + masked_sum(1)) / (2 * 4), (masked_sum(0) + masked_sum(1)) / 10};
+  const GrpoLoss kinds[] = {GrpoLoss::Grpo, GrpoLoss::Bnpo, GrpoLoss::DrGrpo, GrpoLoss::Dapo};
+  for (int k = 0; k < 4; ++k) {
+    at::Tensor logp = at::tensor({-1.0, -0.5, -2.0, -0.3, -1.2, -0.7}, at::kDouble).view({2, 3}).requires_grad_();
+    GrpoOptions o;
+    o.beta = beta;
+    o.loss = kinds[k];
+    o.max_completion = 4;
+    const GrpoTerms t = grpo_loss(logp, at::tensor({-1.1, -0.9, -2.0, -0.1, -1.2, -0.2}, at::kDouble).view({2, 3}),
+                                  at::tensor({-1.2, -0.4, -1.8, -0.5, -1.0, -0.9}, at::kDouble).view({2, 3}),
+                                  vec(adv), at::tensor({1.0, 1.0, 1.0, 1.0, 1.0, 0.0}, at::kDouble).view({2, 3}), o, 10);
+    EXPECT_NEAR(t.loss.item<double>(), want[k], 1e-12) << k;
+    EXPECT_NEAR(t.kl, kl / n, 1e-12);
+    EXPECT_NEAR(t.clip_low, clip_low / n, 1e-12);
+    EXPECT_NEAR(t.clip_high, clip_high / n, 1e-12);
+    if (kinds[k] == GrpoLoss::Bnpo) {
+      t.loss.backward();
+      // Token (0, 0): w = e^0.1 inside the clip range, A > 0: dL/dlp = (−A w + β (1 − e^d)) / n.
+      const double w = std::exp(0.1), d = -1.2 + 1.0;
+      EXPECT_NEAR(logp.grad()[0][0].item<double>(), (-adv[0] * w + beta * (1 - std::exp(d))) / n, 1e-12);
+      // A masked token gets no gradient.
+      EXPECT_EQ(logp.grad()[1][2].item<double>(), 0);
+      // Token (0, 1): w = e^0.4 clipped at 1.2 with A > 0: only the KL term's gradient.
+      const double d1 = -0.4 + 0.5;
+      EXPECT_NEAR(logp.grad()[0][1].item<double>(), beta * (1 - std::exp(d1)) / n, 1e-12);
+    }
+  }
+}
+
+plan::ModelSpec spec() {
+  plan::ModelSpec m = plan::preset("llama-tiny");
+  m.layers = 2, m.vocab = 96, m.seq = 32, m.dropout = 0;
+  return m;
+}
+
+TEST(Rollout, BatchedEqualsOneAtATimeAndRecomputedLogprobsMatch) {
+  Comm solo("solo", 0);
+  Transformer m(spec(), solo, false, 3);
+  const at::Tensor prompts = at::tensor({5, 17, 42, 8, 5, 17, 42, 8, 1, 2, 3, 4, 60, 61, 62, 63}, at::kLong).view({4, 4});
+  RolloutOptions o;
+  o.sample.max_new_tokens = 12;
+  o.sample.temperature = 1.0;
+  const std::vector<uint64_t> seeds{11, 12, 13, 14};
+  const Rollout all = rollout(m, prompts, o, seeds);
+  EXPECT_EQ(all.tokens.sizes(), (std::vector<int64_t>{4, 16}));
+  EXPECT_FALSE(at::equal(all.tokens[0], all.tokens[1])) << "rows 0 and 1 share a prompt but not a seed";
+  for (int64_t b = 0; b < 4; ++b) {
+    const Rollout one = rollout(m, prompts.narrow(0, b, 1), o, {seeds[b]});
+    EXPECT_TRUE(at::equal(one.tokens[0], all.tokens[b])) << "row " << b;
+    EXPECT_TRUE(at::allclose(one.logprobs[0], all.logprobs[b], 1e-5, 1e-5)) << "row " << b;
+  }
+  // The training step's recomputation (no cache, whole rows) gives the rollout's log-probs: ratio 1.
+  const at::Tensor re = completion_logprobs(m, all.tokens, 4, 1.0);
+  EXPECT_LT((re - all.logprobs).abs().max().item<double>(), 1e-5);
+  // At another temperature too.
+  o.sample.temperature = 0.7;
+  const Rollout cool = rollout(m, prompts, o, seeds);
+  EXPECT_LT((completion_logprobs(m, cool.tokens, 4, 0.7) - cool.logprobs).abs().max().item<double>(), 1e-5);
+}
+
+TEST(Rollout, RowsStopAndAreMaskedAfter) {
+  Comm solo("solo", 0);
+  Transformer m(spec(), solo, false, 3);
+  const at::Tensor prompts = at::tensor({5, 17, 42, 1, 2, 3}, at::kLong).view({2, 3});
+  RolloutOptions o;
+  o.sample.max_new_tokens = 10;
+  o.sample.temperature = 1.0;
+  o.pad = 95;
+  const Rollout free = rollout(m, prompts, o, {1, 2});
+  EXPECT_EQ(free.lengths[0].item<int64_t>(), 10);
+  // Stop on row 0's third token: row 0 ends there; row 1 runs on unless it meets it too.
+  o.sample.stop_token = free.tokens[0][3 + 2].item<int64_t>();
+  const Rollout stopped = rollout(m, prompts, o, {1, 2});
+  EXPECT_EQ(stopped.lengths[0].item<int64_t>(), 3);
+  EXPECT_EQ(stopped.mask[0].sum().item<double>(), 3);
+  EXPECT_EQ(stopped.tokens[0][3 + 3].item<int64_t>(), 95);
+  EXPECT_EQ(stopped.logprobs[0][5].item<double>(), 0);
+  EXPECT_TRUE(at::equal(stopped.tokens[0].narrow(0, 0, 6), free.tokens[0].narrow(0, 0, 6)));
+  // A stop sequence: row 1's tokens 2 and 3.
+  o.sample.stop_token = -1;
+  o.stop_sequences = {{free.tokens[1][3 + 1].item<int64_t>(), free.tokens[1][3 + 2].item<int64_t>()}};
+  const Rollout seq = rollout(m, prompts, o, {1, 2});
+  EXPECT_LE(seq.lengths[1].item<int64_t>(), 3);
+  EXPECT_THROW(rollout(m, prompts, o, {1}), std::invalid_argument);
+  o.sample.max_new_tokens = 30;
+  EXPECT_THROW(rollout(m, prompts, o, {1, 2}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace meshtrain
