@@ -69,6 +69,8 @@ bench: build
 	./bench/zero.sh $(BUILD)
 	./bench/pipeline.sh $(BUILD)
 	./bench/precision.sh $(BUILD)
+	./bench/post_train.sh $(BUILD)
+	./bench/rl.sh $(BUILD)
 	./bench/build.sh $(JOBS)
 
 # docs/ pages unchanged since their scripts wrote them; README.md's numbers quoted from them (bench/check_docs.py).

@@ -43,35 +43,56 @@ Rollout rollout(Transformer& m, const at::Tensor& prompts, const RolloutOptions&
   for (uint64_t s : seeds) gens.push_back(at::make_generator<at::CPUGeneratorImpl>(s));
   const int64_t vocab = so.vocab_limit > 0 ? std::min(so.vocab_limit, m.spec().vocab) : m.spec().vocab;
   const double t = so.temperature > 0 ? so.temperature : 1.0;
-  Rollout r;
-  r.prompt = P;
-  r.tokens = at::full({B, P + N}, o.pad, at::kLong);
-  r.tokens.narrow(1, 0, P).copy_(prompts);
-  r.logprobs = at::zeros({B, N}, at::kFloat);
-  r.mask = at::zeros({B, N}, at::kFloat);
-  r.lengths = at::zeros({B}, at::kLong);
+  // Outputs gathered in plain buffers (element-wise tensor writes cost more than the model here).
+  std::vector<int64_t> tokens(static_cast<size_t>(B * N), o.pad), lengths(B, 0);
+  std::vector<float> logprobs(static_cast<size_t>(B * N), 0.f), mask(static_cast<size_t>(B * N), 0.f);
   std::vector<std::vector<int64_t>> generated(B);
   std::vector<bool> done(B, N == 0);
+  const bool plain = so.temperature > 0 && so.top_k == 0 && so.top_p >= 1;  // the whole softmax, sampled as is
   KVCache cache;
   at::Tensor next = prompts.to(at::kLong).contiguous();
   for (int64_t i = 0; i < N; ++i) {
     const at::Tensor logits = m.decode(next, cache)[-1].narrow(1, 0, vocab).to(at::kFloat);  // [B, vocab]
     const at::Tensor logp = at::log_softmax(logits / t, -1);
+    // Batched picks: argmax, or inverse-CDF sampling with one uniform per row
+    // drawn from the row's own generator (so a completion does not depend on its batch).
+    at::Tensor picks;
+    if (so.temperature == 0) {
+      picks = logits.argmax(1).contiguous();
+    } else if (plain) {
+      std::vector<float> u(B);
+      for (int64_t b = 0; b < B; ++b) u[b] = at::rand({1}, gens[b]).item<float>();
+      const at::Tensor cdf = logp.exp().cumsum(1);
+      const at::Tensor target = at::tensor(u, at::kFloat).unsqueeze(1) * cdf.narrow(1, vocab - 1, 1);
+      picks = at::searchsorted(cdf, target).squeeze(1).clamp_max(vocab - 1).contiguous();
+    }
+    const int64_t* pick = picks.defined() ? picks.data_ptr<int64_t>() : nullptr;
     std::vector<int64_t> chosen(B, o.pad);
     for (int64_t b = 0; b < B; ++b) {
       if (done[b]) continue;
-      const int64_t tok = sample_token(logits[b], so, gens[b]);
+      const int64_t tok = pick ? pick[b] : sample_token(logits[b], so, gens[b]);
       chosen[b] = tok;
       generated[b].push_back(tok);
-      r.tokens[b][P + i] = tok;
-      r.logprobs[b][i] = logp[b][tok];
-      r.mask[b][i] = 1;
-      r.lengths[b] = i + 1;
+      tokens[b * N + i] = tok;
+      mask[b * N + i] = 1;
+      lengths[b] = i + 1;
       if (tok == so.stop_token || ends_with_stop(generated[b], o.stop_sequences)) done[b] = true;
     }
+    const at::Tensor picked = at::tensor(chosen, at::kLong).view({B, 1});
+    const at::Tensor lp = logp.gather(1, picked.clamp(0, vocab - 1)).contiguous();
+    const float* lpp = lp.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      if (mask[b * N + i] != 0) logprobs[b * N + i] = lpp[b];
+    }
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
-    next = at::tensor(chosen, at::kLong).view({B, 1});
+    next = picked;
   }
+  Rollout r;
+  r.prompt = P;
+  r.tokens = at::cat({prompts.to(at::kLong), at::tensor(tokens, at::kLong).view({B, N})}, 1);
+  r.logprobs = at::tensor(logprobs, at::kFloat).view({B, N});
+  r.mask = at::tensor(mask, at::kFloat).view({B, N});
+  r.lengths = at::tensor(lengths, at::kLong);
   return r;
 }
 
