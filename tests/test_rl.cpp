@@ -13,6 +13,8 @@
 #include <cmath>
 
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/data/tasks.h"
+#include "meshtrain/rl/evaluate.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/rollout.h"
@@ -144,6 +146,38 @@ TEST(Rollout, RowsStopAndAreMaskedAfter) {
   EXPECT_THROW(rollout(m, prompts, o, {1}), std::invalid_argument);
   o.sample.max_new_tokens = 30;
   EXPECT_THROW(rollout(m, prompts, o, {1, 2}), std::invalid_argument);
+}
+
+// The shipped tasks: answers right, rewards as documented, the vocabulary
+// closed, the examples a function of the seed, bad files one error.
+TEST(Tasks, ExamplesRewardsAndVocabulary) {
+  const auto a = task_examples("arithmetic", 5, 200, 2), again = task_examples("arithmetic", 5, 200, 2);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].prompt, again[i].prompt);
+    const auto& p = a[i].prompt;
+    const size_t op = p.find_first_of("+-*", 1);
+    const long x = std::stol(p.substr(0, op)), y = std::stol(p.substr(op + 1, p.size() - op - 2));
+    const long want = p[op] == '+' ? x + y : p[op] == '-' ? x - y : x * y;
+    EXPECT_EQ(a[i].answer, std::to_string(want)) << p;
+    EXPECT_GE(want, 0) << p;
+    EXPECT_LT(x, 100);
+  }
+  EXPECT_NE(task_examples("arithmetic", 6, 5, 2)[0].prompt + task_examples("arithmetic", 6, 5, 2)[1].prompt,
+            a[0].prompt + a[1].prompt);
+  const auto r = task_examples("reverse", 1, 20, 5);
+  for (const auto& e : r) EXPECT_EQ(std::string(e.answer.rbegin(), e.answer.rend()) + "=", e.prompt.substr(4));
+  EXPECT_THROW(task_examples("sorting", 1, 1, 2), std::invalid_argument);
+  EXPECT_THROW(task_examples("arithmetic", 1, 1, 0), std::invalid_argument);
+  EXPECT_EQ(CharVocab::decode(CharVocab::encode("12+7=\nrev:ab")), "12+7=\nrev:ab");
+  EXPECT_THROW(CharVocab::encode("A"), std::invalid_argument);
+  const TaskExample e{"12+7=", "19"};
+  auto ids = [](const std::string& s) { return CharVocab::encode(s); };
+  EXPECT_EQ(task_reward(ids("19\n"), e).total(), 1.1);
+  EXPECT_EQ(task_reward(ids("19"), e).total(), 1.0) << "no end token: no format reward";
+  EXPECT_EQ(task_reward(ids("18\n"), e).total(), 0.1);
+  EXPECT_EQ(task_reward(ids("1a\n"), e).total(), 0.0);
+  EXPECT_EQ(task_reward(ids("\n"), e).total(), 0.0);
+  EXPECT_EQ(task_reward(ids("19\n55"), e).total(), 1.1) << "what follows the end does not count";
 }
 
 }  // namespace

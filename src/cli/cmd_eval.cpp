@@ -1,6 +1,7 @@
 // meshtrain eval exact-match CKPT --data DIR/train.bin [--document-mask]: the
 // SFT exact-match rate of a checkpoint on `meshtrain tokenize chat` data
-// (train/exact_match.h), in one process.
+// (train/exact_match.h); meshtrain eval task CKPT --data eval.jsonl: accuracy
+// on a shipped task (rl/evaluate.h). One process.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/rl/evaluate.h"
 #include "meshtrain/train/exact_match.h"
 
 namespace meshtrain::cli {
@@ -30,7 +32,24 @@ Run add_eval(CLI::App& app) {
   em->add_option("ckpt", o->ckpt, "checkpoint (step directory or its parent)")->required();
   em->add_option("--data", o->data, "a shard from meshtrain tokenize chat (sft.json beside it)")->required();
   em->add_flag("--document-mask", o->document_mask, "keep packed conversations apart (as train.document_mask)");
-  return [o]() -> int {
+  struct TaskOpts {
+    std::string ckpt, data;
+    int64_t max_new = 16;
+  };
+  auto to = std::make_shared<TaskOpts>();
+  auto task = cmd->add_subcommand("task", "accuracy on a shipped task's prompts (greedy; data/tasks.h)");
+  task->add_option("ckpt", to->ckpt, "checkpoint (step directory or its parent)")->required();
+  task->add_option("--data", to->data, "eval.jsonl or prompts.jsonl from meshtrain tokenize task")->required();
+  task->add_option("--max-new", to->max_new, "generated tokens at most")->capture_default_str();
+  return [o, to, task]() -> int {
+    if (task->parsed()) {
+      const std::string dir = ckpt::resolve(to->ckpt);
+      Comm solo("tp", 0);
+      auto model = load_for_inference(dir, solo);
+      const TaskScore s = evaluate_task(*model, read_task_examples(to->data), to->max_new);
+      fmt::print("{}: exact {}/{} = {:.3f}; mean reward {:.3f}\n", dir, s.exact, s.examples, s.accuracy(), s.reward);
+      return 0;
+    }
     namespace fs = std::filesystem;
     const fs::path info = fs::path(o->data).parent_path() / "sft.json";
     if (!fs::exists(info)) {

@@ -11,6 +11,10 @@
 //   chat --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--no-pack] [--force]
 //        (--no-pack: one conversation per block, the rest padding)
 //        writes DIR/train.bin, DIR/train.mask.bin (1 = trained target) and DIR/sft.json
+// and, for reinforcement learning's shipped tasks (data/tasks.h, their own character vocabulary):
+//   task --name arithmetic|reverse --out DIR --seq N [--digits D] [--count N] [--seed S] [--force]
+//        writes DIR/train.bin, train.mask.bin, sft.json (SFT on prompt -> answer), DIR/prompts.jsonl
+//        (RL prompts, another seed) and DIR/eval.jsonl (held out), each line {"prompt", "answer"}
 // and, for DPO (data/preference.h):
 //   prefs --input PAIRS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
 //        writes DIR/train.bin, DIR/train.mask.bin and DIR/dpo.json (two blocks per pair)
@@ -28,6 +32,7 @@
 #include "meshtrain/data/chat.h"
 #include "meshtrain/data/preference.h"
 #include "meshtrain/data/shard.h"
+#include "meshtrain/data/tasks.h"
 #include "meshtrain/data/tokenize.h"
 
 namespace {
@@ -120,6 +125,80 @@ int chat(int argc, char** argv) {
   return 0;
 }
 
+int task(int argc, char** argv) {
+  std::string name, out;
+  int64_t seq = 0, count = 4000, digits = 2, seed = 1;
+  bool force = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    auto whole = [&](const std::string& v) {
+      size_t used = 0;
+      int64_t n = 0;
+      try {
+        n = std::stoll(v, &used);
+      } catch (const std::exception&) {
+      }
+      if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("{} '{}' is not a whole number", a, v));
+      return n;
+    };
+    if (a == "--name") name = value();
+    else if (a == "--out") out = value();
+    else if (a == "--seq") seq = whole(value());
+    else if (a == "--count") count = whole(value());
+    else if (a == "--digits") digits = whole(value());
+    else if (a == "--seed") seed = whole(value());
+    else if (a == "--force") force = true;
+    else throw std::invalid_argument(fmt::format("task: unknown option '{}'", a));
+  }
+  if (name.empty() || out.empty() || seq < 2 || count < 1) {
+    throw std::invalid_argument("task needs --name arithmetic|reverse --out DIR --seq N (N >= 2) [--count N >= 1]");
+  }
+  namespace fs = std::filesystem;
+  if (fs::exists(fs::path(out) / "train.bin") && !force) {
+    throw std::invalid_argument(fmt::format("{} already holds train.bin; pass --force to replace it", out));
+  }
+  using meshtrain::CharVocab;
+  std::vector<meshtrain::TokenizedChat> chats;
+  int64_t line = 0;
+  for (const auto& e : meshtrain::task_examples(name, static_cast<uint64_t>(seed), count, static_cast<int>(digits))) {
+    meshtrain::TokenizedChat c;
+    c.line = ++line;
+    for (int64_t id : CharVocab::encode(e.prompt)) {
+      c.ids.push_back(static_cast<uint32_t>(id));
+      c.mask.push_back(0);
+    }
+    for (int64_t id : CharVocab::encode(e.answer + "\n")) {
+      c.ids.push_back(static_cast<uint32_t>(id));
+      c.mask.push_back(1);
+    }
+    chats.push_back(std::move(c));
+  }
+  const meshtrain::PackedChats p = meshtrain::pack_chats(chats, seq, static_cast<uint32_t>(CharVocab::end()), false);
+  fs::create_directories(out);
+  meshtrain::write_shard((fs::path(out) / "train.bin").string(), p.tokens, p.doc_starts, 2);
+  meshtrain::write_shard((fs::path(out) / "train.mask.bin").string(), p.mask, p.doc_starts, 2);
+  const nlohmann::json info{{"seq", seq}, {"conversations", p.conversations}, {"tokens", p.tokens.size()},
+                            {"trained_tokens", p.trained}, {"padding_tokens", p.padding},
+                            {"padding_fraction", static_cast<double>(p.padding) / static_cast<double>(p.tokens.size() - 1)},
+                            {"truncated", 0}, {"task", name}, {"digits", digits}, {"vocab", CharVocab::size()}};
+  std::ofstream(fs::path(out) / "sft.json") << info.dump(2) << "\n";
+  // RL prompts and held-out evaluation: other seeds, the same distribution.
+  for (const auto& [file, s] : {std::pair{"prompts.jsonl", seed + 1000}, {"eval.jsonl", seed + 2000}}) {
+    std::ofstream f(fs::path(out) / file);
+    for (const auto& e : meshtrain::task_examples(name, static_cast<uint64_t>(s), count / 4 + 1, static_cast<int>(digits))) {
+      f << nlohmann::json{{"prompt", e.prompt}, {"answer", e.answer}}.dump() << "\n";
+    }
+  }
+  fmt::print("task {}: {} examples -> {} blocks of {} tokens in {} (vocabulary {}); prompts.jsonl and eval.jsonl: {} "
+             "each\n",
+             name, count, (p.tokens.size() - 1) / static_cast<uint64_t>(seq), seq, out, CharVocab::size(), count / 4 + 1);
+  return 0;
+}
+
 int encode_or_decode(int argc, char** argv) {
   const std::string mode = argv[1];
   std::string model, text, ids;
@@ -172,6 +251,7 @@ int main(int argc, char** argv) {
   meshtrain::TokenizeOptions o;
   try {
     if (argc > 1 && (std::string(argv[1]) == "chat" || std::string(argv[1]) == "prefs")) return chat(argc, argv);
+    if (argc > 1 && std::string(argv[1]) == "task") return task(argc, argv);
     if (argc > 1 && (std::string(argv[1]) == "encode" || std::string(argv[1]) == "decode" ||
                      std::string(argv[1]) == "vocab")) {
       return encode_or_decode(argc, argv);

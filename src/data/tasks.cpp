@@ -1,0 +1,98 @@
+#include "meshtrain/data/tasks.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+
+namespace meshtrain {
+
+int64_t CharVocab::size() { return static_cast<int64_t>(std::strlen(kChars)); }
+
+std::vector<int64_t> CharVocab::encode(const std::string& text) {
+  std::vector<int64_t> out;
+  for (char c : text) {
+    const char* at = std::strchr(kChars, c);
+    if (c == '\0' || !at) throw std::invalid_argument(fmt::format("character '{}' is not in the task vocabulary", c));
+    out.push_back(at - kChars);
+  }
+  return out;
+}
+
+std::string CharVocab::decode(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (int64_t id : ids) out += id >= 0 && id < size() ? kChars[id] : '?';
+  return out;
+}
+
+std::vector<TaskExample> task_examples(const std::string& name, uint64_t seed, int64_t count, int digits) {
+  if (digits < 1 || digits > 9) throw std::invalid_argument(fmt::format("task digits {} must be in 1..9", digits));
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + 7);
+  auto below = [&](uint64_t n) { return static_cast<int64_t>(rng() % n); };
+  auto number = [&] {
+    const int d = 1 + static_cast<int>(below(static_cast<uint64_t>(digits)));
+    int64_t lo = 1;
+    for (int i = 1; i < d; ++i) lo *= 10;
+    return (d == 1 ? 0 : lo) + below(static_cast<uint64_t>(lo * 10 - (d == 1 ? 0 : lo)));
+  };
+  std::vector<TaskExample> out;
+  for (int64_t i = 0; i < count; ++i) {
+    if (name == "arithmetic") {
+      int64_t a = number(), b = number();
+      const int op = static_cast<int>(below(3));
+      if (op == 1 && b > a) std::swap(a, b);
+      const char sym = "+-*"[op];
+      const int64_t r = op == 0 ? a + b : op == 1 ? a - b : a * b;
+      out.push_back({fmt::format("{}{}{}=", a, sym, b), std::to_string(r)});
+    } else if (name == "reverse") {
+      std::string w;
+      const int n = 1 + static_cast<int>(below(static_cast<uint64_t>(digits)));
+      for (int j = 0; j < n; ++j) w += static_cast<char>('a' + below(26));
+      out.push_back({"rev:" + w + "=", std::string(w.rbegin(), w.rend())});
+    } else {
+      throw std::invalid_argument(fmt::format("unknown task \"{}\": use arithmetic or reverse", name));
+    }
+  }
+  return out;
+}
+
+std::vector<TaskExample> read_task_examples(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(fmt::format("cannot read {}", path));
+  std::vector<TaskExample> out;
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      out.push_back({j.at("prompt").get<std::string>(), j.at("answer").get<std::string>()});
+      CharVocab::encode(out.back().prompt);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("{} line {}: {} (want {{\"prompt\": \"...\", \"answer\": \"...\"}})", path,
+                                              line_no, e.what()));
+    }
+  }
+  if (out.empty()) throw std::invalid_argument(fmt::format("{} holds no examples", path));
+  return out;
+}
+
+TaskReward task_reward(const std::vector<int64_t>& completion, const TaskExample& e) {
+  const auto end = std::find(completion.begin(), completion.end(), CharVocab::end());
+  const std::string text = CharVocab::decode({completion.begin(), end});
+  TaskReward r;
+  r.exact = text == e.answer ? 1.0 : 0.0;
+  const bool digits = std::all_of(e.answer.begin(), e.answer.end(), [](char c) { return std::isdigit(c) != 0; });
+  const bool kind = !text.empty() && std::all_of(text.begin(), text.end(), [&](char c) {
+    return digits ? std::isdigit(c) != 0 : std::islower(c) != 0;
+  });
+  r.format = end != completion.end() && kind ? 0.1 : 0.0;
+  return r;
+}
+
+}  // namespace meshtrain
