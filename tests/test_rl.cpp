@@ -14,7 +14,10 @@
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/tasks.h"
+#include "meshtrain/optim/adamw.h"
 #include "meshtrain/rl/evaluate.h"
+#include "meshtrain/rl/grpo_objective.h"
+#include "meshtrain/train/step.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/rollout.h"
@@ -146,6 +149,47 @@ TEST(Rollout, RowsStopAndAreMaskedAfter) {
   EXPECT_THROW(rollout(m, prompts, o, {1}), std::invalid_argument);
   o.sample.max_new_tokens = 30;
   EXPECT_THROW(rollout(m, prompts, o, {1, 2}), std::invalid_argument);
+}
+
+// GRPO through the step: a rollout batch of one group of 4, two rewarded;
+// after one AdamW step the rewarded completions are more likely and the others
+// less; the step's loss is the hand-computed dapo loss at ratio 1 (−Σ m A / Σ m).
+TEST(Grpo, OneStepMovesProbabilityTowardTheRewarded) {
+  Comm solo("solo", 0);
+  Transformer m(spec(), solo, false, 3);
+  const at::Tensor prompts = at::tensor({5, 17, 42, 8, 5, 17, 42, 8, 5, 17, 42, 8, 5, 17, 42, 8}, at::kLong).view({4, 4});
+  RolloutOptions ro;
+  ro.sample.max_new_tokens = 6;
+  ro.sample.temperature = 1.0;
+  const Rollout r = rollout(m, prompts, ro, {1, 2, 3, 4});
+  RolloutBatch b;
+  b.tokens = r.tokens;
+  const int64_t S = r.tokens.size(1);
+  b.old_logp = at::zeros({4, S - 1});
+  b.mask = at::zeros({4, S - 1});
+  b.old_logp.narrow(1, 3, 6).copy_(r.logprobs);
+  b.mask.narrow(1, 3, 6).copy_(r.mask);
+  b.advantages = group_advantages(at::tensor({1.0, 0.0, 1.0, 0.0}), 4).to(at::kFloat);
+  GrpoOptions go;
+  GrpoObjective objective(go, 1.0, 0, nullptr);
+  objective.set_rollouts(b);
+  AdamWOptions ao;
+  ao.lr = 1e-2;
+  ao.weight_decay = 0;
+  AdamW opt(m.params().params(), ao);
+  StepOptions so;
+  so.objective = &objective;
+  TrainStep step(m, opt, solo, solo, so);
+  const at::Tensor before = completion_logprobs(m, r.tokens, 4, 1.0).sum(1);
+  const StepResult res = step.run({objective.rows({0, 1}), objective.rows({2, 3})});
+  const at::Tensor after = completion_logprobs(m, r.tokens, 4, 1.0).sum(1);
+  const double a = b.advantages[0].item<double>();
+  EXPECT_NEAR(res.loss, -(a * 6 * 2 - a * 6 * 2) / 24, 1e-6);  // ratio 1: −Σ m A / Σ m = 0 for a balanced group
+  EXPECT_GT(a, 0);
+  for (int64_t i = 0; i < 4; ++i) {
+    if (i % 2 == 0) EXPECT_GT(after[i].item<double>(), before[i].item<double>()) << "rewarded row " << i;
+    if (i % 2 == 1) EXPECT_LT(after[i].item<double>(), before[i].item<double>()) << "unrewarded row " << i;
+  }
 }
 
 // The shipped tasks: answers right, rewards as documented, the vocabulary

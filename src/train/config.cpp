@@ -8,6 +8,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/plan/strategy.h"
+#include "meshtrain/rl/grpo.h"
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
 
@@ -106,6 +107,18 @@ const std::map<std::string, Setter>& setters() {
       {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
       {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
       {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
+      {"grpo.task", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.task = as_string(n, k); }},
+      {"grpo.prompts", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.prompts = as_string(n, k); }},
+      {"grpo.eval", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.eval = as_string(n, k); }},
+      {"grpo.group", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.group = as_int(n, k); }},
+      {"grpo.max_new", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.max_new = as_int(n, k); }},
+      {"grpo.epochs", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.epochs = as_int(n, k); }},
+      {"grpo.eval_examples", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.eval_examples = as_int(n, k); }},
+      {"grpo.temperature", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.temperature = as_double(n, k); }},
+      {"grpo.epsilon", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.epsilon = as_double(n, k); }},
+      {"grpo.epsilon_high", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.epsilon_high = as_double(n, k); }},
+      {"grpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.beta = as_double(n, k); }},
+      {"grpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.loss = as_string(n, k); }},
       {"dpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_beta = as_double(n, k); }},
       {"dpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_loss = as_string(n, k); }},
       {"dpo.reference", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_reference = as_string(n, k); }},
@@ -128,7 +141,7 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, parallel, ddp"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, grpo, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);
@@ -172,7 +185,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
   }
-  if (c.train_shards.empty()) throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
+  if (c.train_shards.empty() && c.method != "grpo") {
+    throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
+  }
   for (auto [key, v] : {std::pair{"train.steps", c.steps}, {"train.micro_batch", c.micro_batch}, {"train.seq", c.seq},
                          {"train.global_batch", c.global_batch}, {"train.log_every", c.log_every},
                          {"train.eval_every", c.eval_every}, {"train.eval_batches", c.eval_batches},
@@ -223,9 +238,33 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "model.dropout = 0 (it is {})",
                                             path, c.cp, c.model.dropout));
   }
-  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo") {
-    throw std::invalid_argument(
-        fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\" or \"dpo\"", path, c.method));
+  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo" && c.method != "grpo") {
+    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\", \"dpo\" or \"grpo\"",
+                                            path, c.method));
+  }
+  if (c.method == "grpo") {
+    const auto& g = c.grpo;
+    if (g.prompts.empty()) throw std::invalid_argument(fmt::format("{}: train.method = \"grpo\" needs grpo.prompts", path));
+    if (g.group < 2) {
+      throw std::invalid_argument(fmt::format("{}: grpo.group = {}: GRPO's baseline is the group's mean reward, so "
+                                              "it needs at least 2 completions per prompt",
+                                              path, g.group));
+    }
+    if (g.max_new < 1 || g.epochs < 1 || g.temperature < 0 || g.epsilon < 0 || g.epsilon_high < 0 || g.beta < 0) {
+      throw std::invalid_argument(fmt::format("{}: grpo.max_new ({}) and epochs ({}) must be >= 1; temperature, "
+                                              "epsilon, epsilon_high and beta >= 0",
+                                              path, g.max_new, g.epochs));
+    }
+    if (c.tp > 1 || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
+      throw std::invalid_argument(fmt::format("{}: train.method = \"grpo\" runs on data parallelism (DDP) for now: "
+                                              "parallel.tp, pp, cp must be 1 and zero 0 (they are {}, {}, {}, {})",
+                                              path, c.tp, c.pp, c.cp, c.zero));
+    }
+    try {
+      parse_grpo_loss(g.loss);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: grpo.loss: {}", path, e.what()));
+    }
   }
   if (c.method == "dpo") {
     // A pair's loss needs each sequence's whole log-probability on one rank.

@@ -10,6 +10,8 @@
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/peft/qlora.h"
+#include "meshtrain/data/tasks.h"
+#include "meshtrain/rl/grpo_objective.h"
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
@@ -91,18 +93,26 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     }
   }
   opt_ = std::make_unique<AdamW>(updated_, c.optim);
-  if (c.method == "dpo") {
+  const bool copy_reference = (c.method == "dpo" && c.dpo_reference == "copy") ||
+                              (c.method == "grpo" && c.grpo.beta > 0 && c.lora.rank == 0);
+  if (copy_reference) {
     // The reference is the starting model: built from the same seed and [init]
     // weights as the policy (so a resumed run gets the same one), frozen.
-    if (c.dpo_reference == "copy") {
-      reference_ = std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed);
-      if (!c.init_from.empty()) {
-        ckpt::Reader r(ckpt::resolve(c.init_from));
-        load_initial_weights(r, *reference_);
-      }
-      for (auto& p : reference_->params().params()) p.tensor.requires_grad_(false);
+    reference_ = std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed);
+    if (!c.init_from.empty()) {
+      ckpt::Reader r(ckpt::resolve(c.init_from));
+      load_initial_weights(r, *reference_);
     }
+    for (auto& p : reference_->params().params()) p.tensor.requires_grad_(false);
+  }
+  if (c.method == "dpo") {
     objective_ = std::make_unique<DpoObjective>(DpoOptions{c.dpo_beta, parse_dpo_loss(c.dpo_loss)}, reference_.get());
+  } else if (c.method == "grpo") {
+    GrpoOptions g;
+    g.epsilon_low = c.grpo.epsilon, g.epsilon_high = c.grpo.epsilon_high, g.beta = c.grpo.beta;
+    g.loss = parse_grpo_loss(c.grpo.loss);
+    g.max_completion = c.grpo.max_new;
+    objective_ = std::make_unique<GrpoObjective>(g, c.grpo.temperature, CharVocab::size(), reference_.get());
   } else {
     objective_ = std::make_unique<NextTokenObjective>();
   }

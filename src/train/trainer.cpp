@@ -37,6 +37,8 @@
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/trainer.h"
+#include "meshtrain/data/tasks.h"
+#include "meshtrain/rl/grpo_trainer.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain {
@@ -272,6 +274,21 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
 void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
   const int dp = layout.size("dp");
+  if (c.method == "grpo") {
+    // GRPO reads prompts of a shipped task, not token shards.
+    read_task_examples(c.grpo.prompts);
+    if (!c.grpo.eval.empty()) read_task_examples(c.grpo.eval);
+    if (c.model.vocab < CharVocab::size()) {
+      throw std::invalid_argument(fmt::format("model.vocab {} is smaller than the task vocabulary ({} characters)",
+                                              c.model.vocab, CharVocab::size()));
+    }
+    if (c.global_batch % dp != 0) {
+      throw std::invalid_argument(fmt::format("train.global_batch {} prompts do not divide over {} data-parallel "
+                                              "ranks", c.global_batch, dp));
+    }
+    if (!c.init_from.empty()) check_same_model(ckpt::Reader(ckpt::resolve(c.init_from)), c.model);
+    return;
+  }
   if (c.global_batch % (c.micro_batch * dp) != 0) {
     throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
                                             c.global_batch, c.micro_batch, dp));
@@ -352,6 +369,7 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
 }
 
 int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
+  if (c.method == "grpo") return train_grpo(c, runtime);
   Runtime* rt = &runtime;
   // Also checked before launching (a foreign launcher skips that); one process warns here.
   check_run(c, rt->world_size(), plan_check, rt->world_size() == 1);

@@ -55,6 +55,15 @@ struct TrainConfig {
   // [dpo] beta, loss (sigmoid | ipo | hinge), reference: "copy" (a frozen copy
   // of the starting weights), "adapters" (the policy with its LoRA adapters
   // off: no second copy; needs LoRA) or "auto" (adapters with LoRA, else copy).
+  // [grpo] (train.method = "grpo", rl/grpo_trainer.h): prompts and eval are
+  // {"prompt", "answer"} JSONL of a shipped task (meshtrain tokenize task);
+  // train.global_batch counts prompts per step, each with `group` completions.
+  struct Grpo {
+    std::string task = "arithmetic", prompts, eval;
+    int64_t group = 8, max_new = 8, epochs = 1, eval_examples = 256;
+    double temperature = 1.0, epsilon = 0.2, epsilon_high = 0.2, beta = 0.0;
+    std::string loss = "dapo";
+  } grpo;
   double dpo_beta = 0.1;
   std::string dpo_loss = "sigmoid";
   std::string dpo_reference = "auto";

@@ -50,6 +50,8 @@ class TrainEngine {
   int64_t quantize_base();
 
   AdamW& optimizer() { return *opt_; }
+  // The model (without pipeline parallelism): what rollouts generate with.
+  Transformer& model() { return *chunks_.at(0); }
   LossScaler* scaler() { return scaler_.get(); }
   int64_t local_params() const;
   std::string memory_report(int dp_size, const std::string& precision);

@@ -1,0 +1,79 @@
+#include "meshtrain/rl/grpo_objective.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/peft/lora.h"
+
+namespace meshtrain {
+
+at::Tensor token_logprobs(Transformer& m, const at::Tensor& tokens, double temperature, int64_t vocab_limit,
+                          bool train) {
+  const int64_t S = tokens.size(1);
+  const int64_t vocab = vocab_limit > 0 ? std::min(vocab_limit, m.spec().vocab) : m.spec().vocab;
+  const double t = temperature > 0 ? temperature : 1.0;
+  const at::Tensor logits = m.logits(tokens, train).narrow(0, 0, S - 1).narrow(2, 0, vocab);  // [S-1, B, V]
+  const at::Tensor logp = at::log_softmax(logits.to(at::kFloat) / t, -1);
+  const at::Tensor next = tokens.narrow(1, 1, S - 1).t().clamp(0, vocab - 1).unsqueeze(-1);
+  return logp.gather(2, next).squeeze(-1).t();  // [B, S-1]
+}
+
+Batch GrpoObjective::rows(const std::vector<uint64_t>& ids) const {
+  std::vector<int64_t> idx(ids.begin(), ids.end());
+  const at::Tensor i = at::tensor(idx, at::kLong);
+  Batch b;
+  b.tokens = rollouts_.tokens.index_select(0, i);
+  b.targets = b.tokens;  // unused by this objective; the step only needs a shape
+  b.windows = ids;
+  return b;
+}
+
+double GrpoObjective::units(const Batch& b) const {
+  const double rows = static_cast<double>(b.windows.size());
+  switch (o_.loss) {
+    case GrpoLoss::Grpo: return rows;
+    case GrpoLoss::DrGrpo: return rows * static_cast<double>(o_.max_completion);
+    case GrpoLoss::Dapo:
+    case GrpoLoss::Bnpo: break;
+  }
+  std::vector<int64_t> idx(b.windows.begin(), b.windows.end());
+  return rollouts_.mask.index_select(0, at::tensor(idx, at::kLong)).sum().item<double>();
+}
+
+at::Tensor GrpoObjective::loss(Transformer& m, const Batch& b, bool train, std::vector<double>& metric_sums) {
+  std::vector<int64_t> idx(b.windows.begin(), b.windows.end());
+  const at::Tensor i = at::tensor(idx, at::kLong);
+  const at::Tensor mask = rollouts_.mask.index_select(0, i), old = rollouts_.old_logp.index_select(0, i);
+  const at::Tensor adv = rollouts_.advantages.index_select(0, i);
+  const at::Tensor logp = token_logprobs(m, b.tokens, temperature_, vocab_limit_, train);
+  at::Tensor ref;
+  if (o_.beta != 0) {
+    at::NoGradGuard no_grad;
+    if (reference_) {
+      ref = token_logprobs(*reference_, b.tokens, temperature_, vocab_limit_, false);
+    } else {
+      enable_lora(m, false);
+      ref = token_logprobs(m, b.tokens, temperature_, vocab_limit_, false);
+      enable_lora(m, true);
+    }
+  }
+  // The step divides by the global units: here the per-token sum (dapo), or each
+  // completion's token mean summed (grpo), or the plain sum (dr_grpo's constant denominator).
+  GrpoOptions o = o_;
+  o.loss = o_.loss == GrpoLoss::Grpo ? GrpoLoss::Grpo : GrpoLoss::Dapo;
+  const GrpoTerms t = grpo_loss(logp, old, ref, adv, mask, o, 1.0);
+  // Metrics: this micro-batch's token means, weighted by its units (the step divides by the global units).
+  const double w = units(b);
+  metric_sums.at(0) += t.kl * w;
+  metric_sums.at(1) += t.clip_low * w;
+  metric_sums.at(2) += t.clip_high * w;
+  // grpo_loss's grpo form is the mean over completions: back to their sum.
+  return o.loss == GrpoLoss::Grpo ? t.loss * static_cast<double>(idx.size()) : t.loss;
+}
+
+}  // namespace meshtrain
