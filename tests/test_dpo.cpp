@@ -18,6 +18,7 @@
 #include <set>
 
 #include "meshtrain/comm/comm.h"
+#include "tests/tiny_model.h"
 #include "meshtrain/data/preference.h"
 #include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
@@ -61,11 +62,7 @@ TEST(Dpo, TwoPairsByHand) {
   EXPECT_THROW(dpo_loss(vec({1}), vec({1, 2}), vec({1}), vec({1}), beta, DpoLoss::Sigmoid), std::invalid_argument);
 }
 
-plan::ModelSpec spec() {
-  plan::ModelSpec m = plan::preset("llama-tiny");
-  m.layers = 2, m.vocab = 100, m.seq = 16, m.dropout = 0;
-  return m;
-}
+plan::ModelSpec spec() { return test::tiny_llama(100, 16); }
 
 TEST(Dpo, SequenceLogprobsSumTheTargetsLogSoftmax) {
   Comm solo("solo", 0);

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "meshtrain/comm/comm.h"
+#include "tests/tiny_model.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/peft/qlora.h"
@@ -79,11 +80,7 @@ TEST(Nf4, DoubleQuantisationBitsAndScales) {
   EXPECT_TRUE(at::all(err <= nf4_scales(dq) * (max_gap() / 2) + step / 2 + 1e-9).item<bool>());
 }
 
-plan::ModelSpec spec() {
-  plan::ModelSpec m = plan::preset("llama-tiny");
-  m.layers = 2, m.vocab = 96, m.seq = 16, m.dropout = 0;
-  return m;
-}
+plan::ModelSpec spec() { return test::tiny_llama(96, 16); }
 
 TEST(Qlora, MatchesLoraOnTheDequantisedWeights) {
   Comm solo("solo", 0);

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "meshtrain/comm/comm.h"
+#include "tests/tiny_model.h"
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/rl/evaluate.h"
@@ -92,11 +93,7 @@ TEST(Grpo, K3AndTheClippedLossByHand) {
   }
 }
 
-plan::ModelSpec spec() {
-  plan::ModelSpec m = plan::preset("llama-tiny");
-  m.layers = 2, m.vocab = 96, m.seq = 32, m.dropout = 0;
-  return m;
-}
+plan::ModelSpec spec() { return test::tiny_llama(96, 32); }
 
 TEST(Rollout, BatchedEqualsOneAtATimeAndRecomputedLogprobsMatch) {
   Comm solo("solo", 0);
