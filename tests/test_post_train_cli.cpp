@@ -122,8 +122,10 @@ TEST(PostTrainCli, SftThenDpoMatchAcrossMeshes) {
 // GRPO through `meshtrain train` on the shipped arithmetic task: rollouts are
 // seeded per completion, so dp 2 generates what one process does and the
 // losses and rewards agree (relative 1e-5); the log has the RL metrics, the
-// checkpoint loads for `meshtrain eval task`; G = 1 and a missing prompts file
-// are one error before ranks start.
+// checkpoint loads for `meshtrain eval task`; a reward command's scores are
+// the rewards, and one that fails, prints a non-number or too few lines stops
+// the run with one error naming it; G = 1 and a missing prompts file are one
+// error before ranks start.
 TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
   Dir d;
   const std::string bin = MESHTRAIN_BIN;
@@ -146,6 +148,18 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
     const auto a = metric((d.path / "m1").string(), key), b = metric((d.path / "m2").string(), key);
     ASSERT_EQ(a.size(), 3u) << key;
     for (const auto& [step, v] : a) EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << key << " " << step;
+  }
+  // A reward command (rl/reward.h): its scores are the rewards; a failing or malformed one is one error, no hang.
+  run = run_command(bin + " train " + cfg + " --nproc 2 --set grpo.reward_command='\"sed s/.*/0.5/\"' --set "
+                    "train.metrics='\"" + (d.path / "m_cmd").string() + "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  for (const auto& [step, v] : metric((d.path / "m_cmd").string(), "reward")) EXPECT_EQ(v, 0.5) << step;
+  for (const auto& [command, want] : std::vector<std::pair<std::string, std::string>>{
+           {"sed s/.*/x/", "output line 1 is 'x', not a number"}, {"false", "failed (exit status 1)"},
+           {"sed -n 1s/.*/1/p", "printed 1 scores for 8 completions"}}) {
+    run = run_command(bin + " train " + cfg + " --nproc 2 --set grpo.reward_command='\"" + command + "\"'");
+    EXPECT_NE(run.code, 0) << command;
+    EXPECT_NE(run.output.find(want), std::string::npos) << command << "\n" << run.output;
   }
   run = run_command(bin + " eval task " + (d.path / "ck2").string() + " --data " + (d.path / "arith/eval.jsonl").string());
   ASSERT_EQ(run.code, 0) << run.output;

@@ -12,6 +12,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <unistd.h>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
@@ -63,7 +64,9 @@ struct Completion {
 
 }  // namespace
 
-int train_grpo(const TrainConfig& c, Runtime& rt) {
+int train_grpo(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
+  const RewardFn task_fn = task_reward_fn();
+  const RewardFn& score = reward ? *reward : task_fn;
   auto layout = MeshLayout::create(rt.world_size(), {{"tp", 1}, {"cp", 1}, {"pp", 1}});
   DeviceMesh mesh(rt, layout);
   Comm& dp = mesh.group({"dp", "cp"});
@@ -165,10 +168,22 @@ int train_grpo(const TrainConfig& c, Runtime& rt) {
         cpl.generated.assign(gen.data_ptr<int64_t>(), gen.data_ptr<int64_t>() + len);
         const at::Tensor lp = r.logprobs[i].narrow(0, 0, len).contiguous();
         cpl.logp.assign(lp.data_ptr<float>(), lp.data_ptr<float>() + len);
-        const TaskReward rw = task_reward(cpl.generated, prompts[which[k]]);
-        cpl.reward = rw.total();
-        cpl.exact = rw.exact > 0;
+        cpl.exact = task_reward(cpl.generated, prompts[which[k]]).exact > 0;
+        if (c.grpo.reward_command.empty()) cpl.reward = score(prompts[which[k]], cpl.generated);
       }
+    }
+    if (!c.grpo.reward_command.empty()) {
+      // One call of the user's command for this rank's completions.
+      std::vector<TaskExample> examples;
+      std::vector<std::vector<int64_t>> completions;
+      for (int64_t i = 0; i < mine * G; ++i) {
+        examples.push_back(prompts[which[i / G]]);
+        completions.push_back(done[i].generated);
+      }
+      const auto scratch = std::filesystem::temp_directory_path() /
+                           fmt::format("meshtrain_reward_{}_{}", getpid(), rt.rank());
+      const std::vector<double> scores = command_rewards(c.grpo.reward_command, examples, completions, scratch.string());
+      for (int64_t i = 0; i < mine * G; ++i) done[i].reward = scores[i];
     }
     const double rollout_s = seconds_since(t0);
     // The rollout batch: rows prompt + completion, right-padded to a common length.

@@ -109,6 +109,7 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
       {"grpo.task", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.task = as_string(n, k); }},
       {"grpo.prompts", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.prompts = as_string(n, k); }},
+      {"grpo.reward_command", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.reward_command = as_string(n, k); }},
       {"grpo.eval", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.eval = as_string(n, k); }},
       {"grpo.group", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.group = as_int(n, k); }},
       {"grpo.max_new", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.max_new = as_int(n, k); }},

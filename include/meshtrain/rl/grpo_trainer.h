@@ -14,11 +14,15 @@
 // training seconds; greedy accuracy on grpo.eval every train.eval_every steps.
 #pragma once
 
+#include "meshtrain/rl/reward.h"
+
 namespace meshtrain {
 
 class Runtime;
 struct TrainConfig;
 
-int train_grpo(const TrainConfig& c, Runtime& rt);
+// `reward`: a C++ callback for user code (null: grpo.reward_command when set,
+// else the task's reward).
+int train_grpo(const TrainConfig& c, Runtime& rt, const RewardFn* reward = nullptr);
 
 }  // namespace meshtrain

@@ -60,6 +60,7 @@ struct TrainConfig {
   // train.global_batch counts prompts per step, each with `group` completions.
   struct Grpo {
     std::string task = "arithmetic", prompts, eval;
+    std::string reward_command;  // "" = the task's reward; else rl/reward.h's protocol
     int64_t group = 8, max_new = 8, epochs = 1, eval_examples = 256;
     double temperature = 1.0, epsilon = 0.2, epsilon_high = 0.2, beta = 0.0;
     std::string loss = "dapo";
