@@ -118,6 +118,14 @@ TEST(Rollout, BatchedEqualsOneAtATimeAndRecomputedLogprobsMatch) {
   o.sample.temperature = 0.7;
   const Rollout cool = rollout(m, prompts, o, seeds);
   EXPECT_LT((completion_logprobs(m, cool.tokens, 4, 0.7) - cool.logprobs).abs().max().item<double>(), 1e-5);
+  // And with tiled attention (the decode step's queries sit past the cached keys).
+  plan::ModelSpec tiled_spec = spec();
+  tiled_spec.attention = plan::AttentionImpl::Tiled;
+  Transformer tiled(tiled_spec, solo, false, 3);
+  o.sample.temperature = 1.0;
+  const Rollout t = rollout(tiled, prompts, o, seeds);
+  EXPECT_TRUE(at::equal(t.tokens, all.tokens)) << "tiled and naive attention sample the same completions";
+  EXPECT_LT((completion_logprobs(tiled, t.tokens, 4, 1.0) - t.logprobs).abs().max().item<double>(), 1e-5);
 }
 
 TEST(Rollout, RowsStopAndAreMaskedAfter) {
