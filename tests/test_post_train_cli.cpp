@@ -120,8 +120,8 @@ TEST(PostTrainCli, SftThenDpoMatchAcrossMeshes) {
 }
 
 // GRPO through `meshtrain train` on the shipped arithmetic task: rollouts are
-// seeded per completion, so dp 2 generates what one process does and the
-// losses and rewards agree (relative 1e-5); the log has the RL metrics, the
+// seeded per completion, so dp 2 and tp 2 generate what one process does and
+// the losses, rewards and held-out accuracy agree (relative 1e-5); the log has the RL metrics, the
 // checkpoint loads for `meshtrain eval task`; a reward command's scores are
 // the rewards, and one that fails, prints a non-number or too few lines stops
 // the run with one error naming it; G = 1 and a missing prompts file are one
@@ -137,17 +137,23 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
                     (d.path / "arith/prompts.jsonl").string() + "\"\neval = \"" + (d.path / "arith/eval.jsonl").string() +
                     "\"\ngroup = 4\nmax_new = 4\neval_examples = 16\n[train]\nmethod = \"grpo\"\nsteps = 3\n"
                     "micro_batch = 4\nglobal_batch = 4\nlr = 1e-3\nlog_every = 1\neval_every = 3\n");
-  for (const std::string n : {"1", "2"}) {
+  for (const auto& [n, tag] : std::vector<std::pair<std::string, std::string>>{
+           {"1", "1"}, {"2", "2"}, {"2 --set parallel.tp=2", "tp2"}}) {
     run = run_command(bin + " train " + cfg + " --nproc " + n + " --set train.metrics='\"" +
-                      (d.path / ("m" + n)).string() + "\"' --set checkpoint.dir='\"" + (d.path / ("ck" + n)).string() +
+                      (d.path / ("m" + tag)).string() + "\"' --set checkpoint.dir='\"" + (d.path / ("ck" + tag)).string() +
                       "\"'");
     ASSERT_EQ(run.code, 0) << run.output;
     EXPECT_NE(run.output.find("held-out accuracy"), std::string::npos) << run.output;
   }
-  for (const char* key : {"loss", "reward", "accuracy", "completion_length"}) {
-    const auto a = metric((d.path / "m1").string(), key), b = metric((d.path / "m2").string(), key);
-    ASSERT_EQ(a.size(), 3u) << key;
-    for (const auto& [step, v] : a) EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << key << " " << step;
+  for (const char* key : {"loss", "reward", "accuracy", "completion_length", "eval_accuracy"}) {
+    const auto a = metric((d.path / "m1").string(), key);
+    ASSERT_EQ(a.size(), std::string(key) == "eval_accuracy" ? 2u : 3u) << key;
+    for (const char* other : {"m2", "mtp2"}) {
+      const auto b = metric((d.path / other).string(), key);
+      for (const auto& [step, v] : a) {
+        EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << other << " " << key << " " << step;
+      }
+    }
   }
   // A reward command (rl/reward.h): its scores are the rewards; a failing or malformed one is one error, no hang.
   run = run_command(bin + " train " + cfg + " --nproc 2 --set grpo.reward_command='\"sed s/.*/0.5/\"' --set "

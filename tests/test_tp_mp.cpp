@@ -22,6 +22,7 @@
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/plan/count.h"
 #include "tests/mp.h"
+#include "meshtrain/rl/rollout.h"
 #include "tests/parity.h"
 
 namespace meshtrain::test {
@@ -175,6 +176,26 @@ TEST(TensorParallel, LoraMatchesOneProcess) {
       EXPECT_EQ(adapters, 2 * static_cast<int>(spec.layers) * (llama ? 7 : 6)) << llama;
     }
   }
+}
+
+// RL rollouts (rl/rollout.h) from a tensor-parallel model: every rank samples
+// from the gathered logits with the row's generator, so tp 2 generates exactly
+// what one process does (tokens equal, log-probs within fp32 rounding), and the
+// recomputed log-probs (differentiable, through the gather) agree too.
+TEST(TensorParallel, RolloutsEqualOneProcess) {
+  Comm& tp = runtime().world();
+  if (8 % tp.size() != 0) GTEST_SKIP() << "the test model's 8 heads need tp in 1, 2, 4, 8";
+  const plan::ModelSpec spec = tiny(true, true, false);
+  Comm solo("solo", runtime().rank());
+  Transformer single(spec, solo, false, 5), parallel(spec, tp, false, 5);
+  const at::Tensor prompts = at::tensor({5, 17, 42, 8, 1, 2, 3, 4, 60, 61, 62, 63}, at::kLong).view({3, 4});
+  RolloutOptions o;
+  o.sample.max_new_tokens = 10;
+  o.sample.temperature = 1.0;
+  const Rollout a = rollout(single, prompts, o, {7, 8, 9}), b = rollout(parallel, prompts, o, {7, 8, 9});
+  EXPECT_TRUE(at::equal(a.tokens, b.tokens)) << "tp " << tp.size();
+  EXPECT_LT((a.logprobs - b.logprobs).abs().max().item<double>(), 1e-5);
+  EXPECT_LT((completion_logprobs(parallel, b.tokens, 4, 1.0) - a.logprobs).abs().max().item<double>(), 1e-5);
 }
 
 // Houlsby adapters under tp (replicated parameters; with SP their gradients are

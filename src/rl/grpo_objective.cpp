@@ -9,6 +9,7 @@
 
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/peft/lora.h"
+#include "meshtrain/rl/rollout.h"
 
 namespace meshtrain {
 
@@ -17,7 +18,7 @@ at::Tensor token_logprobs(Transformer& m, const at::Tensor& tokens, double tempe
   const int64_t S = tokens.size(1);
   const int64_t vocab = vocab_limit > 0 ? std::min(vocab_limit, m.spec().vocab) : m.spec().vocab;
   const double t = temperature > 0 ? temperature : 1.0;
-  const at::Tensor logits = m.logits(tokens, train).narrow(0, 0, S - 1).narrow(2, 0, vocab);  // [S-1, B, V]
+  const at::Tensor logits = gather_vocab(m, m.logits(tokens, train), 2).narrow(0, 0, S - 1).narrow(2, 0, vocab);  // [S-1, B, V]
   const at::Tensor logp = at::log_softmax(logits.to(at::kFloat) / t, -1);
   const at::Tensor next = tokens.narrow(1, 1, S - 1).t().clamp(0, vocab - 1).unsqueeze(-1);
   return logp.gather(2, next).squeeze(-1).t();  // [B, S-1]

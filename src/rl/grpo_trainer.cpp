@@ -67,7 +67,7 @@ struct Completion {
 int train_grpo(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   const RewardFn task_fn = task_reward_fn();
   const RewardFn& score = reward ? *reward : task_fn;
-  auto layout = MeshLayout::create(rt.world_size(), {{"tp", 1}, {"cp", 1}, {"pp", 1}});
+  auto layout = MeshLayout::create(rt.world_size(), {{"tp", c.tp}, {"cp", 1}, {"pp", 1}});
   DeviceMesh mesh(rt, layout);
   Comm& dp = mesh.group({"dp", "cp"});
   const bool lead = rt.rank() == 0;
@@ -112,24 +112,21 @@ int train_grpo(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     metrics.open(c.metrics, std::ios::app);
   }
+  // Every replica evaluates (a tp group generates together); rank 0 reports.
   auto evaluate = [&](int64_t s, nlohmann::json& j) {
     if (eval.empty()) return;
+    const TaskScore e = evaluate_task(model, eval, c.grpo.max_new);
     if (lead) {
-      const TaskScore e = evaluate_task(model, eval, c.grpo.max_new);
       fmt::print("step {:>5} | held-out accuracy {:.3f} ({}/{}) | mean reward {:.3f}\n", s, e.accuracy(), e.exact,
                  e.examples, e.reward);
       j["eval_accuracy"] = e.accuracy();
       j["eval_reward"] = e.reward;
     }
-    mesh.world().barrier();
   };
-  if (lead) {
+  {
     nlohmann::json j{{"step", 0}};
     evaluate(0, j);
-    if (metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
-  } else {
-    nlohmann::json j;
-    evaluate(0, j);
+    if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
   }
   std::map<uint64_t, std::vector<size_t>> perms;
   for (int64_t s = 1; s <= c.steps; ++s) {
@@ -257,7 +254,7 @@ int train_grpo(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     if (saver && ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == c.steps)) {
       const nlohmann::json fields{
           {"config", {{"model", spec_to_json(c.model)}, {"train", {{"seed", c.seed}, {"method", "grpo"}}}}},
-          {"mesh", {{"tp", 1}, {"pp", 1}, {"dp", dp.size()}, {"cp", 1}}},
+          {"mesh", {{"tp", c.tp}, {"pp", 1}, {"dp", dp.size()}, {"cp", 1}}},
           {"optimizer", {{"steps", engine.optimizer().steps()}}},
           {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
                                                     {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 
+#include "meshtrain/comm/autograd.h"
 #include "meshtrain/model/transformer.h"
 
 namespace meshtrain {
@@ -23,10 +24,13 @@ bool ends_with_stop(const std::vector<int64_t>& row, const std::vector<std::vect
 
 }  // namespace
 
+at::Tensor gather_vocab(Transformer& m, const at::Tensor& logits, int64_t dim) {
+  return m.params().tp_size() > 1 ? gather_from_region(logits.contiguous(), m.tp_comm(), dim) : logits;
+}
+
 Rollout rollout(Transformer& m, const at::Tensor& prompts, const RolloutOptions& o, const std::vector<uint64_t>& seeds) {
   const SampleOptions& so = o.sample;
   validate(so);
-  if (m.params().tp_size() != 1) throw std::invalid_argument("rollout: a tp = 1 model for now");
   if (prompts.dim() != 2 || prompts.size(1) < 1 || prompts.size(0) < 1) {
     throw std::invalid_argument("rollout: prompts must be [batch, length >= 1]");
   }
@@ -52,7 +56,7 @@ Rollout rollout(Transformer& m, const at::Tensor& prompts, const RolloutOptions&
   KVCache cache;
   at::Tensor next = prompts.to(at::kLong).contiguous();
   for (int64_t i = 0; i < N; ++i) {
-    const at::Tensor logits = m.decode(next, cache)[-1].narrow(1, 0, vocab).to(at::kFloat);  // [B, vocab]
+    const at::Tensor logits = gather_vocab(m, m.decode(next, cache)[-1], 1).narrow(1, 0, vocab).to(at::kFloat);  // [B, vocab]
     const at::Tensor logp = at::log_softmax(logits / t, -1);
     // Batched picks: argmax, or inverse-CDF sampling with one uniform per row
     // drawn from the row's own generator (so a completion does not depend on its batch).
@@ -103,7 +107,7 @@ at::Tensor completion_logprobs(Transformer& m, const at::Tensor& tokens, int64_t
   if (prompt < 1 || N < 1) throw std::invalid_argument("completion_logprobs: a prompt and at least one completion token");
   const double t = temperature > 0 ? temperature : 1.0;
   // Position j's logits predict token j + 1: positions P - 1 .. S - 2 predict the completion.
-  const at::Tensor logits = m.logits(tokens, train).narrow(0, prompt - 1, N).narrow(2, 0, vocab);  // [N, B, V]
+  const at::Tensor logits = gather_vocab(m, m.logits(tokens, train), 2).narrow(0, prompt - 1, N).narrow(2, 0, vocab);  // [N, B, V]
   const at::Tensor logp = at::log_softmax(logits.to(at::kFloat) / t, -1);
   const at::Tensor want = tokens.narrow(1, prompt, N).t().unsqueeze(-1);  // [N, B, 1]
   return logp.gather(2, want).squeeze(-1).t();  // [B, N]

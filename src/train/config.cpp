@@ -256,10 +256,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                               "epsilon, epsilon_high and beta >= 0",
                                               path, g.max_new, g.epochs));
     }
-    if (c.tp > 1 || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
-      throw std::invalid_argument(fmt::format("{}: train.method = \"grpo\" runs on data parallelism (DDP) for now: "
-                                              "parallel.tp, pp, cp must be 1 and zero 0 (they are {}, {}, {}, {})",
-                                              path, c.tp, c.pp, c.cp, c.zero));
+    if (c.sp || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
+      throw std::invalid_argument(fmt::format("{}: train.method = \"grpo\" runs on data and tensor parallelism (DDP, "
+                                              "no sequence parallelism) for now: parallel.sp must be false, pp and cp "
+                                              "1, zero 0 (they are {}, {}, {}, {})",
+                                              path, c.sp, c.pp, c.cp, c.zero));
     }
     try {
       parse_grpo_loss(g.loss);

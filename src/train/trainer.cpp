@@ -275,7 +275,7 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
   const int dp = layout.size("dp");
   if (c.method == "grpo") {
-    // GRPO reads prompts of a shipped task, not token shards.
+    // GRPO reads prompts of a shipped task, not token shards; dp = the world over tp.
     read_task_examples(c.grpo.prompts);
     if (!c.grpo.eval.empty()) read_task_examples(c.grpo.eval);
     if (c.model.vocab < CharVocab::size()) {

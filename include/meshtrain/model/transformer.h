@@ -152,6 +152,8 @@ class Transformer {
   int64_t padded_vocab() const { return padded_vocab_; }
   // First vocabulary row of this tp rank's slice (also on a last pipeline stage without the embedding).
   int64_t vocab_start() const { return padded_vocab_ / tp_.size() * tp_.rank(); }
+  // The tensor-parallel group (rollouts gather the vocabulary-split logits over it).
+  Comm& tp_comm() const { return comm_; }
 
  private:
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;

@@ -39,7 +39,13 @@ struct Rollout {
   at::Tensor lengths;   // [B] int64: generated tokens per row
 };
 
-// `prompts` [B, P] (tp = 1 model, no sequence or context parallelism);
+// The whole padded vocabulary's logits from this rank's slice along `dim`
+// (all-gathered over the model's tp group; the same tensor at tp = 1).
+at::Tensor gather_vocab(Transformer& m, const at::Tensor& logits, int64_t dim);
+
+// `prompts` [B, P] (the model tensor-parallel or not; no sequence or context
+// parallelism): every tp rank samples from the gathered logits with the same
+// generators, so the ranks agree and a tp 2 rollout is a tp 1 rollout;
 // `seeds`: one per row. Throws std::invalid_argument for a bad shape, seeds
 // of another count, or P + max_new_tokens beyond the model's sequence.
 Rollout rollout(Transformer& m, const at::Tensor& prompts, const RolloutOptions& o, const std::vector<uint64_t>& seeds);
