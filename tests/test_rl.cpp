@@ -187,6 +187,11 @@ TEST(Grpo, OneStepMovesProbabilityTowardTheRewarded) {
   TrainStep step(m, opt, solo, solo, so);
   const at::Tensor before = completion_logprobs(m, r.tokens, 4, 1.0).sum(1);
   const StepResult res = step.run({objective.rows({0, 1}), objective.rows({2, 3})});
+  // Entropy: the policy's, over the completion tokens, between 0 and log V.
+  ASSERT_EQ(res.metrics.size(), 4u);
+  EXPECT_EQ(res.metrics[3].first, "entropy");
+  EXPECT_GT(res.metrics[3].second, 0);
+  EXPECT_LT(res.metrics[3].second, std::log(96.0) + 1e-6);
   const at::Tensor after = completion_logprobs(m, r.tokens, 4, 1.0).sum(1);
   const double a = b.advantages[0].item<double>();
   EXPECT_NEAR(res.loss, -(a * 6 * 2 - a * 6 * 2) / 24, 1e-6);  // ratio 1: −Σ m A / Σ m = 0 for a balanced group

@@ -14,12 +14,16 @@
 namespace meshtrain {
 
 at::Tensor token_logprobs(Transformer& m, const at::Tensor& tokens, double temperature, int64_t vocab_limit,
-                          bool train) {
+                          bool train, at::Tensor* entropy) {
   const int64_t S = tokens.size(1);
   const int64_t vocab = vocab_limit > 0 ? std::min(vocab_limit, m.spec().vocab) : m.spec().vocab;
   const double t = temperature > 0 ? temperature : 1.0;
   const at::Tensor logits = gather_vocab(m, m.logits(tokens, train), 2).narrow(0, 0, S - 1).narrow(2, 0, vocab);  // [S-1, B, V]
   const at::Tensor logp = at::log_softmax(logits.to(at::kFloat) / t, -1);
+  if (entropy) {
+    const at::Tensor lp = logp.detach();
+    *entropy = -(lp.exp() * lp).sum(-1).t();  // [B, S-1]
+  }
   const at::Tensor next = tokens.narrow(1, 1, S - 1).t().clamp(0, vocab - 1).unsqueeze(-1);
   return logp.gather(2, next).squeeze(-1).t();  // [B, S-1]
 }
@@ -51,7 +55,8 @@ at::Tensor GrpoObjective::loss(Transformer& m, const Batch& b, bool train, std::
   const at::Tensor i = at::tensor(idx, at::kLong);
   const at::Tensor mask = rollouts_.mask.index_select(0, i), old = rollouts_.old_logp.index_select(0, i);
   const at::Tensor adv = rollouts_.advantages.index_select(0, i);
-  const at::Tensor logp = token_logprobs(m, b.tokens, temperature_, vocab_limit_, train);
+  at::Tensor entropy;
+  const at::Tensor logp = token_logprobs(m, b.tokens, temperature_, vocab_limit_, train, &entropy);
   at::Tensor ref;
   if (o_.beta != 0) {
     at::NoGradGuard no_grad;
@@ -73,6 +78,8 @@ at::Tensor GrpoObjective::loss(Transformer& m, const Batch& b, bool train, std::
   metric_sums.at(0) += t.kl * w;
   metric_sums.at(1) += t.clip_low * w;
   metric_sums.at(2) += t.clip_high * w;
+  const double tokens = mask.sum().item<double>();
+  metric_sums.at(3) += tokens > 0 ? (entropy * mask).sum().item<double>() / tokens * w : 0;
   // grpo_loss's grpo form is the mean over completions: back to their sum.
   return o.loss == GrpoLoss::Grpo ? t.loss * static_cast<double>(idx.size()) : t.loss;
 }

@@ -245,9 +245,10 @@ int train_grpo(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     for (const auto& [name, value] : r.metrics) j[name] = value;
     if (lead && (s % c.log_every == 0 || s == 1 || s == c.steps)) {
       fmt::print("step {:>5} | reward {:.3f} +- {:.3f} | accuracy {:.3f} | length {:.1f} | loss {:.4f} | kl {:.4f} | "
-                 "clip {:.3f}/{:.3f} | rollout {:.2f} s | train {:.2f} s\n",
+                 "clip {:.3f}/{:.3f} | entropy {:.3f} | rollout {:.2f} s | train {:.2f} s\n",
                  s, mean, sd, j["accuracy"].get<double>(), j["completion_length"].get<double>(), r.loss,
-                 j.value("kl", 0.0), j.value("clip_low", 0.0), j.value("clip_high", 0.0), rollout_s, train_s);
+                 j.value("kl", 0.0), j.value("clip_low", 0.0), j.value("clip_high", 0.0), j.value("entropy", 0.0),
+                 rollout_s, train_s);
     }
     if (s % c.eval_every == 0 || s == c.steps) evaluate(s, j);
     if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;

@@ -36,7 +36,7 @@ class GrpoObjective : public Objective {
 
   double units(const Batch& b) const override;
   at::Tensor loss(Transformer& m, const Batch& b, bool train, std::vector<double>& metric_sums) override;
-  std::vector<std::string> metrics() const override { return {"kl", "clip_low", "clip_high"}; }
+  std::vector<std::string> metrics() const override { return {"kl", "clip_low", "clip_high", "entropy"}; }
 
  private:
   GrpoOptions o_;
@@ -48,6 +48,8 @@ class GrpoObjective : public Objective {
 
 // log p(tokens[:, j + 1] | tokens[:, ..j]) [B, S - 1] under softmax(logits / T)
 // over the first vocab_limit ids: one forward (differentiable in grad mode).
-at::Tensor token_logprobs(Transformer& m, const at::Tensor& tokens, double temperature, int64_t vocab_limit, bool train);
+// With `entropy`, also each position's entropy of that distribution (detached).
+at::Tensor token_logprobs(Transformer& m, const at::Tensor& tokens, double temperature, int64_t vocab_limit, bool train,
+                          at::Tensor* entropy = nullptr);
 
 }  // namespace meshtrain
