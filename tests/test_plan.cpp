@@ -264,6 +264,23 @@ TEST(PostTraining, QloraBits) {
   EXPECT_DOUBLE_EQ(l.lines[0].bytes, linear * qlora_bits_per_param(true) / 8 + rest * 2);
 }
 
+// GRPO drops PPO's critic and reward model: two models (one without the KL term).
+TEST(PostTraining, GrpoHoldsNoCritic) {
+  Strategy s;
+  s.tp = 8;
+  s.global_batch = 1;
+  const double psi = count_params(preset("llama2-7b")).total / 8.0;
+  const StageLedger ppo = rlhf_ledger(preset("llama2-7b"), s, RlhfOptions{});
+  const StageLedger grpo = grpo_ledger(preset("llama2-7b"), s, RlhfOptions{}, true);
+  const StageLedger bare = grpo_ledger(preset("llama2-7b"), s, RlhfOptions{}, false);
+  EXPECT_DOUBLE_EQ(grpo.line("actor (trained)").bytes, 16 * psi);
+  EXPECT_DOUBLE_EQ(grpo.line("reference (frozen)").bytes, 2 * psi);
+  EXPECT_DOUBLE_EQ(grpo.line("rollout KV cache").bytes, ppo.line("rollout KV cache").bytes);
+  // PPO - GRPO = the critic (16 psi) and the reward model (2 psi).
+  EXPECT_NEAR(ppo.device_total() - grpo.device_total(), (16 + 2) * psi * (1 + 0.05), 1e-3 * psi);
+  EXPECT_NEAR(grpo.device_total() - bare.device_total(), 2 * psi * 1.05, 1e-3 * psi);
+}
+
 TEST(PostTraining, RlhfHoldsFourModels) {
   Strategy s;
   s.tp = 8;

@@ -88,7 +88,7 @@ Run add_plan(CLI::App& app) {
   cmd->add_flag("--causal-flops", o->causal, "count half the attention square in model FLOPs");
   cmd->add_option("--top", o->top, "how many ranked plans to print");
   cmd->add_flag("--json", o->json, "machine-readable output");
-  cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo");
+  cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo grpo");
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank");
   cmd->add_option("--lora-targets", o->lora_targets, "qv or all");
   return [o, so, sched]() {
@@ -173,8 +173,12 @@ Run add_plan(CLI::App& app) {
       } else if (o->method == "ppo") {
         l = plan::rlhf_ledger(in.model, s, plan::RlhfOptions{});
         fmt::print("PPO with four {}-shaped models, {}\n", in.model.name, s.describe());
+      } else if (o->method == "grpo") {
+        l = plan::grpo_ledger(in.model, s, plan::RlhfOptions{}, true);
+        fmt::print("GRPO with a {}-shaped actor and its frozen reference (no critic, no reward model), {}\n",
+                   in.model.name, s.describe());
       } else {
-        throw std::invalid_argument(fmt::format("unknown --method '{}'; use pretrain, lora, qlora or ppo", o->method));
+        throw std::invalid_argument(fmt::format("unknown --method '{}'; use pretrain, lora, qlora, ppo or grpo", o->method));
       }
       fmt::print("{}", plan::format_ledger(l));
       fmt::print("{} of {} per {}\n", l.device_total() <= in.gpu.memory_bytes ? "fits" : "does NOT fit",

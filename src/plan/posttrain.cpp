@@ -111,4 +111,24 @@ StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions
   return L;
 }
 
+StageLedger grpo_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o, bool reference) {
+  validate(s, m);
+  const double split = static_cast<double>(s.tp) * s.pp;
+  const double psi = static_cast<double>(count_params(m).total) / split;
+  StageLedger L;
+  L.layers = m.layers / s.pp;
+  L.params = (reference ? 2 : 1) * psi;
+  ModelStates trained = model_state_bytes(psi, Precision::Bf16, s.zero, s.shard_group());
+  L.lines.push_back({"actor (trained)", trained.total(), fmt::format("{:.4g} params x 16 B, ZeRO-{}", psi, s.zero)});
+  if (reference) L.lines.push_back({"reference (frozen)", psi * 2, "bf16 weights only (KL term on)"});
+  const double per_token = 2.0 * m.layers / s.pp * m.kv_heads * m.head_dim() * 2 / s.tp;
+  const double tokens = static_cast<double>(o.rollout_batch) * (o.prompt_tokens + o.generated_tokens);
+  L.lines.push_back({"rollout KV cache", per_token * tokens,
+                     fmt::format("2 L g d_head x 2 B per token x {} sequences x {} tokens", o.rollout_batch,
+                                 o.prompt_tokens + o.generated_tokens)});
+  L.lines.push_back({"training activations", layer_activation_bytes(m, s) * L.layers, "the actor's"});
+  add_reserve(L);
+  return L;
+}
+
 }  // namespace meshtrain::plan

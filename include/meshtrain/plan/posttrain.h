@@ -59,4 +59,9 @@ struct RlhfOptions {
 // in bf16, all split over tp x pp.
 StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o);
 
+// GRPO (arXiv 2402.03300): no critic and no reward model (a verifiable reward);
+// the actor trained as in `s`, a frozen bf16 reference only when the KL term
+// is on (`reference`), and the rollout's KV cache for rollout_batch sequences.
+StageLedger grpo_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o, bool reference);
+
 }  // namespace meshtrain::plan
