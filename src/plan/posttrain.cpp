@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -89,46 +92,47 @@ StageLedger lora_ledger(const ModelSpec& m, const Strategy& s, const LoraOptions
   return L;
 }
 
-StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o) {
+namespace {
+
+// RL's models on one rank: the trained actor (and PPO's critic) in mixed
+// precision, frozen bf16 models, the rollout's KV cache and the actor's
+// training activations. `trained` and `frozen` name the models of each kind.
+StageLedger rl_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o,
+                      const std::vector<std::pair<std::string, std::string>>& trained,
+                      const std::vector<std::pair<std::string, std::string>>& frozen) {
   validate(s, m);
   const double split = static_cast<double>(s.tp) * s.pp;
   const double psi = static_cast<double>(count_params(m).total) / split;
   StageLedger L;
   L.layers = m.layers / s.pp;
-  L.params = 4 * psi;
-  ModelStates trained = model_state_bytes(psi, Precision::Bf16, s.zero, s.shard_group());
-  L.lines.push_back({"actor (trained)", trained.total(), fmt::format("{:.4g} params x 16 B, ZeRO-{}", psi, s.zero)});
-  L.lines.push_back({"critic (trained)", trained.total(), "same shape as the actor"});
-  L.lines.push_back({"reference (frozen)", psi * 2, "bf16 weights only"});
-  L.lines.push_back({"reward (frozen)", psi * 2, "bf16 weights only"});
+  L.params = static_cast<double>(trained.size() + frozen.size()) * psi;
+  const ModelStates states = model_state_bytes(psi, Precision::Bf16, s.zero, s.shard_group());
+  for (const auto& [name, why] : trained) {
+    L.lines.push_back({name, states.total(), why.empty() ? fmt::format("{:.4g} params x 16 B, ZeRO-{}", psi, s.zero) : why});
+  }
+  for (const auto& [name, why] : frozen) L.lines.push_back({name, psi * 2, why});
   const double per_token = 2.0 * m.layers / s.pp * m.kv_heads * m.head_dim() * 2 / s.tp;
   const double tokens = static_cast<double>(o.rollout_batch) * (o.prompt_tokens + o.generated_tokens);
   L.lines.push_back({"rollout KV cache", per_token * tokens,
                      fmt::format("2 L g d_head x 2 B per token x {} sequences x {} tokens", o.rollout_batch,
                                  o.prompt_tokens + o.generated_tokens)});
-  L.lines.push_back({"training activations", layer_activation_bytes(m, s) * L.layers, "actor's (the critic's alike, not at once)"});
+  L.lines.push_back({"training activations", layer_activation_bytes(m, s) * L.layers,
+                     trained.size() > 1 ? "actor's (the critic's alike, not at once)" : "the actor's"});
   add_reserve(L);
   return L;
 }
 
+}  // namespace
+
+StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o) {
+  return rl_ledger(m, s, o, {{"actor (trained)", ""}, {"critic (trained)", "same shape as the actor"}},
+                   {{"reference (frozen)", "bf16 weights only"}, {"reward (frozen)", "bf16 weights only"}});
+}
+
 StageLedger grpo_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o, bool reference) {
-  validate(s, m);
-  const double split = static_cast<double>(s.tp) * s.pp;
-  const double psi = static_cast<double>(count_params(m).total) / split;
-  StageLedger L;
-  L.layers = m.layers / s.pp;
-  L.params = (reference ? 2 : 1) * psi;
-  ModelStates trained = model_state_bytes(psi, Precision::Bf16, s.zero, s.shard_group());
-  L.lines.push_back({"actor (trained)", trained.total(), fmt::format("{:.4g} params x 16 B, ZeRO-{}", psi, s.zero)});
-  if (reference) L.lines.push_back({"reference (frozen)", psi * 2, "bf16 weights only (KL term on)"});
-  const double per_token = 2.0 * m.layers / s.pp * m.kv_heads * m.head_dim() * 2 / s.tp;
-  const double tokens = static_cast<double>(o.rollout_batch) * (o.prompt_tokens + o.generated_tokens);
-  L.lines.push_back({"rollout KV cache", per_token * tokens,
-                     fmt::format("2 L g d_head x 2 B per token x {} sequences x {} tokens", o.rollout_batch,
-                                 o.prompt_tokens + o.generated_tokens)});
-  L.lines.push_back({"training activations", layer_activation_bytes(m, s) * L.layers, "the actor's"});
-  add_reserve(L);
-  return L;
+  std::vector<std::pair<std::string, std::string>> frozen;
+  if (reference) frozen.push_back({"reference (frozen)", "bf16 weights only (KL term on)"});
+  return rl_ledger(m, s, o, {{"actor (trained)", ""}}, frozen);
 }
 
 }  // namespace meshtrain::plan
