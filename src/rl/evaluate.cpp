@@ -9,7 +9,7 @@
 namespace meshtrain {
 
 TaskScore evaluate_task(Transformer& m, const std::vector<TaskExample>& examples, int64_t max_new_tokens,
-                        int64_t batch) {
+                        int64_t batch, double temperature, uint64_t seed) {
   std::map<size_t, std::vector<size_t>> by_length;  // prompt length -> examples
   std::vector<std::vector<int64_t>> prompts;
   for (size_t i = 0; i < examples.size(); ++i) {
@@ -17,7 +17,7 @@ TaskScore evaluate_task(Transformer& m, const std::vector<TaskExample>& examples
     by_length[prompts.back().size()].push_back(i);
   }
   RolloutOptions o;
-  o.sample.temperature = 0;
+  o.sample.temperature = temperature;
   o.sample.max_new_tokens = max_new_tokens;
   o.sample.stop_token = CharVocab::end();
   o.sample.vocab_limit = CharVocab::size();
@@ -27,8 +27,10 @@ TaskScore evaluate_task(Transformer& m, const std::vector<TaskExample>& examples
       const size_t n = std::min(ids.size() - first, static_cast<size_t>(batch));
       std::vector<int64_t> flat;
       for (size_t k = 0; k < n; ++k) flat.insert(flat.end(), prompts[ids[first + k]].begin(), prompts[ids[first + k]].end());
+      std::vector<uint64_t> seeds;
+      for (size_t k = 0; k < n; ++k) seeds.push_back(seed * 1000003 + ids[first + k]);
       const Rollout r = rollout(m, at::tensor(flat, at::kLong).view({static_cast<int64_t>(n), static_cast<int64_t>(length)}),
-                                o, std::vector<uint64_t>(n, 0));
+                                o, seeds);
       for (size_t k = 0; k < n; ++k) {
         const int64_t len = r.lengths[static_cast<int64_t>(k)].item<int64_t>();
         const at::Tensor gen = r.tokens[static_cast<int64_t>(k)].narrow(0, r.prompt, len).contiguous();

@@ -115,11 +115,15 @@ int train_grpo(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   // Every replica evaluates (a tp group generates together); rank 0 reports.
   auto evaluate = [&](int64_t s, nlohmann::json& j) {
     if (eval.empty()) return;
+    // Greedy, and sampled at the rollout temperature (what GRPO optimises).
     const TaskScore e = evaluate_task(model, eval, c.grpo.max_new);
+    const TaskScore sampled = evaluate_task(model, eval, c.grpo.max_new, 64, c.grpo.temperature, c.seed);
     if (lead) {
-      fmt::print("step {:>5} | held-out accuracy {:.3f} ({}/{}) | mean reward {:.3f}\n", s, e.accuracy(), e.exact,
-                 e.examples, e.reward);
+      fmt::print("step {:>5} | held-out accuracy {:.3f} greedy ({}/{}), {:.3f} sampled at temperature {} | mean "
+                 "reward {:.3f}\n",
+                 s, e.accuracy(), e.exact, e.examples, sampled.accuracy(), c.grpo.temperature, e.reward);
       j["eval_accuracy"] = e.accuracy();
+      j["eval_sampled_accuracy"] = sampled.accuracy();
       j["eval_reward"] = e.reward;
     }
   };
