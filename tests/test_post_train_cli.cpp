@@ -172,6 +172,8 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
   EXPECT_NE(run.output.find("exact "), std::string::npos) << run.output;
   for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
            {" --set grpo.group=1", "at least 2 completions per prompt"},
+           {" --set grpo.task=sorting", "grpo.task = \"sorting\": use \"arithmetic\" or \"reverse\""},
+           {" --set grpo.eval_examples=-1", "eval_examples (-1) must be >= 1"},
            {" --set grpo.prompts='\"/nonexistent.jsonl\"'", "cannot read /nonexistent.jsonl"}}) {
     run = run_command(bin + " train " + cfg + " --nproc 2" + set);
     EXPECT_NE(run.code, 0) << set;

@@ -2,14 +2,23 @@
 
 #include <ATen/Functions.h>
 
-#include <map>
+#include <fmt/format.h>
 
+#include <map>
+#include <stdexcept>
+
+#include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/rollout.h"
 
 namespace meshtrain {
 
 TaskScore evaluate_task(Transformer& m, const std::vector<TaskExample>& examples, int64_t max_new_tokens,
                         int64_t batch, double temperature, uint64_t seed) {
+  if (m.spec().vocab < CharVocab::size()) {
+    throw std::invalid_argument(fmt::format("the model's vocabulary {} is smaller than the task vocabulary ({} "
+                                            "characters): not a model trained on a shipped task",
+                                            m.spec().vocab, CharVocab::size()));
+  }
   std::map<size_t, std::vector<size_t>> by_length;  // prompt length -> examples
   std::vector<std::vector<int64_t>> prompts;
   for (size_t i = 0; i < examples.size(); ++i) {

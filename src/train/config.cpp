@@ -251,10 +251,17 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                               "it needs at least 2 completions per prompt",
                                               path, g.group));
     }
-    if (g.max_new < 1 || g.epochs < 1 || g.temperature < 0 || g.epsilon < 0 || g.epsilon_high < 0 || g.beta < 0) {
-      throw std::invalid_argument(fmt::format("{}: grpo.max_new ({}) and epochs ({}) must be >= 1; temperature, "
-                                              "epsilon, epsilon_high and beta >= 0",
-                                              path, g.max_new, g.epochs));
+    if (g.max_new < 1 || g.epochs < 1 || g.eval_examples < 1 || g.temperature < 0 || g.epsilon < 0 ||
+        g.epsilon_high < 0 || g.beta < 0) {
+      throw std::invalid_argument(fmt::format("{}: grpo.max_new ({}), epochs ({}) and eval_examples ({}) must be >= "
+                                              "1; temperature ({}), epsilon ({}), epsilon_high ({}) and beta ({}) >= 0",
+                                              path, g.max_new, g.epochs, g.eval_examples, g.temperature, g.epsilon,
+                                              g.epsilon_high, g.beta));
+    }
+    if (g.task != "arithmetic" && g.task != "reverse") {
+      throw std::invalid_argument(fmt::format("{}: grpo.task = \"{}\": use \"arithmetic\" or \"reverse\" (the shipped "
+                                              "tasks; other rewards through grpo.reward_command)",
+                                              path, g.task));
     }
     if (c.sp || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
       throw std::invalid_argument(fmt::format("{}: train.method = \"grpo\" runs on data and tensor parallelism (DDP, "
