@@ -133,7 +133,7 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
                          " --seq 32 --count 80");
   ASSERT_EQ(run.code, 0) << run.output;
   const std::string cfg = d.write(
-      "g.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[grpo]\nprompts = \"" +
+      "g.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[rl]\nprompts = \"" +
                     (d.path / "arith/prompts.jsonl").string() + "\"\neval = \"" + (d.path / "arith/eval.jsonl").string() +
                     "\"\ngroup = 4\nmax_new = 4\neval_examples = 16\n[train]\nmethod = \"grpo\"\nsteps = 3\n"
                     "micro_batch = 4\nglobal_batch = 4\nlr = 1e-3\nlog_every = 1\neval_every = 3\n");
@@ -156,14 +156,14 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
     }
   }
   // A reward command (rl/reward.h): its scores are the rewards; a failing or malformed one is one error, no hang.
-  run = run_command(bin + " train " + cfg + " --nproc 2 --set grpo.reward_command='\"sed s/.*/0.5/\"' --set "
+  run = run_command(bin + " train " + cfg + " --nproc 2 --set rl.reward_command='\"sed s/.*/0.5/\"' --set "
                     "train.metrics='\"" + (d.path / "m_cmd").string() + "\"'");
   ASSERT_EQ(run.code, 0) << run.output;
   for (const auto& [step, v] : metric((d.path / "m_cmd").string(), "reward")) EXPECT_EQ(v, 0.5) << step;
   for (const auto& [command, want] : std::vector<std::pair<std::string, std::string>>{
            {"sed s/.*/x/", "output line 1 is 'x', not a number"}, {"false", "failed (exit status 1)"},
            {"sed -n 1s/.*/1/p", "printed 1 scores for 8 completions"}}) {
-    run = run_command(bin + " train " + cfg + " --nproc 2 --set grpo.reward_command='\"" + command + "\"'");
+    run = run_command(bin + " train " + cfg + " --nproc 2 --set rl.reward_command='\"" + command + "\"'");
     EXPECT_NE(run.code, 0) << command;
     EXPECT_NE(run.output.find(want), std::string::npos) << command << "\n" << run.output;
   }
@@ -171,10 +171,62 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("exact "), std::string::npos) << run.output;
   for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
-           {" --set grpo.group=1", "at least 2 completions per prompt"},
-           {" --set grpo.task=sorting", "grpo.task = \"sorting\": use \"arithmetic\" or \"reverse\""},
-           {" --set grpo.eval_examples=-1", "eval_examples (-1) must be >= 1"},
-           {" --set grpo.prompts='\"/nonexistent.jsonl\"'", "cannot read /nonexistent.jsonl"}}) {
+           {" --set rl.group=1", "at least 2 completions per prompt"},
+           {" --set rl.task=sorting", "rl.task = \"sorting\": use \"arithmetic\" or \"reverse\""},
+           {" --set rl.eval_examples=-1", "eval_examples (-1) must be >= 1"},
+           {" --set rl.prompts='\"/nonexistent.jsonl\"'", "cannot read /nonexistent.jsonl"}}) {
+    run = run_command(bin + " train " + cfg + " --nproc 2" + set);
+    EXPECT_NE(run.code, 0) << set;
+    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
+    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
+  }
+}
+
+// PPO (rl/ppo.h): actor, critic with a value head, frozen reference for the KL
+// penalty; one process, dp 2 and tp 2 give the same losses, value losses,
+// rewards and KL (the rollouts are seeded per completion, GAE's whitening uses
+// the global batch's moments); one completion per prompt is allowed (the
+// critic is the baseline); bad [ppo] values are one error before ranks start.
+TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  auto run = run_command(bin + " tokenize task --name arithmetic --out " + (d.path / "arith").string() +
+                         " --seq 32 --count 80");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string cfg = d.write(
+      "p.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[rl]\nprompts = \"" +
+                    (d.path / "arith/prompts.jsonl").string() + "\"\neval = \"" + (d.path / "arith/eval.jsonl").string() +
+                    "\"\ngroup = 2\nmax_new = 4\neval_examples = 8\nepochs = 2\nreward_command = \"awk '{ print length($0) % 7 / 7 }'\"\n"
+                    "[ppo]\nkl_coef = 0.1\n"
+                    "[train]\nmethod = \"ppo\"\nsteps = 3\nmicro_batch = 2\nglobal_batch = 4\nlr = 1e-3\nlog_every = 1\n"
+                    "eval_every = 3\n");
+  for (const auto& [n, tag] : std::vector<std::pair<std::string, std::string>>{
+           {"1", "1"}, {"2", "2"}, {"2 --set parallel.tp=2", "tp2"}}) {
+    run = run_command(bin + " train " + cfg + " --nproc " + n + " --set train.metrics='\"" +
+                      (d.path / ("m" + tag)).string() + "\"'");
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("value loss"), std::string::npos) << run.output;
+  }
+  for (const char* key : {"loss", "value_loss", "value_mse", "reward", "kl", "clip_low", "clip_high", "entropy"}) {
+    const auto a = metric((d.path / "m1").string(), key);
+    ASSERT_EQ(a.size(), 3u) << key;
+    for (const char* other : {"m2", "mtp2"}) {
+      const auto b = metric((d.path / other).string(), key);
+      for (const auto& [step, v] : a) {
+        EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << other << " " << key << " " << step;
+      }
+    }
+  }
+  // The policy moves away from the reference after the first update: KL 0 at step 1, then not.
+  const auto kl = metric((d.path / "m1").string(), "kl");
+  EXPECT_NEAR(kl.at(1), 0.0, 1e-6);
+  EXPECT_GT(std::abs(kl.at(3)), 1e-6);
+  run = run_command(bin + " train " + cfg + " --nproc 1 --set rl.group=1 --set train.steps=1");
+  ASSERT_EQ(run.code, 0) << run.output;
+  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
+           {" --set ppo.lambda=1.5", "lambda (1.5) in [0, 1]"},
+           {" --set ppo.kl_estimator='\"k2\"'", "ppo.kl_estimator: KL estimator \"k2\": use k1 or k3"},
+           {" --set ppo.value_clip=0", "value_clip (0) and vf_coef (0.1) > 0"}}) {
     run = run_command(bin + " train " + cfg + " --nproc 2" + set);
     EXPECT_NE(run.code, 0) << set;
     EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;

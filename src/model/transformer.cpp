@@ -330,6 +330,12 @@ at::Tensor Transformer::logits(const at::Tensor& tokens, bool train, const at::T
   return leave_root(head(hidden_states(tokens, train, nullptr, doc_ids)));
 }
 
+at::Tensor Transformer::final_hidden(const at::Tensor& tokens, bool train) {
+  if (tp_.sequence_parallel) throw std::invalid_argument("a value head needs sequence parallelism off");
+  enter_root();
+  return leave_root(hidden_states(tokens, train));
+}
+
 at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
   if (tp_.sequence_parallel) throw std::invalid_argument("decoding with a KV cache needs sequence parallelism off");
   if (cp_size() > 1) throw std::invalid_argument("decoding with a KV cache needs context parallelism off (cp = 1)");

@@ -38,11 +38,12 @@ at::Tensor k3_kl(const at::Tensor& logp, const at::Tensor& ref_logp) {
 GrpoTerms grpo_loss(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& ref_logp,
                     const at::Tensor& advantages, const at::Tensor& mask, const GrpoOptions& o, double tokens) {
   if (logp.sizes() != old_logp.sizes() || logp.sizes() != mask.sizes() || logp.dim() != 2 ||
-      advantages.numel() != logp.size(0)) {
-    throw std::invalid_argument("grpo_loss: logp, old_logp and mask [B, T], advantages [B]");
+      !(advantages.sizes() == logp.sizes() || (advantages.dim() == 1 && advantages.size(0) == logp.size(0)))) {
+    throw std::invalid_argument("grpo_loss: logp, old_logp and mask [B, T], advantages [B] or [B, T]");
   }
   const at::Tensor m = mask.to(logp.scalar_type());
-  const at::Tensor a = advantages.to(logp.scalar_type()).unsqueeze(1);
+  const at::Tensor a = advantages.dim() == 1 ? advantages.to(logp.scalar_type()).unsqueeze(1)
+                                             : advantages.to(logp.scalar_type());
   const at::Tensor w = at::exp(logp - old_logp.detach());
   const at::Tensor clipped = at::clamp(w, 1 - o.epsilon_low, 1 + o.epsilon_high);
   at::Tensor per_token = -at::min(w * a, clipped * a);

@@ -28,15 +28,16 @@ at::Tensor token_logprobs(Transformer& m, const at::Tensor& tokens, double tempe
   return logp.gather(2, next).squeeze(-1).t();  // [B, S-1]
 }
 
-Batch GrpoObjective::rows(const std::vector<uint64_t>& ids) const {
+Batch row_batch(const at::Tensor& tokens, const std::vector<uint64_t>& ids) {
   std::vector<int64_t> idx(ids.begin(), ids.end());
-  const at::Tensor i = at::tensor(idx, at::kLong);
   Batch b;
-  b.tokens = rollouts_.tokens.index_select(0, i);
-  b.targets = b.tokens;  // unused by this objective; the step only needs a shape
+  b.tokens = tokens.index_select(0, at::tensor(idx, at::kLong));
+  b.targets = b.tokens;  // unused by the RL objectives; the step only needs a shape
   b.windows = ids;
   return b;
 }
+
+Batch GrpoObjective::rows(const std::vector<uint64_t>& ids) const { return row_batch(rollouts_.tokens, ids); }
 
 double GrpoObjective::units(const Batch& b) const {
   const double rows = static_cast<double>(b.windows.size());

@@ -9,6 +9,7 @@
 
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/rl/grpo.h"
+#include "meshtrain/rl/ppo.h"
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
 
@@ -107,19 +108,28 @@ const std::map<std::string, Setter>& setters() {
       {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
       {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
       {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
-      {"grpo.task", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.task = as_string(n, k); }},
-      {"grpo.prompts", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.prompts = as_string(n, k); }},
-      {"grpo.reward_command", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.reward_command = as_string(n, k); }},
-      {"grpo.eval", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.eval = as_string(n, k); }},
-      {"grpo.group", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.group = as_int(n, k); }},
-      {"grpo.max_new", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.max_new = as_int(n, k); }},
-      {"grpo.epochs", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.epochs = as_int(n, k); }},
-      {"grpo.eval_examples", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.eval_examples = as_int(n, k); }},
-      {"grpo.temperature", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.temperature = as_double(n, k); }},
-      {"grpo.epsilon", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.epsilon = as_double(n, k); }},
-      {"grpo.epsilon_high", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.epsilon_high = as_double(n, k); }},
+      {"rl.task", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.task = as_string(n, k); }},
+      {"rl.prompts", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.prompts = as_string(n, k); }},
+      {"rl.reward_command", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.reward_command = as_string(n, k); }},
+      {"rl.eval", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.eval = as_string(n, k); }},
+      {"rl.group", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.group = as_int(n, k); }},
+      {"rl.max_new", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.max_new = as_int(n, k); }},
+      {"rl.epochs", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.epochs = as_int(n, k); }},
+      {"rl.eval_examples", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.eval_examples = as_int(n, k); }},
+      {"rl.temperature", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.temperature = as_double(n, k); }},
+      {"rl.epsilon", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.epsilon = as_double(n, k); }},
+      {"rl.epsilon_high", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.epsilon_high = as_double(n, k); }},
       {"grpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.beta = as_double(n, k); }},
       {"grpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.loss = as_string(n, k); }},
+      {"ppo.kl_coef", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.kl_coef = as_double(n, k); }},
+      {"ppo.kl_estimator", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.kl_estimator = as_string(n, k); }},
+      {"ppo.gamma", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.gamma = as_double(n, k); }},
+      {"ppo.lambda", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.lambda = as_double(n, k); }},
+      {"ppo.value_clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.value_clip = as_double(n, k); }},
+      {"ppo.vf_coef", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.vf_coef = as_double(n, k); }},
+      {"ppo.critic_lr", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.critic_lr = as_double(n, k); }},
+      {"ppo.whiten", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.whiten = as_bool(n, k); }},
+      {"ppo.reward_model", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.reward_model = as_string(n, k); }},
       {"dpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_beta = as_double(n, k); }},
       {"dpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_loss = as_string(n, k); }},
       {"dpo.reference", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_reference = as_string(n, k); }},
@@ -142,11 +152,59 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         for (const auto& [k, v] : setters())
           if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, grpo, parallel, ddp"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, rl, grpo, ppo, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       it->second(c, value, full);
     }
+  }
+}
+
+// train.method = "grpo" | "ppo": the [rl], [grpo] and [ppo] settings.
+void check_rl(const TrainConfig& c, const std::string& path) {
+  const auto& r = c.rl;
+  const std::string& m = c.method;
+  if (r.prompts.empty()) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" needs rl.prompts", path, m));
+  if (m == "grpo" && r.group < 2) {
+    throw std::invalid_argument(fmt::format("{}: rl.group = {}: GRPO's baseline is the group's mean reward, so it "
+                                            "needs at least 2 completions per prompt (PPO's critic works with 1)",
+                                            path, r.group));
+  }
+  if (r.group < 1 || r.max_new < 1 || r.epochs < 1 || r.eval_examples < 1 || r.temperature < 0 || r.epsilon < 0 ||
+      r.epsilon_high < 0 || c.grpo.beta < 0) {
+    throw std::invalid_argument(fmt::format("{}: rl.group ({}), max_new ({}), epochs ({}) and eval_examples ({}) must "
+                                            "be >= 1; rl.temperature ({}), epsilon ({}), epsilon_high ({}) and "
+                                            "grpo.beta ({}) >= 0",
+                                            path, r.group, r.max_new, r.epochs, r.eval_examples, r.temperature,
+                                            r.epsilon, r.epsilon_high, c.grpo.beta));
+  }
+  if (r.task != "arithmetic" && r.task != "reverse") {
+    throw std::invalid_argument(fmt::format("{}: rl.task = \"{}\": use \"arithmetic\" or \"reverse\" (the shipped "
+                                            "tasks; other rewards through rl.reward_command)",
+                                            path, r.task));
+  }
+  if (c.sp || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
+    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" runs on data and tensor parallelism (DDP, "
+                                            "no sequence parallelism) for now: parallel.sp must be false, pp and cp "
+                                            "1, zero 0, lora.quantize \"none\" (they are {}, {}, {}, {}, \"{}\")",
+                                            path, m, c.sp, c.pp, c.cp, c.zero, c.lora_quantize));
+  }
+  try {
+    parse_grpo_loss(c.grpo.loss);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: grpo.loss: {}", path, e.what()));
+  }
+  const auto& p = c.ppo;
+  if (p.kl_coef < 0 || p.gamma < 0 || p.gamma > 1 || p.lambda < 0 || p.lambda > 1 || p.value_clip <= 0 ||
+      p.vf_coef <= 0 || p.critic_lr < 0) {
+    throw std::invalid_argument(fmt::format("{}: ppo.kl_coef ({}) and critic_lr ({}) must be >= 0, gamma ({}) and "
+                                            "lambda ({}) in [0, 1], value_clip ({}) and vf_coef ({}) > 0",
+                                            path, p.kl_coef, p.critic_lr, p.gamma, p.lambda, p.value_clip, p.vf_coef));
+  }
+  try {
+    parse_kl_estimator(p.kl_estimator);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: ppo.kl_estimator: {}", path, e.what()));
   }
 }
 
@@ -186,7 +244,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
   }
-  if (c.train_shards.empty() && c.method != "grpo") {
+  if (c.train_shards.empty() && c.method != "grpo" && c.method != "ppo") {
     throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
   }
   for (auto [key, v] : {std::pair{"train.steps", c.steps}, {"train.micro_batch", c.micro_batch}, {"train.seq", c.seq},
@@ -239,42 +297,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "model.dropout = 0 (it is {})",
                                             path, c.cp, c.model.dropout));
   }
-  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo" && c.method != "grpo") {
-    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\", \"dpo\" or \"grpo\"",
+  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo" && c.method != "grpo" && c.method != "ppo") {
+    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\", \"dpo\", \"grpo\" "
+                                            "or \"ppo\"",
                                             path, c.method));
   }
-  if (c.method == "grpo") {
-    const auto& g = c.grpo;
-    if (g.prompts.empty()) throw std::invalid_argument(fmt::format("{}: train.method = \"grpo\" needs grpo.prompts", path));
-    if (g.group < 2) {
-      throw std::invalid_argument(fmt::format("{}: grpo.group = {}: GRPO's baseline is the group's mean reward, so "
-                                              "it needs at least 2 completions per prompt",
-                                              path, g.group));
-    }
-    if (g.max_new < 1 || g.epochs < 1 || g.eval_examples < 1 || g.temperature < 0 || g.epsilon < 0 ||
-        g.epsilon_high < 0 || g.beta < 0) {
-      throw std::invalid_argument(fmt::format("{}: grpo.max_new ({}), epochs ({}) and eval_examples ({}) must be >= "
-                                              "1; temperature ({}), epsilon ({}), epsilon_high ({}) and beta ({}) >= 0",
-                                              path, g.max_new, g.epochs, g.eval_examples, g.temperature, g.epsilon,
-                                              g.epsilon_high, g.beta));
-    }
-    if (g.task != "arithmetic" && g.task != "reverse") {
-      throw std::invalid_argument(fmt::format("{}: grpo.task = \"{}\": use \"arithmetic\" or \"reverse\" (the shipped "
-                                              "tasks; other rewards through grpo.reward_command)",
-                                              path, g.task));
-    }
-    if (c.sp || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
-      throw std::invalid_argument(fmt::format("{}: train.method = \"grpo\" runs on data and tensor parallelism (DDP, "
-                                              "no sequence parallelism) for now: parallel.sp must be false, pp and cp "
-                                              "1, zero 0 (they are {}, {}, {}, {})",
-                                              path, c.sp, c.pp, c.cp, c.zero));
-    }
-    try {
-      parse_grpo_loss(g.loss);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("{}: grpo.loss: {}", path, e.what()));
-    }
-  }
+  if (c.method == "grpo" || c.method == "ppo") check_rl(c, path);
   if (c.method == "dpo") {
     // A pair's loss needs each sequence's whole log-probability on one rank.
     if (c.pp > 1 || c.cp > 1) {

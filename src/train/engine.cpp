@@ -11,6 +11,7 @@
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/peft/qlora.h"
 #include "meshtrain/data/tasks.h"
+#include "meshtrain/rl/critic.h"
 #include "meshtrain/rl/grpo_objective.h"
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
@@ -53,7 +54,8 @@ std::vector<at::Tensor> moments_like(Transformer& m) {
 
 }  // namespace
 
-TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead)
+TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead,
+                         EngineRole role)
     : c_(c),
       tp_(mesh.axis("tp")),
       pp_(mesh.axis("pp")),
@@ -69,6 +71,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   for (auto& m : chunks_) {
     if (c.lora.rank > 0) apply_lora(*m, c.lora);
     if (c.adapters.bottleneck > 0) apply_adapters(*m, c.adapters);
+    if (role == EngineRole::Critic) add_value_head(*m);  // after LoRA, which freezes what came before it
     m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
     m->set_dropout_seed(c.seed, dp_.rank());
     m->set_recompute(plan::parse_recompute(c.recompute));
@@ -93,8 +96,10 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     }
   }
   opt_ = std::make_unique<AdamW>(updated_, c.optim);
-  const bool copy_reference = (c.method == "dpo" && c.dpo_reference == "copy") ||
-                              (c.method == "grpo" && c.grpo.beta > 0 && c.lora.rank == 0);
+  const bool copy_reference = role == EngineRole::Method &&
+                              ((c.method == "dpo" && c.dpo_reference == "copy") ||
+                               (c.method == "grpo" && c.grpo.beta > 0 && c.lora.rank == 0) ||
+                               (c.method == "ppo" && c.ppo.kl_coef > 0 && c.lora.rank == 0));
   if (copy_reference) {
     // The reference is the starting model: built from the same seed and [init]
     // weights as the policy (so a resumed run gets the same one), frozen.
@@ -105,14 +110,19 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     }
     for (auto& p : reference_->params().params()) p.tensor.requires_grad_(false);
   }
-  if (c.method == "dpo") {
+  if (role == EngineRole::Critic) {
+    objective_ = std::make_unique<ValueObjective>(c.ppo.value_clip, c.ppo.vf_coef);
+  } else if (c.method == "dpo") {
     objective_ = std::make_unique<DpoObjective>(DpoOptions{c.dpo_beta, parse_dpo_loss(c.dpo_loss)}, reference_.get());
-  } else if (c.method == "grpo") {
+  } else if (c.method == "grpo" || c.method == "ppo") {
+    // PPO's actor: GRPO's clipped surrogate over every policy token (dapo's
+    // token mean), per-token advantages, the KL in the reward instead (rl/ppo.h).
+    const bool ppo = c.method == "ppo";
     GrpoOptions g;
-    g.epsilon_low = c.grpo.epsilon, g.epsilon_high = c.grpo.epsilon_high, g.beta = c.grpo.beta;
-    g.loss = parse_grpo_loss(c.grpo.loss);
-    g.max_completion = c.grpo.max_new;
-    objective_ = std::make_unique<GrpoObjective>(g, c.grpo.temperature, CharVocab::size(), reference_.get());
+    g.epsilon_low = c.rl.epsilon, g.epsilon_high = c.rl.epsilon_high, g.beta = ppo ? 0.0 : c.grpo.beta;
+    g.loss = ppo ? GrpoLoss::Dapo : parse_grpo_loss(c.grpo.loss);
+    g.max_completion = c.rl.max_new;
+    objective_ = std::make_unique<GrpoObjective>(g, c.rl.temperature, CharVocab::size(), reference_.get());
   } else {
     objective_ = std::make_unique<NextTokenObjective>();
   }

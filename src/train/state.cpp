@@ -131,7 +131,9 @@ namespace {
 // checkpoint does not hold: it starts as a new one (B = 0, up = 0), e.g. when
 // fine-tuning from a base model's checkpoint.
 bool new_adapter(const ckpt::Reader& r, const Param& p) {
-  return (p.name.find(".lora_") != std::string::npos || p.name.find(".adapter_") != std::string::npos) &&
+  // (A value head, rl/critic.h, on a trunk from a policy checkpoint starts fresh too.)
+  return (p.name.find(".lora_") != std::string::npos || p.name.find(".adapter_") != std::string::npos ||
+          p.name.rfind("value_head.", 0) == 0) &&
          !r.has("model/" + p.name);
 }
 

@@ -38,7 +38,7 @@
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/data/tasks.h"
-#include "meshtrain/rl/grpo_trainer.h"
+#include "meshtrain/rl/rl_trainer.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain {
@@ -274,10 +274,10 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
 void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
   const int dp = layout.size("dp");
-  if (c.method == "grpo") {
-    // GRPO reads prompts of a shipped task, not token shards; dp = the world over tp.
-    read_task_examples(c.grpo.prompts);
-    if (!c.grpo.eval.empty()) read_task_examples(c.grpo.eval);
+  if (c.method == "grpo" || c.method == "ppo") {
+    // RL reads prompts of a shipped task, not token shards; dp = the world over tp.
+    read_task_examples(c.rl.prompts);
+    if (!c.rl.eval.empty()) read_task_examples(c.rl.eval);
     if (c.model.vocab < CharVocab::size()) {
       throw std::invalid_argument(fmt::format("model.vocab {} is smaller than the task vocabulary ({} characters)",
                                               c.model.vocab, CharVocab::size()));
@@ -369,7 +369,7 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
 }
 
 int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
-  if (c.method == "grpo") return train_grpo(c, runtime);
+  if (c.method == "grpo" || c.method == "ppo") return train_rl(c, runtime);
   Runtime* rt = &runtime;
   // Also checked before launching (a foreign launcher skips that); one process warns here.
   check_run(c, rt->world_size(), plan_check, rt->world_size() == 1);

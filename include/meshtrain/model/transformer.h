@@ -103,6 +103,10 @@ class Transformer {
   // Logits of this rank's vocabulary slice, [s, b, V_pad/tp]; `doc_ids` as in forward.
   at::Tensor logits(const at::Tensor& tokens, bool train = false, const at::Tensor& doc_ids = {});
 
+  // The final norm's output [s, b, h] (whole on every tp rank; needs sequence
+  // parallelism off): what a value head reads (rl/critic.h).
+  at::Tensor final_hidden(const at::Tensor& tokens, bool train = false);
+
   // Generation: logits [t, b, V_pad/tp] of `tokens` [b, t], which continue the
   // positions already in `cache` (empty: a prompt); appends their keys and
   // values. No autograd, no dropout; not with sequence parallelism.

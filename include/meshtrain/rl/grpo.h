@@ -49,7 +49,8 @@ struct GrpoTerms {
 };
 
 // logp, old_logp, mask [B, T]; ref_logp [B, T] (undefined when beta = 0);
-// advantages [B]; `tokens`: dapo's denominator (ignored otherwise).
+// advantages [B] (a sequence's, GRPO) or [B, T] (per token, PPO: rl/ppo.h);
+// `tokens`: dapo's denominator (ignored otherwise).
 GrpoTerms grpo_loss(const at::Tensor& logp, const at::Tensor& old_logp, const at::Tensor& ref_logp,
                     const at::Tensor& advantages, const at::Tensor& mask, const GrpoOptions& o, double tokens = 0);
 

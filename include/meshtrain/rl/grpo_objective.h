@@ -1,6 +1,7 @@
 // GRPO as a training objective (train/objective.h) over one rollout batch:
 // the rows (prompt + completion, right-padded), their rollout log-probs,
-// completion masks and advantages are set before the optimisation epochs;
+// completion masks and advantages are set before the optimisation epochs
+// (PPO's actor is this objective with per-token advantages and beta = 0);
 // each micro-batch names its rows in Batch::windows. The loss is rl/grpo.h's
 // per-token loss summed; the units (what the step divides by, over the global
 // batch) give the aggregation: completion tokens (dapo), completions (grpo:
@@ -21,8 +22,11 @@ struct RolloutBatch {
   at::Tensor tokens;      // [R, S] int64
   at::Tensor old_logp;    // [R, S - 1]: log p(tokens[:, j + 1]) at sampling, 0 outside the mask
   at::Tensor mask;        // [R, S - 1] fp32: 1 where tokens[:, j + 1] was generated
-  at::Tensor advantages;  // [R]
+  at::Tensor advantages;  // [R] (GRPO: a completion's) or [R, S - 1] (PPO: per token, rl/ppo.h)
 };
+
+// A micro-batch of rows `ids` of `tokens` (Batch::windows = the row ids).
+Batch row_batch(const at::Tensor& tokens, const std::vector<uint64_t>& ids);
 
 class GrpoObjective : public Objective {
  public:

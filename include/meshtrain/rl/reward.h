@@ -1,4 +1,4 @@
-// Rewards for RL (rl/grpo_trainer.h): the shipped task's (data/tasks.h), a
+// Rewards for RL (rl/rl_trainer.h): the shipped task's (data/tasks.h), a
 // C++ callback, or an external command for user code.
 //
 // The command protocol: the trainer writes one JSON object per completion,

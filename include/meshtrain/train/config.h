@@ -55,16 +55,32 @@ struct TrainConfig {
   // [dpo] beta, loss (sigmoid | ipo | hinge), reference: "copy" (a frozen copy
   // of the starting weights), "adapters" (the policy with its LoRA adapters
   // off: no second copy; needs LoRA) or "auto" (adapters with LoRA, else copy).
-  // [grpo] (train.method = "grpo", rl/grpo_trainer.h): prompts and eval are
-  // {"prompt", "answer"} JSONL of a shipped task (meshtrain tokenize task);
-  // train.global_batch counts prompts per step, each with `group` completions.
-  struct Grpo {
+  // [rl] (train.method = "grpo" or "ppo", rl/rl_trainer.h): prompts and eval
+  // are {"prompt", "answer"} JSONL of a shipped task (meshtrain tokenize task);
+  // train.global_batch counts prompts per step, each with `group` completions;
+  // `epochs` optimisation steps over each rollout batch, the policy's ratio
+  // clipped to [1 - epsilon, 1 + epsilon_high].
+  struct Rl {
     std::string task = "arithmetic", prompts, eval;
     std::string reward_command;  // "" = the task's reward; else rl/reward.h's protocol
     int64_t group = 8, max_new = 8, epochs = 1, eval_examples = 256;
-    double temperature = 1.0, epsilon = 0.2, epsilon_high = 0.2, beta = 0.0;
+    double temperature = 1.0, epsilon = 0.2, epsilon_high = 0.2;
+  } rl;
+  // [grpo] beta (the k3 KL's weight; a frozen reference when > 0), loss (rl/grpo.h).
+  struct Grpo {
+    double beta = 0.0;
     std::string loss = "dapo";
   } grpo;
+  // [ppo] (rl/ppo.h; TRL's defaults): the KL penalty in the reward (kl_coef,
+  // kl_estimator k1 | k3), GAE's gamma and lambda, the critic's value clip,
+  // loss weight and learning rate (0: train.lr), whether advantages are
+  // whitened, and an optional learned reward model (a checkpoint of
+  // train.method = "reward"), added to the task's reward when set.
+  struct Ppo {
+    double kl_coef = 0.05, gamma = 1.0, lambda = 0.95, value_clip = 0.2, vf_coef = 0.1, critic_lr = 0;
+    std::string kl_estimator = "k1", reward_model;
+    bool whiten = true;
+  } ppo;
   double dpo_beta = 0.1;
   std::string dpo_loss = "sigmoid";
   std::string dpo_reference = "auto";

@@ -26,11 +26,16 @@
 
 namespace meshtrain {
 
+// What the engine trains: the config's method on its model, or (PPO) a
+// critic: the model with a value head (rl/critic.h) and the value objective.
+enum class EngineRole { Method, Critic };
+
 class TrainEngine {
  public:
   // `accumulation`: micro-batches per step on each data-parallel rank (the
-  // pipeline's M). Prints what it built on `lead`.
-  TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead);
+  // pipeline's M). Prints what it built on `lead`. `c` must outlive the engine.
+  TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead,
+              EngineRole role = EngineRole::Method);
 
   StepResult step(const std::vector<Batch>& micro);
   // One batch evaluated (forward only, no dropout), on every rank: {summed
@@ -52,6 +57,9 @@ class TrainEngine {
   AdamW& optimizer() { return *opt_; }
   // The model (without pipeline parallelism): what rollouts generate with.
   Transformer& model() { return *chunks_.at(0); }
+  // The frozen copy of the starting weights (DPO's and GRPO's reference,
+  // PPO's for the KL penalty), or null (none, or the policy with LoRA off).
+  Transformer* reference() { return reference_.get(); }
   LossScaler* scaler() { return scaler_.get(); }
   int64_t local_params() const;
   std::string memory_report(int dp_size, const std::string& precision);
@@ -81,7 +89,7 @@ class TrainEngine {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<PipelineExecutor> exec_;
   double predicted_bubble_ = 0;
-  std::unique_ptr<Transformer> reference_;  // DPO's frozen copy (dpo.reference = "copy")
+  std::unique_ptr<Transformer> reference_;  // a frozen copy of the starting weights (reference())
   std::unique_ptr<Objective> objective_;
   std::unique_ptr<TrainStep> step_;
   std::unique_ptr<PipelineTrainStep> pipeline_step_;

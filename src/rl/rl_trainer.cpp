@@ -1,0 +1,363 @@
+#include "meshtrain/rl/rl_trainer.h"
+
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <unistd.h>
+
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/data/tasks.h"
+#include "meshtrain/peft/lora.h"
+#include "meshtrain/rl/evaluate.h"
+#include "meshtrain/rl/critic.h"
+#include "meshtrain/rl/grpo_objective.h"
+#include "meshtrain/rl/ppo.h"
+#include "meshtrain/rl/rollout.h"
+#include "meshtrain/runtime/mesh.h"
+#include "meshtrain/runtime/runtime.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/engine.h"
+#include "meshtrain/train/memory.h"
+#include "meshtrain/train/state.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// SplitMix64: a completion's seed from (run seed, step, prompt, completion).
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// The prompt at global position `pos` of the run: a seeded permutation per pass over the prompts.
+size_t prompt_at(uint64_t pos, size_t n, uint64_t seed, std::map<uint64_t, std::vector<size_t>>& perms) {
+  const uint64_t epoch = pos / n;
+  auto& p = perms[epoch];
+  if (p.empty()) {
+    p.resize(n);
+    std::iota(p.begin(), p.end(), 0);
+    std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + epoch);
+    for (size_t i = n - 1; i > 0; --i) std::swap(p[i], p[rng() % (i + 1)]);
+  }
+  return p[pos % n];
+}
+
+struct Completion {
+  std::vector<int64_t> prompt, generated;
+  std::vector<float> logp;
+  double reward = 0;
+  bool exact = false;
+};
+
+// This rank's completions of step s: prompts `which` (indices into `prompts`,
+// global positions first .. first + size - 1), `G` each, scored by `score`
+// (or one call of the user's command).
+std::vector<Completion> collect(Transformer& model, const TrainConfig& c, int64_t s, int64_t first,
+                                const std::vector<TaskExample>& prompts, const std::vector<size_t>& which,
+                                const RewardFn& score, int rank) {
+  const int64_t G = c.rl.group, mine = static_cast<int64_t>(which.size());
+  std::vector<Completion> done(static_cast<size_t>(mine * G));
+  std::map<size_t, std::vector<int64_t>> by_length;  // prompt length -> local prompt indices
+  for (int64_t k = 0; k < mine; ++k) by_length[CharVocab::encode(prompts[which[k]].prompt).size()].push_back(k);
+  RolloutOptions ro;
+  ro.sample.max_new_tokens = c.rl.max_new;
+  ro.sample.temperature = c.rl.temperature;
+  ro.sample.stop_token = CharVocab::end();
+  ro.sample.vocab_limit = CharVocab::size();
+  ro.pad = CharVocab::end();
+  for (const auto& [length, ks] : by_length) {
+    std::vector<int64_t> flat;
+    std::vector<uint64_t> seeds;
+    for (int64_t k : ks) {
+      const auto ids = CharVocab::encode(prompts[which[k]].prompt);
+      for (int64_t g = 0; g < G; ++g) {
+        flat.insert(flat.end(), ids.begin(), ids.end());
+        seeds.push_back(mix(mix(mix(c.seed) + static_cast<uint64_t>(s)) + static_cast<uint64_t>((first + k) * G + g)));
+      }
+    }
+    const int64_t rows = static_cast<int64_t>(seeds.size()), P = static_cast<int64_t>(length);
+    const Rollout r = rollout(model, at::tensor(flat, at::kLong).view({rows, P}), ro, seeds);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t k = ks[i / G], g = i % G, len = r.lengths[i].item<int64_t>();
+      Completion& cpl = done[k * G + g];
+      cpl.prompt.assign(flat.begin() + i * P, flat.begin() + (i + 1) * P);
+      const at::Tensor gen = r.tokens[i].narrow(0, r.prompt, len).contiguous();
+      cpl.generated.assign(gen.data_ptr<int64_t>(), gen.data_ptr<int64_t>() + len);
+      const at::Tensor lp = r.logprobs[i].narrow(0, 0, len).contiguous();
+      cpl.logp.assign(lp.data_ptr<float>(), lp.data_ptr<float>() + len);
+      cpl.exact = task_reward(cpl.generated, prompts[which[k]]).exact > 0;
+      if (c.rl.reward_command.empty()) cpl.reward = score(prompts[which[k]], cpl.generated);
+    }
+  }
+  if (!c.rl.reward_command.empty()) {
+    // One call of the user's command for this rank's completions.
+    std::vector<TaskExample> examples;
+    std::vector<std::vector<int64_t>> completions;
+    for (int64_t i = 0; i < mine * G; ++i) {
+      examples.push_back(prompts[which[i / G]]);
+      completions.push_back(done[i].generated);
+    }
+    const auto scratch = std::filesystem::temp_directory_path() / fmt::format("meshtrain_reward_{}_{}", getpid(), rank);
+    const std::vector<double> scores = command_rewards(c.rl.reward_command, examples, completions, scratch.string());
+    for (int64_t i = 0; i < mine * G; ++i) done[i].reward = scores[i];
+  }
+  return done;
+}
+
+// The rollout batch: rows prompt + completion, right-padded to a common
+// length; the advantages are the caller's.
+RolloutBatch assemble(const std::vector<Completion>& done) {
+  size_t S = 0;
+  for (const auto& cpl : done) S = std::max(S, cpl.prompt.size() + cpl.generated.size());
+  const int64_t R = static_cast<int64_t>(done.size());
+  RolloutBatch b;
+  b.tokens = at::full({R, static_cast<int64_t>(S)}, CharVocab::end(), at::kLong);
+  b.old_logp = at::zeros({R, static_cast<int64_t>(S) - 1}, at::kFloat);
+  b.mask = at::zeros({R, static_cast<int64_t>(S) - 1}, at::kFloat);
+  for (int64_t i = 0; i < R; ++i) {
+    const Completion& cpl = done[i];
+    const int64_t p = static_cast<int64_t>(cpl.prompt.size()), n = static_cast<int64_t>(cpl.generated.size());
+    std::vector<int64_t> row = cpl.prompt;
+    row.insert(row.end(), cpl.generated.begin(), cpl.generated.end());
+    b.tokens[i].narrow(0, 0, p + n).copy_(at::tensor(row, at::kLong));
+    if (n > 0) {
+      // Token p + t is predicted at position p + t - 1.
+      b.old_logp[i].narrow(0, p - 1, n).copy_(at::tensor(cpl.logp, at::kFloat));
+      b.mask[i].narrow(0, p - 1, n).fill_(1);
+    }
+  }
+  return b;
+}
+
+// Micro-batches of train.micro_batch rows of R, made by `rows`.
+template <typename Rows>
+std::vector<Batch> micro_batches(int64_t R, int64_t micro, const Rows& rows) {
+  std::vector<Batch> out;
+  for (int64_t i = 0; i < R; i += micro) {
+    std::vector<uint64_t> ids;
+    for (int64_t k = i; k < std::min(R, i + micro); ++k) ids.push_back(static_cast<uint64_t>(k));
+    out.push_back(rows(ids));
+  }
+  return out;
+}
+
+}  // namespace
+
+int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
+  const RewardFn task_fn = task_reward_fn();
+  const RewardFn& score = reward ? *reward : task_fn;
+  const bool ppo = c.method == "ppo";
+  auto layout = MeshLayout::create(rt.world_size(), {{"tp", c.tp}, {"cp", 1}, {"pp", 1}});
+  DeviceMesh mesh(rt, layout);
+  Comm& dp = mesh.group({"dp", "cp"});
+  const bool lead = rt.rank() == 0;
+  const int64_t P = c.global_batch, G = c.rl.group;
+  if (P % dp.size() != 0) {
+    throw std::invalid_argument(fmt::format("train.global_batch {} prompts do not divide over {} data-parallel ranks", P,
+                                            dp.size()));
+  }
+  if (!c.ckpt_dir.empty() && c.resume != "none" && ckpt::latest(c.ckpt_dir)) {
+    throw std::invalid_argument(fmt::format("{} holds checkpoints and RL runs do not resume yet: use a new "
+                                            "checkpoint.dir or checkpoint.resume = \"none\"",
+                                            c.ckpt_dir));
+  }
+  const auto prompts = read_task_examples(c.rl.prompts);
+  std::vector<TaskExample> eval;
+  if (!c.rl.eval.empty()) {
+    eval = read_task_examples(c.rl.eval);
+    if (static_cast<int64_t>(eval.size()) > c.rl.eval_examples) eval.resize(c.rl.eval_examples);
+  }
+  TrainEngine engine(c, rt, mesh, 1, lead);
+  // PPO's critic: the same trunk (from the same [init] weights) with a value
+  // head, trained by its own engine at ppo.critic_lr.
+  TrainConfig critic_config = c;
+  if (c.ppo.critic_lr > 0) critic_config.optim.lr = c.ppo.critic_lr;
+  std::unique_ptr<TrainEngine> critic;
+  if (ppo) critic = std::make_unique<TrainEngine>(critic_config, rt, mesh, 1, false, EngineRole::Critic);
+  if (!c.init_from.empty()) {
+    ckpt::Reader r(ckpt::resolve(c.init_from));
+    engine.load_weights(r);
+    if (critic) critic->load_weights(r);
+    if (lead) fmt::print("weights from {} (step {})\n", r.dir(), r.manifest().value("step", 0));
+  }
+  auto& objective = dynamic_cast<GrpoObjective&>(engine.objective());
+  Transformer& model = engine.model();
+  const int64_t mine = P / dp.size(), first = dp.rank() * mine;
+  if (lead) {
+    fmt::print("{} on {} ({} prompts): {} prompts per step x {} completions, {} per data-parallel rank; epsilon "
+               "{}/{}, {} epoch(s) per rollout; ",
+               ppo ? "PPO" : "GRPO", c.rl.task, prompts.size(), P, G, mine * G, c.rl.epsilon, c.rl.epsilon_high,
+               c.rl.epochs);
+    if (ppo) {
+      fmt::print("critic with a value head, KL penalty {} ({}) in the reward, GAE gamma {} lambda {}, value clip {}\n",
+                 c.ppo.kl_coef, c.ppo.kl_estimator, c.ppo.gamma, c.ppo.lambda, c.ppo.value_clip);
+    } else {
+      fmt::print("loss {}, beta {}\n", c.grpo.loss, c.grpo.beta);
+    }
+  }
+  std::unique_ptr<ckpt::Checkpointer> saver;
+  if (!c.ckpt_dir.empty()) {
+    saver = std::make_unique<ckpt::Checkpointer>(ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, false, 600}, mesh.world());
+  }
+  std::ofstream metrics;
+  if (lead && !c.metrics.empty()) {
+    std::filesystem::path p(c.metrics);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    metrics.open(c.metrics, std::ios::app);
+  }
+  // Every replica evaluates (a tp group generates together); rank 0 reports.
+  auto evaluate = [&](int64_t s, nlohmann::json& j) {
+    if (eval.empty()) return;
+    // Greedy, and sampled at the rollout temperature (what RL optimises).
+    const TaskScore e = evaluate_task(model, eval, c.rl.max_new);
+    const TaskScore sampled = evaluate_task(model, eval, c.rl.max_new, 64, c.rl.temperature, c.seed);
+    if (lead) {
+      fmt::print("step {:>5} | held-out accuracy {:.3f} greedy ({}/{}), {:.3f} sampled at temperature {} | mean "
+                 "reward {:.3f}\n",
+                 s, e.accuracy(), e.exact, e.examples, sampled.accuracy(), c.rl.temperature, e.reward);
+      j["eval_accuracy"] = e.accuracy();
+      j["eval_sampled_accuracy"] = sampled.accuracy();
+      j["eval_reward"] = e.reward;
+    }
+  };
+  {
+    nlohmann::json j{{"step", 0}};
+    evaluate(0, j);
+    if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
+  }
+  std::map<uint64_t, std::vector<size_t>> perms;
+  for (int64_t s = 1; s <= c.steps; ++s) {
+    // Rollouts: this rank's prompts, G completions each.
+    const auto t0 = Clock::now();
+    std::vector<size_t> which(static_cast<size_t>(mine));
+    for (int64_t k = 0; k < mine; ++k) {
+      which[k] = prompt_at(static_cast<uint64_t>((s - 1) * P + first + k), prompts.size(), c.seed, perms);
+    }
+    const std::vector<Completion> done = collect(model, c, s, first, prompts, which, score, rt.rank());
+    const double rollout_s = seconds_since(t0);
+    const auto t1 = Clock::now();
+    RolloutBatch b = assemble(done);
+    const int64_t R = static_cast<int64_t>(done.size());
+    std::vector<double> rewards;
+    double exact = 0, length = 0;
+    for (const Completion& cpl : done) {
+      rewards.push_back(cpl.reward);
+      exact += cpl.exact;
+      length += static_cast<double>(cpl.generated.size());
+    }
+    double kl_sum = 0;
+    if (!ppo) {
+      b.advantages = group_advantages(at::tensor(rewards, at::kDouble), G).to(at::kFloat);
+    } else {
+      at::NoGradGuard no_grad;
+      const double t = c.rl.temperature;
+      at::Tensor ref = b.old_logp;  // kl_coef = 0: no penalty, no reference
+      if (c.ppo.kl_coef > 0) {
+        if (Transformer* frozen = engine.reference()) {
+          ref = token_logprobs(*frozen, b.tokens, t, CharVocab::size(), false);
+        } else {
+          enable_lora(model, false);  // LoRA: the reference is the policy with its adapters off
+          ref = token_logprobs(model, b.tokens, t, CharVocab::size(), false);
+          enable_lora(model, true);
+        }
+      }
+      kl_sum = ((b.old_logp - ref) * b.mask).sum().item<double>();
+      const int64_t T = b.tokens.size(1) - 1;
+      const at::Tensor old_values = values(critic->model(), b.tokens, false).narrow(1, 0, T);
+      const at::Tensor shaped = kl_shaped_rewards(b.old_logp, ref, b.mask, at::tensor(rewards, at::kDouble).to(at::kFloat),
+                                                  c.ppo.kl_coef, parse_kl_estimator(c.ppo.kl_estimator));
+      const Gae g = gae(shaped, old_values, b.mask, c.ppo.gamma, c.ppo.lambda);
+      if (c.ppo.whiten) {
+        at::Tensor moments = masked_moments(g.advantages, b.mask);
+        dp.all_reduce(moments);  // the global batch's mean and variance
+        b.advantages = masked_whiten(g.advantages, b.mask, moments);
+      } else {
+        b.advantages = g.advantages;
+      }
+      dynamic_cast<ValueObjective&>(critic->objective()).set_batch({b.tokens, old_values, g.returns, b.mask});
+    }
+    objective.set_rollouts(b);
+    // Optimisation: rl.epochs steps over the rollout batch (actor, then critic).
+    StepResult r, rc;
+    for (int64_t e = 0; e < c.rl.epochs; ++e) {
+      r = engine.step(micro_batches(R, c.micro_batch, [&](const auto& ids) { return objective.rows(ids); }));
+      if (critic) {
+        auto& value = dynamic_cast<ValueObjective&>(critic->objective());
+        rc = critic->step(micro_batches(R, c.micro_batch, [&](const auto& ids) { return value.rows(ids); }));
+      }
+    }
+    const double train_s = seconds_since(t1);
+    // Reward statistics over the global batch.
+    const at::Tensor rw = at::tensor(rewards, at::kDouble);
+    at::Tensor sums = at::tensor(std::vector<double>{rw.sum().item<double>(), (rw * rw).sum().item<double>(), exact,
+                                                     length, static_cast<double>(R), kl_sum},
+                                 at::kDouble);
+    dp.all_reduce(sums);
+    const double n = sums[4].item<double>(), mean = sums[0].item<double>() / n;
+    const double sd = std::sqrt(std::max(0.0, sums[1].item<double>() / n - mean * mean));
+    nlohmann::json j{{"step", s},
+                     {"loss", r.loss},
+                     {"reward", mean},
+                     {"reward_std", sd},
+                     {"accuracy", sums[2].item<double>() / n},
+                     {"completion_length", sums[3].item<double>() / n},
+                     {"grad_norm", r.grad_norm},
+                     {"lr", r.lr},
+                     {"rollout_s", rollout_s},
+                     {"train_s", train_s},
+                     {"peak_mem_bytes", peak_rss_bytes()}};
+    for (const auto& [name, value] : r.metrics) j[name] = value;
+    if (ppo) {
+      // The penalty's k1 KL of the rollout policy to the reference, per policy token.
+      j["kl"] = sums[3].item<double>() > 0 ? sums[5].item<double>() / sums[3].item<double>() : 0.0;
+      j["value_loss"] = rc.loss;
+      for (const auto& [name, value] : rc.metrics) j[name] = value;
+    }
+    if (lead && (s % c.log_every == 0 || s == 1 || s == c.steps)) {
+      fmt::print("step {:>5} | reward {:.3f} +- {:.3f} | accuracy {:.3f} | length {:.1f} | loss {:.4f} | kl {:.4f} | "
+                 "clip {:.3f}/{:.3f} | entropy {:.3f}{} | rollout {:.2f} s | train {:.2f} s\n",
+                 s, mean, sd, j["accuracy"].get<double>(), j["completion_length"].get<double>(), r.loss,
+                 j.value("kl", 0.0), j.value("clip_low", 0.0), j.value("clip_high", 0.0), j.value("entropy", 0.0),
+                 ppo ? fmt::format(" | value loss {:.4f} clip {:.3f}", rc.loss, j.value("value_clipped", 0.0)) : "",
+                 rollout_s, train_s);
+    }
+    if (s % c.eval_every == 0 || s == c.steps) evaluate(s, j);
+    if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
+    if (saver && ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == c.steps)) {
+      const nlohmann::json fields{
+          {"config", {{"model", spec_to_json(c.model)}, {"train", {{"seed", c.seed}, {"method", c.method}}}}},
+          {"mesh", {{"tp", c.tp}, {"pp", 1}, {"dp", dp.size()}, {"cp", 1}}},
+          {"optimizer", {{"steps", engine.optimizer().steps()}}},
+          {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
+                                                    {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
+                                   : nlohmann::json(nullptr)},
+          {"base", adapter_checkpoints(c) ? nlohmann::json{{"from", c.init_from}} : nlohmann::json(nullptr)}};
+      saver->save(s, engine.pieces(dp.rank(), rt.rank(), adapter_checkpoints(c)), fields, nlohmann::json::object());
+      if (lead) fmt::print("step {:>5} | checkpoint {}/{}\n", s, c.ckpt_dir, ckpt::step_dir_name(s));
+    }
+  }
+  if (saver) {
+    saver->wait();
+    mesh.world().barrier();
+  }
+  return 0;
+}
+
+}  // namespace meshtrain
