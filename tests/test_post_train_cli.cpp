@@ -223,10 +223,25 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
   EXPECT_GT(std::abs(kl.at(3)), 1e-6);
   run = run_command(bin + " train " + cfg + " --nproc 1 --set rl.group=1 --set train.steps=1");
   ASSERT_EQ(run.code, 0) << run.output;
+  // Multi-turn episodes with the calculator (rl/environment.h): dp 2 = one process too.
+  for (const std::string n : {"1", "2"}) {
+    run = run_command(bin + " train " + cfg + " --nproc " + n + " --set rl.environment='\"calculator\"' --set "
+                      "rl.max_turns=3 --set train.metrics='\"" + (d.path / ("env" + n)).string() + "\"'");
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("turns "), std::string::npos) << run.output;
+  }
+  for (const char* key : {"loss", "value_loss", "reward", "turns", "truncated"}) {
+    const auto a = metric((d.path / "env1").string(), key), b = metric((d.path / "env2").string(), key);
+    ASSERT_EQ(a.size(), 3u) << key;
+    for (const auto& [step, v] : a) EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << key << " " << step;
+  }
+  for (const auto& [step, v] : metric((d.path / "env1").string(), "turns")) EXPECT_TRUE(v >= 1 && v <= 3) << step;
   for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
            {" --set ppo.lambda=1.5", "lambda (1.5) in [0, 1]"},
            {" --set ppo.kl_estimator='\"k2\"'", "ppo.kl_estimator: KL estimator \"k2\": use k1 or k3"},
-           {" --set ppo.value_clip=0", "value_clip (0) and vf_coef (0.1) > 0"}}) {
+           {" --set ppo.value_clip=0", "value_clip (0) and vf_coef (0.1) > 0"},
+           {" --set rl.environment='\"browser\"'", "rl.environment: environment \"browser\": use \"calculator\""},
+           {" --set rl.max_turns=0", "rl.max_turns = 0 must be >= 1"}}) {
     run = run_command(bin + " train " + cfg + " --nproc 2" + set);
     EXPECT_NE(run.code, 0) << set;
     EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;

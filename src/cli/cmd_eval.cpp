@@ -15,6 +15,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/rl/environment.h"
 #include "meshtrain/rl/evaluate.h"
 #include "meshtrain/train/exact_match.h"
 
@@ -33,20 +34,25 @@ Run add_eval(CLI::App& app) {
   em->add_option("--data", o->data, "a shard from meshtrain tokenize chat (sft.json beside it)")->required();
   em->add_flag("--document-mask", o->document_mask, "keep packed conversations apart (as train.document_mask)");
   struct TaskOpts {
-    std::string ckpt, data;
-    int64_t max_new = 16;
+    std::string ckpt, data, environment;
+    int64_t max_new = 16, max_turns = 4;
   };
   auto to = std::make_shared<TaskOpts>();
   auto task = cmd->add_subcommand("task", "accuracy on a shipped task's prompts (greedy; data/tasks.h)");
   task->add_option("ckpt", to->ckpt, "checkpoint (step directory or its parent)")->required();
   task->add_option("--data", to->data, "eval.jsonl or prompts.jsonl from meshtrain tokenize task")->required();
-  task->add_option("--max-new", to->max_new, "generated tokens at most")->capture_default_str();
+  task->add_option("--max-new", to->max_new, "generated tokens at most (per turn)")->capture_default_str();
+  task->add_option("--environment", to->environment, "multi-turn episodes with an environment: calculator");
+  task->add_option("--max-turns", to->max_turns, "policy turns at most (with --environment)")->capture_default_str();
   return [o, to, task]() -> int {
     if (task->parsed()) {
+      const auto env = make_environment(to->environment);
+      if (to->max_turns < 1) throw std::invalid_argument(fmt::format("--max-turns {} must be >= 1", to->max_turns));
       const std::string dir = ckpt::resolve(to->ckpt);
       Comm solo("tp", 0);
       auto model = load_for_inference(dir, solo);
-      const TaskScore s = evaluate_task(*model, read_task_examples(to->data), to->max_new);
+      const TaskScore s =
+          evaluate_task(*model, read_task_examples(to->data), to->max_new, 64, 0, 0, env.get(), to->max_turns);
       fmt::print("{}: exact {}/{} = {:.3f}; mean reward {:.3f}\n", dir, s.exact, s.examples, s.accuracy(), s.reward);
       return 0;
     }

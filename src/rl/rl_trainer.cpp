@@ -21,6 +21,8 @@
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/rl/evaluate.h"
 #include "meshtrain/rl/critic.h"
+#include "meshtrain/rl/environment.h"
+#include "meshtrain/rl/episode.h"
 #include "meshtrain/rl/grpo_objective.h"
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/rl/rollout.h"
@@ -38,14 +40,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// SplitMix64: a completion's seed from (run seed, step, prompt, completion).
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
 // The prompt at global position `pos` of the run: a seeded permutation per pass over the prompts.
 size_t prompt_at(uint64_t pos, size_t n, uint64_t seed, std::map<uint64_t, std::vector<size_t>>& perms) {
   const uint64_t epoch = pos / n;
@@ -59,91 +53,50 @@ size_t prompt_at(uint64_t pos, size_t n, uint64_t seed, std::map<uint64_t, std::
   return p[pos % n];
 }
 
-struct Completion {
-  std::vector<int64_t> prompt, generated;
-  std::vector<float> logp;
-  double reward = 0;
-  bool exact = false;
-};
-
-// This rank's completions of step s: prompts `which` (indices into `prompts`,
-// global positions first .. first + size - 1), `G` each, scored by `score`
-// (or one call of the user's command).
-std::vector<Completion> collect(Transformer& model, const TrainConfig& c, int64_t s, int64_t first,
-                                const std::vector<TaskExample>& prompts, const std::vector<size_t>& which,
-                                const RewardFn& score, int rank) {
+// This rank's episodes of step s: prompts `which` (indices into `prompts`,
+// global positions first .. first + size - 1), `G` each, scored by `score` on
+// their answers (or by one call of the user's command). Returns them with
+// their rewards.
+std::vector<Episode> collect(Transformer& model, const TrainConfig& c, int64_t s, int64_t first,
+                             const std::vector<TaskExample>& prompts, const std::vector<size_t>& which,
+                             const RewardFn& score, Environment* env, int rank, std::vector<double>& rewards) {
   const int64_t G = c.rl.group, mine = static_cast<int64_t>(which.size());
-  std::vector<Completion> done(static_cast<size_t>(mine * G));
-  std::map<size_t, std::vector<int64_t>> by_length;  // prompt length -> local prompt indices
-  for (int64_t k = 0; k < mine; ++k) by_length[CharVocab::encode(prompts[which[k]].prompt).size()].push_back(k);
-  RolloutOptions ro;
-  ro.sample.max_new_tokens = c.rl.max_new;
-  ro.sample.temperature = c.rl.temperature;
-  ro.sample.stop_token = CharVocab::end();
-  ro.sample.vocab_limit = CharVocab::size();
-  ro.pad = CharVocab::end();
-  for (const auto& [length, ks] : by_length) {
-    std::vector<int64_t> flat;
-    std::vector<uint64_t> seeds;
-    for (int64_t k : ks) {
-      const auto ids = CharVocab::encode(prompts[which[k]].prompt);
-      for (int64_t g = 0; g < G; ++g) {
-        flat.insert(flat.end(), ids.begin(), ids.end());
-        seeds.push_back(mix(mix(mix(c.seed) + static_cast<uint64_t>(s)) + static_cast<uint64_t>((first + k) * G + g)));
-      }
-    }
-    const int64_t rows = static_cast<int64_t>(seeds.size()), P = static_cast<int64_t>(length);
-    const Rollout r = rollout(model, at::tensor(flat, at::kLong).view({rows, P}), ro, seeds);
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t k = ks[i / G], g = i % G, len = r.lengths[i].item<int64_t>();
-      Completion& cpl = done[k * G + g];
-      cpl.prompt.assign(flat.begin() + i * P, flat.begin() + (i + 1) * P);
-      const at::Tensor gen = r.tokens[i].narrow(0, r.prompt, len).contiguous();
-      cpl.generated.assign(gen.data_ptr<int64_t>(), gen.data_ptr<int64_t>() + len);
-      const at::Tensor lp = r.logprobs[i].narrow(0, 0, len).contiguous();
-      cpl.logp.assign(lp.data_ptr<float>(), lp.data_ptr<float>() + len);
-      cpl.exact = task_reward(cpl.generated, prompts[which[k]]).exact > 0;
-      if (c.rl.reward_command.empty()) cpl.reward = score(prompts[which[k]], cpl.generated);
+  std::vector<std::vector<int64_t>> encoded;
+  std::vector<const TaskExample*> examples;
+  std::vector<uint64_t> seeds;
+  for (int64_t k = 0; k < mine; ++k) {
+    const auto ids = CharVocab::encode(prompts[which[k]].prompt);
+    for (int64_t g = 0; g < G; ++g) {
+      encoded.push_back(ids);
+      examples.push_back(&prompts[which[k]]);
+      seeds.push_back(splitmix64(splitmix64(splitmix64(c.seed) + static_cast<uint64_t>(s)) +
+                                 static_cast<uint64_t>((first + k) * G + g)));
     }
   }
-  if (!c.rl.reward_command.empty()) {
-    // One call of the user's command for this rank's completions.
-    std::vector<TaskExample> examples;
-    std::vector<std::vector<int64_t>> completions;
-    for (int64_t i = 0; i < mine * G; ++i) {
-      examples.push_back(prompts[which[i / G]]);
-      completions.push_back(done[i].generated);
+  EpisodeOptions o;
+  o.rollout.sample.max_new_tokens = c.rl.max_new;
+  o.rollout.sample.temperature = c.rl.temperature;
+  o.rollout.sample.stop_token = CharVocab::end();
+  o.rollout.sample.vocab_limit = CharVocab::size();
+  o.rollout.pad = CharVocab::end();
+  o.env = env;
+  o.max_turns = env ? c.rl.max_turns : 1;
+  std::vector<Episode> eps = run_episodes(model, encoded, examples, seeds, o);
+  rewards.assign(eps.size(), 0.0);
+  if (c.rl.reward_command.empty()) {
+    for (size_t i = 0; i < eps.size(); ++i) rewards[i] = score(*examples[i], eps[i].answer);
+  } else {
+    // One call of the user's command for this rank's answers.
+    std::vector<TaskExample> ex;
+    std::vector<std::vector<int64_t>> answers;
+    for (size_t i = 0; i < eps.size(); ++i) {
+      ex.push_back(*examples[i]);
+      answers.push_back(eps[i].answer);
     }
     const auto scratch = std::filesystem::temp_directory_path() / fmt::format("meshtrain_reward_{}_{}", getpid(), rank);
-    const std::vector<double> scores = command_rewards(c.rl.reward_command, examples, completions, scratch.string());
-    for (int64_t i = 0; i < mine * G; ++i) done[i].reward = scores[i];
+    rewards = command_rewards(c.rl.reward_command, ex, answers, scratch.string());
   }
-  return done;
-}
-
-// The rollout batch: rows prompt + completion, right-padded to a common
-// length; the advantages are the caller's.
-RolloutBatch assemble(const std::vector<Completion>& done) {
-  size_t S = 0;
-  for (const auto& cpl : done) S = std::max(S, cpl.prompt.size() + cpl.generated.size());
-  const int64_t R = static_cast<int64_t>(done.size());
-  RolloutBatch b;
-  b.tokens = at::full({R, static_cast<int64_t>(S)}, CharVocab::end(), at::kLong);
-  b.old_logp = at::zeros({R, static_cast<int64_t>(S) - 1}, at::kFloat);
-  b.mask = at::zeros({R, static_cast<int64_t>(S) - 1}, at::kFloat);
-  for (int64_t i = 0; i < R; ++i) {
-    const Completion& cpl = done[i];
-    const int64_t p = static_cast<int64_t>(cpl.prompt.size()), n = static_cast<int64_t>(cpl.generated.size());
-    std::vector<int64_t> row = cpl.prompt;
-    row.insert(row.end(), cpl.generated.begin(), cpl.generated.end());
-    b.tokens[i].narrow(0, 0, p + n).copy_(at::tensor(row, at::kLong));
-    if (n > 0) {
-      // Token p + t is predicted at position p + t - 1.
-      b.old_logp[i].narrow(0, p - 1, n).copy_(at::tensor(cpl.logp, at::kFloat));
-      b.mask[i].narrow(0, p - 1, n).fill_(1);
-    }
-  }
-  return b;
+  return eps;
 }
 
 // Micro-batches of train.micro_batch rows of R, made by `rows`.
@@ -198,6 +151,7 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     if (lead) fmt::print("weights from {} (step {})\n", r.dir(), r.manifest().value("step", 0));
   }
   auto& objective = dynamic_cast<GrpoObjective&>(engine.objective());
+  const std::unique_ptr<Environment> env = make_environment(c.rl.environment);
   Transformer& model = engine.model();
   const int64_t mine = P / dp.size(), first = dp.rank() * mine;
   if (lead) {
@@ -226,8 +180,9 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   auto evaluate = [&](int64_t s, nlohmann::json& j) {
     if (eval.empty()) return;
     // Greedy, and sampled at the rollout temperature (what RL optimises).
-    const TaskScore e = evaluate_task(model, eval, c.rl.max_new);
-    const TaskScore sampled = evaluate_task(model, eval, c.rl.max_new, 64, c.rl.temperature, c.seed);
+    const TaskScore e = evaluate_task(model, eval, c.rl.max_new, 64, 0, 0, env.get(), c.rl.max_turns);
+    const TaskScore sampled =
+        evaluate_task(model, eval, c.rl.max_new, 64, c.rl.temperature, c.seed, env.get(), c.rl.max_turns);
     if (lead) {
       fmt::print("step {:>5} | held-out accuracy {:.3f} greedy ({}/{}), {:.3f} sampled at temperature {} | mean "
                  "reward {:.3f}\n",
@@ -250,17 +205,18 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     for (int64_t k = 0; k < mine; ++k) {
       which[k] = prompt_at(static_cast<uint64_t>((s - 1) * P + first + k), prompts.size(), c.seed, perms);
     }
-    const std::vector<Completion> done = collect(model, c, s, first, prompts, which, score, rt.rank());
+    std::vector<double> rewards;
+    const std::vector<Episode> eps = collect(model, c, s, first, prompts, which, score, env.get(), rt.rank(), rewards);
     const double rollout_s = seconds_since(t0);
     const auto t1 = Clock::now();
-    RolloutBatch b = assemble(done);
-    const int64_t R = static_cast<int64_t>(done.size());
-    std::vector<double> rewards;
-    double exact = 0, length = 0;
-    for (const Completion& cpl : done) {
-      rewards.push_back(cpl.reward);
-      exact += cpl.exact;
-      length += static_cast<double>(cpl.generated.size());
+    RolloutBatch b = episode_batch(eps, CharVocab::end());
+    const int64_t R = static_cast<int64_t>(eps.size());
+    double exact = 0, length = 0, turns = 0, truncated = 0;
+    for (int64_t i = 0; i < R; ++i) {
+      exact += task_reward(eps[i].answer, prompts[which[i / G]]).exact > 0;
+      length += static_cast<double>(std::count(eps[i].policy.begin(), eps[i].policy.end(), 1));
+      turns += static_cast<double>(eps[i].turns);
+      truncated += eps[i].truncated;
     }
     double kl_sum = 0;
     if (!ppo) {
@@ -307,7 +263,7 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     // Reward statistics over the global batch.
     const at::Tensor rw = at::tensor(rewards, at::kDouble);
     at::Tensor sums = at::tensor(std::vector<double>{rw.sum().item<double>(), (rw * rw).sum().item<double>(), exact,
-                                                     length, static_cast<double>(R), kl_sum},
+                                                     length, static_cast<double>(R), kl_sum, turns, truncated},
                                  at::kDouble);
     dp.all_reduce(sums);
     const double n = sums[4].item<double>(), mean = sums[0].item<double>() / n;
@@ -324,6 +280,10 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
                      {"train_s", train_s},
                      {"peak_mem_bytes", peak_rss_bytes()}};
     for (const auto& [name, value] : r.metrics) j[name] = value;
+    if (env) {
+      j["turns"] = sums[6].item<double>() / n;
+      j["truncated"] = sums[7].item<double>() / n;
+    }
     if (ppo) {
       // The penalty's k1 KL of the rollout policy to the reference, per policy token.
       j["kl"] = sums[3].item<double>() > 0 ? sums[5].item<double>() / sums[3].item<double>() : 0.0;
@@ -331,9 +291,13 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       for (const auto& [name, value] : rc.metrics) j[name] = value;
     }
     if (lead && (s % c.log_every == 0 || s == 1 || s == c.steps)) {
-      fmt::print("step {:>5} | reward {:.3f} +- {:.3f} | accuracy {:.3f} | length {:.1f} | loss {:.4f} | kl {:.4f} | "
+      fmt::print("step {:>5} | reward {:.3f} +- {:.3f} | accuracy {:.3f} | length {:.1f}{} | loss {:.4f} | kl {:.4f} | "
                  "clip {:.3f}/{:.3f} | entropy {:.3f}{} | rollout {:.2f} s | train {:.2f} s\n",
-                 s, mean, sd, j["accuracy"].get<double>(), j["completion_length"].get<double>(), r.loss,
+                 s, mean, sd, j["accuracy"].get<double>(), j["completion_length"].get<double>(),
+                 env ? fmt::format(" | turns {:.2f} ({:.0f}% truncated)", j["turns"].get<double>(),
+                                   100 * j["truncated"].get<double>())
+                     : "",
+                 r.loss,
                  j.value("kl", 0.0), j.value("clip_low", 0.0), j.value("clip_high", 0.0), j.value("entropy", 0.0),
                  ppo ? fmt::format(" | value loss {:.4f} clip {:.3f}", rc.loss, j.value("value_clipped", 0.0)) : "",
                  rollout_s, train_s);

@@ -8,6 +8,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/plan/strategy.h"
+#include "meshtrain/rl/environment.h"
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/train/dpo.h"
@@ -111,6 +112,8 @@ const std::map<std::string, Setter>& setters() {
       {"rl.task", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.task = as_string(n, k); }},
       {"rl.prompts", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.prompts = as_string(n, k); }},
       {"rl.reward_command", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.reward_command = as_string(n, k); }},
+      {"rl.environment", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.environment = as_string(n, k); }},
+      {"rl.max_turns", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.max_turns = as_int(n, k); }},
       {"rl.eval", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.eval = as_string(n, k); }},
       {"rl.group", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.group = as_int(n, k); }},
       {"rl.max_new", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.max_new = as_int(n, k); }},
@@ -177,6 +180,12 @@ void check_rl(const TrainConfig& c, const std::string& path) {
                                             "grpo.beta ({}) >= 0",
                                             path, r.group, r.max_new, r.epochs, r.eval_examples, r.temperature,
                                             r.epsilon, r.epsilon_high, c.grpo.beta));
+  }
+  if (r.max_turns < 1) throw std::invalid_argument(fmt::format("{}: rl.max_turns = {} must be >= 1", path, r.max_turns));
+  try {
+    make_environment(r.environment);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: rl.environment: {}", path, e.what()));
   }
   if (r.task != "arithmetic" && r.task != "reverse") {
     throw std::invalid_argument(fmt::format("{}: rl.task = \"{}\": use \"arithmetic\" or \"reverse\" (the shipped "

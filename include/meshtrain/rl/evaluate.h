@@ -1,6 +1,7 @@
 // A model's accuracy on a shipped task (data/tasks.h): greedy (or sampled)
-// completions of every prompt (rl/rollout.h, prompts batched by length), scored by the task's
-// reward. One process, tp = 1.
+// episodes of every prompt (rl/episode.h: single-turn completions, or
+// multi-turn with an environment), their answers scored by the task's reward.
+// Any tp group (its ranks generate together).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 namespace meshtrain {
 
+class Environment;
 class Transformer;
 
 struct TaskScore {
@@ -20,7 +22,9 @@ struct TaskScore {
 
 // `temperature` 0: greedy; above 0: one sample per prompt at that temperature,
 // seeded by `seed` and the prompt's index (the same on every run and rank).
+// `env`: episodes of at most max_turns turns (null: one completion each).
 TaskScore evaluate_task(Transformer& m, const std::vector<TaskExample>& examples, int64_t max_new_tokens,
-                        int64_t batch = 64, double temperature = 0, uint64_t seed = 0);
+                        int64_t batch = 64, double temperature = 0, uint64_t seed = 0, Environment* env = nullptr,
+                        int64_t max_turns = 1);
 
 }  // namespace meshtrain

@@ -63,6 +63,10 @@ struct TrainConfig {
   struct Rl {
     std::string task = "arithmetic", prompts, eval;
     std::string reward_command;  // "" = the task's reward; else rl/reward.h's protocol
+    // A multi-turn environment (rl/environment.h: "calculator"; "" single-turn),
+    // at most max_turns policy turns of at most max_new tokens each.
+    std::string environment;
+    int64_t max_turns = 4;
     int64_t group = 8, max_new = 8, epochs = 1, eval_examples = 256;
     double temperature = 1.0, epsilon = 0.2, epsilon_high = 0.2;
   } rl;
