@@ -217,6 +217,12 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
       }
     }
   }
+  // The memory ledger, measured after step 1: the critic is the actor plus its
+  // value head (h + 1 = 129 parameters x 16 B: fp32 weight, gradient, two
+  // moments); the frozen reference holds weights only (4 of the actor's 16 B).
+  const double actor = metric((d.path / "m1").string(), "mem_actor").at(1);
+  EXPECT_EQ(metric((d.path / "m1").string(), "mem_critic").at(1) - actor, 16.0 * 129);
+  EXPECT_EQ(metric((d.path / "m1").string(), "mem_reference").at(1) * 4, actor);
   // The policy moves away from the reference after the first update: KL 0 at step 1, then not.
   const auto kl = metric((d.path / "m1").string(), "kl");
   EXPECT_NEAR(kl.at(1), 0.0, 1e-6);

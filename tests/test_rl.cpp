@@ -11,6 +11,7 @@
 #include <ATen/TensorOperators.h>
 
 #include <cmath>
+#include <set>
 
 #include "meshtrain/comm/comm.h"
 #include "tests/tiny_model.h"
@@ -232,6 +233,24 @@ TEST(Tasks, ExamplesRewardsAndVocabulary) {
   EXPECT_EQ(task_reward(ids("1a\n"), e).total(), 0.0);
   EXPECT_EQ(task_reward(ids("\n"), e).total(), 0.0);
   EXPECT_EQ(task_reward(ids("19\n55"), e).total(), 1.1) << "what follows the end does not count";
+}
+
+// tokenize task's split: held-out prompts are distinct and never trained on
+// (neither SFT nor RL prompts), even where the problem space is small.
+TEST(Tasks, HeldOutPromptsAreNeitherTrainedNorRlPrompts) {
+  for (int digits : {1, 2}) {
+    const TaskSplit s = task_split("arithmetic", 3, 800, digits);
+    std::set<std::string> eval;
+    for (const auto& e : s.eval) EXPECT_TRUE(eval.insert(e.prompt).second) << "duplicate " << e.prompt;
+    for (const auto* part : {&s.train, &s.prompts}) {
+      for (const auto& e : *part) EXPECT_EQ(eval.count(e.prompt), 0u) << e.prompt << " digits " << digits;
+    }
+    if (digits == 2) {
+      EXPECT_EQ(s.train.size(), 800u);
+      EXPECT_EQ(s.prompts.size(), 201u);
+      EXPECT_GT(s.eval.size(), 190u);
+    }
+  }
 }
 
 }  // namespace

@@ -160,6 +160,7 @@ Run add_plan(CLI::App& app) {
       s.micro_batch = in.fixed.micro_batch.value_or(1);
       s.recompute = in.fixed.recompute.value_or(plan::Recompute::Selective);
       s.seq = in.seq;
+      s.precision = in.precision;
       s.global_batch = s.micro_batch * s.dp;
       plan::StageLedger l;
       if (o->method == "lora" || o->method == "qlora") {

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <random>
 #include <stdexcept>
 
@@ -34,12 +35,9 @@ std::vector<TaskExample> task_examples(const std::string& name, uint64_t seed, i
   if (digits < 1 || digits > 9) throw std::invalid_argument(fmt::format("task digits {} must be in 1..9", digits));
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + 7);
   auto below = [&](uint64_t n) { return static_cast<int64_t>(rng() % n); };
-  auto number = [&] {
-    const int d = 1 + static_cast<int>(below(static_cast<uint64_t>(digits)));
-    int64_t lo = 1;
-    for (int i = 1; i < d; ++i) lo *= 10;
-    return (d == 1 ? 0 : lo) + below(static_cast<uint64_t>(lo * 10 - (d == 1 ? 0 : lo)));
-  };
+  int64_t top = 1;
+  for (int i = 0; i < digits; ++i) top *= 10;
+  auto number = [&] { return below(static_cast<uint64_t>(top)); };  // uniform below 10^digits
   std::vector<TaskExample> out;
   for (int64_t i = 0; i < count; ++i) {
     if (name == "arithmetic") {
@@ -58,6 +56,25 @@ std::vector<TaskExample> task_examples(const std::string& name, uint64_t seed, i
       throw std::invalid_argument(fmt::format("unknown task \"{}\": use arithmetic or reverse", name));
     }
   }
+  return out;
+}
+
+TaskSplit task_split(const std::string& name, uint64_t seed, int64_t count, int digits) {
+  TaskSplit out;
+  std::set<std::string> held;
+  const int64_t small = count / 4 + 1;
+  for (auto& e : task_examples(name, seed + 2000, small, digits)) {
+    if (held.insert(e.prompt).second) out.eval.push_back(std::move(e));
+  }
+  // Draw more than needed and skip the held-out prompts.
+  auto fill = [&](std::vector<TaskExample>& into, uint64_t s, int64_t n) {
+    for (auto& e : task_examples(name, s, 2 * n + 64, digits)) {
+      if (static_cast<int64_t>(into.size()) == n) break;
+      if (!held.count(e.prompt)) into.push_back(std::move(e));
+    }
+  };
+  fill(out.train, seed, count);
+  fill(out.prompts, seed + 1000, small);
   return out;
 }
 

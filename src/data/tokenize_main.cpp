@@ -164,7 +164,9 @@ int task(int argc, char** argv) {
   using meshtrain::CharVocab;
   std::vector<meshtrain::TokenizedChat> chats;
   int64_t line = 0;
-  for (const auto& e : meshtrain::task_examples(name, static_cast<uint64_t>(seed), count, static_cast<int>(digits))) {
+  const meshtrain::TaskSplit split =
+      meshtrain::task_split(name, static_cast<uint64_t>(seed), count, static_cast<int>(digits));
+  for (const auto& e : split.train) {
     meshtrain::TokenizedChat c;
     c.line = ++line;
     for (int64_t id : CharVocab::encode(e.prompt)) {
@@ -186,16 +188,15 @@ int task(int argc, char** argv) {
                             {"padding_fraction", static_cast<double>(p.padding) / static_cast<double>(p.tokens.size() - 1)},
                             {"truncated", 0}, {"task", name}, {"digits", digits}, {"vocab", CharVocab::size()}};
   std::ofstream(fs::path(out) / "sft.json") << info.dump(2) << "\n";
-  // RL prompts and held-out evaluation: other seeds, the same distribution.
-  for (const auto& [file, s] : {std::pair{"prompts.jsonl", seed + 1000}, {"eval.jsonl", seed + 2000}}) {
+  // RL prompts and held-out evaluation: other seeds; no evaluation prompt is trained on.
+  for (const auto& [file, examples] : {std::pair{"prompts.jsonl", &split.prompts}, {"eval.jsonl", &split.eval}}) {
     std::ofstream f(fs::path(out) / file);
-    for (const auto& e : meshtrain::task_examples(name, static_cast<uint64_t>(s), count / 4 + 1, static_cast<int>(digits))) {
-      f << nlohmann::json{{"prompt", e.prompt}, {"answer", e.answer}}.dump() << "\n";
-    }
+    for (const auto& e : *examples) f << nlohmann::json{{"prompt", e.prompt}, {"answer", e.answer}}.dump() << "\n";
   }
-  fmt::print("task {}: {} examples -> {} blocks of {} tokens in {} (vocabulary {}); prompts.jsonl and eval.jsonl: {} "
-             "each\n",
-             name, count, (p.tokens.size() - 1) / static_cast<uint64_t>(seq), seq, out, CharVocab::size(), count / 4 + 1);
+  fmt::print("task {}: {} examples -> {} blocks of {} tokens in {} (vocabulary {}); prompts.jsonl {}, eval.jsonl {} "
+             "(held out: in neither)\n",
+             name, split.train.size(), (p.tokens.size() - 1) / static_cast<uint64_t>(seq), seq, out, CharVocab::size(),
+             split.prompts.size(), split.eval.size());
   return 0;
 }
 

@@ -94,9 +94,10 @@ StageLedger lora_ledger(const ModelSpec& m, const Strategy& s, const LoraOptions
 
 namespace {
 
-// RL's models on one rank: the trained actor (and PPO's critic) in mixed
-// precision, frozen bf16 models, the rollout's KV cache and the actor's
-// training activations. `trained` and `frozen` name the models of each kind.
+// RL's models on one rank: the trained actor (and PPO's critic) in the
+// precision of `s` (16 B per parameter in fp32 and in mixed precision), frozen
+// models as weights only (fp32: 4 B, else 2 B), the rollout's KV cache and the
+// actor's training activations. `trained` and `frozen` name the models of each kind.
 StageLedger rl_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o,
                       const std::vector<std::pair<std::string, std::string>>& trained,
                       const std::vector<std::pair<std::string, std::string>>& frozen) {
@@ -106,11 +107,14 @@ StageLedger rl_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& 
   StageLedger L;
   L.layers = m.layers / s.pp;
   L.params = static_cast<double>(trained.size() + frozen.size()) * psi;
-  const ModelStates states = model_state_bytes(psi, Precision::Bf16, s.zero, s.shard_group());
+  const ModelStates states = model_state_bytes(psi, s.precision, s.zero, s.shard_group());
   for (const auto& [name, why] : trained) {
-    L.lines.push_back({name, states.total(), why.empty() ? fmt::format("{:.4g} params x 16 B, ZeRO-{}", psi, s.zero) : why});
+    L.lines.push_back({name, states.total(),
+                       why.empty() ? fmt::format("{:.4g} params x {:.0f} B, ZeRO-{}", psi, states.total() / psi, s.zero)
+                                   : why});
   }
-  for (const auto& [name, why] : frozen) L.lines.push_back({name, psi * 2, why});
+  const double frozen_bytes = s.precision == Precision::Fp32 ? 4 : 2;  // weights only, in the run's precision
+  for (const auto& [name, why] : frozen) L.lines.push_back({name, psi * frozen_bytes, why});
   const double per_token = 2.0 * m.layers / s.pp * m.kv_heads * m.head_dim() * 2 / s.tp;
   const double tokens = static_cast<double>(o.rollout_batch) * (o.prompt_tokens + o.generated_tokens);
   L.lines.push_back({"rollout KV cache", per_token * tokens,
@@ -126,12 +130,12 @@ StageLedger rl_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& 
 
 StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o) {
   return rl_ledger(m, s, o, {{"actor (trained)", ""}, {"critic (trained)", "same shape as the actor"}},
-                   {{"reference (frozen)", "bf16 weights only"}, {"reward (frozen)", "bf16 weights only"}});
+                   {{"reference (frozen)", "weights only"}, {"reward (frozen)", "weights only"}});
 }
 
 StageLedger grpo_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o, bool reference) {
   std::vector<std::pair<std::string, std::string>> frozen;
-  if (reference) frozen.push_back({"reference (frozen)", "bf16 weights only (KL term on)"});
+  if (reference) frozen.push_back({"reference (frozen)", "weights only (KL term on)"});
   return rl_ledger(m, s, o, {{"actor (trained)", ""}}, frozen);
 }
 

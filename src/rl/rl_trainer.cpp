@@ -26,6 +26,7 @@
 #include "meshtrain/rl/grpo_objective.h"
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/rl/rollout.h"
+#include "meshtrain/plan/posttrain.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
@@ -109,6 +110,45 @@ std::vector<Batch> micro_batches(int64_t R, int64_t micro, const Rows& rows) {
     out.push_back(rows(ids));
   }
   return out;
+}
+
+// The models this rank holds, measured from their tensors (trained: weights,
+// gradients, AdamW's moments; frozen: weights), beside the planner's RL ledger
+// for the same model in fp32 (plan/posttrain.h). Printed after the first step
+// (when gradients exist) and logged as mem_* in that step's metrics.
+void report_memory(const TrainConfig& c, TrainEngine& actor, TrainEngine* critic, int dp, int64_t rows, bool lead,
+                   nlohmann::json& j) {
+  auto weights = [](Transformer* m) {
+    double b = 0;
+    if (m) {
+      for (const auto& p : m->params().params()) b += static_cast<double>(p.tensor.numel() * p.tensor.element_size());
+    }
+    return b;
+  };
+  std::vector<std::pair<std::string, double>> measured{{"actor (trained)", static_cast<double>(actor.measure().state())}};
+  if (critic) measured.push_back({"critic (trained)", static_cast<double>(critic->measure().state())});
+  if (actor.reference()) measured.push_back({"reference (frozen)", weights(actor.reference())});
+  j["mem_actor"] = measured[0].second;
+  if (critic) j["mem_critic"] = measured[1].second;
+  if (actor.reference()) j["mem_reference"] = measured.back().second;
+  if (!lead) return;
+  plan::StageLedger planned;
+  try {
+    plan::Strategy s;
+    s.tp = c.tp, s.dp = dp, s.precision = plan::Precision::Fp32, s.micro_batch = c.micro_batch;
+    s.seq = c.model.seq, s.global_batch = c.micro_batch * dp;
+    const plan::RlhfOptions o{rows, c.model.seq - c.rl.max_new, c.rl.max_new};
+    planned = c.method == "ppo" ? plan::rlhf_ledger(c.model, s, o) : plan::grpo_ledger(c.model, s, o, actor.reference());
+  } catch (const std::exception& e) {
+    fmt::print("memory: no plan for this model ({})\n", e.what());
+  }
+  fmt::print("memory per rank: measured | planned (meshtrain plan --method {} --precision fp32)\n", c.method);
+  for (const auto& [name, bytes] : measured) {
+    double plan_bytes = 0;
+    for (const auto& line : planned.lines) plan_bytes = line.item == name ? line.bytes : plan_bytes;
+    fmt::print("  {:<20} {:>12} | {}\n", name, plan::human_bytes(bytes),
+               plan_bytes > 0 ? plan::human_bytes(plan_bytes) : std::string("-"));
+  }
 }
 
 }  // namespace
@@ -280,6 +320,7 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
                      {"train_s", train_s},
                      {"peak_mem_bytes", peak_rss_bytes()}};
     for (const auto& [name, value] : r.metrics) j[name] = value;
+    if (s == 1) report_memory(c, engine, critic.get(), dp.size(), R, lead, j);
     if (env) {
       j["turns"] = sums[6].item<double>() / n;
       j["truncated"] = sums[7].item<double>() / n;

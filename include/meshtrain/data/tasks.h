@@ -4,7 +4,7 @@
 // training process.
 //
 //   arithmetic  "37+58=" -> "95", "81-26=" -> "55", "12*7=" -> "84"
-//               (operands of 1..digits digits; subtraction never negative)
+//               (operands uniform below 10^digits; subtraction never negative)
 //   reverse     "rev:abcd=" -> "dcba" (1..digits lowercase letters)
 //
 // A completion ends with the end token ("\n", id 0). Its reward is 1 when its
@@ -37,6 +37,16 @@ struct TaskExample {
 // `count` examples of task `name` ("arithmetic" | "reverse") from `seed`.
 // Throws std::invalid_argument for an unknown task or digits outside 1..9.
 std::vector<TaskExample> task_examples(const std::string& name, uint64_t seed, int64_t count, int digits);
+
+// What `meshtrain tokenize task` writes: SFT examples (`count`), RL prompts
+// and held-out evaluation examples (count / 4 + 1 each, from other seeds). The
+// evaluation prompts are distinct and appear in neither of the others, so
+// held-out accuracy measures what was not trained on (a small problem space,
+// e.g. one digit, can leave fewer examples than asked).
+struct TaskSplit {
+  std::vector<TaskExample> train, prompts, eval;
+};
+TaskSplit task_split(const std::string& name, uint64_t seed, int64_t count, int digits);
 
 // The {"prompt", "answer"} lines of a JSONL file (prompts.jsonl, eval.jsonl);
 // throws std::invalid_argument naming the file and line of a bad one.

@@ -54,13 +54,14 @@ struct RlhfOptions {
   int64_t prompt_tokens = 512, generated_tokens = 512;
 };
 
-// PPO with actor and critic the shape of `m` (trained, mixed precision 16 B per
-// parameter, sharded by ZeRO as in `s`) and reference and reward models frozen
-// in bf16, all split over tp x pp.
+// PPO with actor and critic the shape of `m` (trained in the precision of `s`:
+// 16 B per parameter in fp32 and in mixed precision, sharded by ZeRO as in
+// `s`) and reference and reward models frozen (weights only: 4 B in fp32, else
+// 2 B), all split over tp x pp.
 StageLedger rlhf_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o);
 
 // GRPO (arXiv 2402.03300): no critic and no reward model (a verifiable reward);
-// the actor trained as in `s`, a frozen bf16 reference only when the KL term
+// the actor trained as in `s`, a frozen reference only when the KL term
 // is on (`reference`), and the rollout's KV cache for rollout_batch sequences.
 StageLedger grpo_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& o, bool reference);
 
