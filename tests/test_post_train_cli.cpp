@@ -255,5 +255,62 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
   }
 }
 
+// A learned reward model (rl/reward_model.h) on tokenize task's preference
+// pairs: dp 2 = one process; PPO then holds four models (actor, critic,
+// reference, reward), their bytes measured, and scores completions with the
+// reward model; a checkpoint without a value head is one error before ranks start.
+TEST(PostTrainCli, RewardModelThenPpoWithFourModels) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  auto run = run_command(bin + " tokenize task --name arithmetic --out " + (d.path / "arith").string() +
+                         " --seq 32 --count 200");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("200 preference pairs in prefs/"), std::string::npos) << run.output;
+  const std::string rm = d.write(
+      "rm.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[data]\ntrain = \"" +
+                     (d.path / "arith/prefs/train.bin").string() +
+                     "\"\n[train]\nmethod = \"reward\"\nsteps = 6\nseq = 32\nmicro_batch = 2\nglobal_batch = 4\n"
+                     "lr = 1e-3\nlog_every = 1\n");
+  for (const std::string n : {"1", "2"}) {
+    run = run_command(bin + " train " + rm + " --nproc " + n + " --set train.metrics='\"" + (d.path / ("rm" + n)).string() +
+                      "\"' --set checkpoint.dir='\"" + (d.path / ("rmck" + n)).string() + "\"'");
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("score/chosen"), std::string::npos) << run.output;
+  }
+  for (const char* key : {"loss", "margin", "accuracy", "score/chosen"}) {
+    const auto a = metric((d.path / "rm1").string(), key), b = metric((d.path / "rm2").string(), key);
+    ASSERT_EQ(a.size(), 6u) << key;
+    for (const auto& [step, v] : a) EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << key << " " << step;
+  }
+  const std::string ppo = d.write(
+      "p.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[rl]\nprompts = \"" +
+                    (d.path / "arith/prompts.jsonl").string() + "\"\ngroup = 2\nmax_new = 4\nreward_model = \"" +
+                    (d.path / "rmck2").string() +
+                    "\"\n[train]\nmethod = \"ppo\"\nsteps = 2\nseq = 32\nmicro_batch = 4\nglobal_batch = 4\n"
+                    "lr = 1e-3\nlog_every = 1\n");
+  run = run_command(bin + " train " + ppo + " --nproc 2 --set train.metrics='\"" + (d.path / "ppo").string() +
+                    "\"' --set checkpoint.dir='\"" + (d.path / "ppock").string() + "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  for (const char* line : {"actor (trained)", "critic (trained)", "reference (frozen)", "reward (frozen)"}) {
+    EXPECT_NE(run.output.find(line), std::string::npos) << line << "\n" << run.output;
+  }
+  // The reward model's weights: the reference's plus its value head (129 fp32 numbers).
+  const auto mem = [&](const char* k) { return metric((d.path / "ppo").string(), k).at(1); };
+  EXPECT_EQ(mem("mem_reward") - mem("mem_reference"), 4.0 * 129);
+  // Its scores are real numbers, not the task's {0, 0.1, 1, 1.1}.
+  const double reward = metric((d.path / "ppo").string(), "reward").at(1);
+  for (double task : {0.0, 0.1, 1.0, 1.1}) EXPECT_GT(std::abs(reward - task), 1e-6);
+  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
+           {" --set rl.reward_model='\"" + (d.path / "rmck2").string() + "\"' --set rl.reward_command='\"cat\"'",
+            "rl.reward_command and rl.reward_model both set"},
+           {" --set train.steps=1 --set rl.reward_model='\"" + (d.path / "nothing").string() + "\"'", "nothing"},
+           {" --set rl.reward_model='\"" + (d.path / "ppock").string() + "\"'", "is not a reward model"}}) {
+    run = run_command(bin + " train " + ppo + " --nproc 2" + set);
+    EXPECT_NE(run.code, 0) << set;
+    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
+    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::test

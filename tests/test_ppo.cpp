@@ -13,10 +13,12 @@
 #include <cmath>
 
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/data/loader.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/critic.h"
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/ppo.h"
+#include "meshtrain/rl/reward_model.h"
 #include "tests/tiny_model.h"
 
 namespace meshtrain {
@@ -131,6 +133,42 @@ TEST(Ppo, ValueHeadIsCausalTrainableAndFreezesTheLmHead) {
   EXPECT_GT(m.params().find("value_head.weight").tensor.grad().abs().sum().item<double>(), 0);
   EXPECT_GT(m.params().find("layers.0.attn.q.weight").tensor.grad().abs().sum().item<double>(), 0);
   EXPECT_FALSE(m.params().find("head.weight").tensor.grad().defined());
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+// The reward model (rl/reward_model.h): a sequence's score is its value at
+// the position predicting its last trained token; the Bradley–Terry loss by
+// hand; a checkpoint without a value head is refused by name.
+TEST(RewardModel, ScoresAtTheLastTrainedPositionAndBradleyTerryByHand) {
+  Comm solo("solo", 0);
+  Transformer m(test::tiny_llama(32, 16), solo, false, 11);
+  add_value_head(m);
+  const at::Tensor tokens = at::tensor({3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4, 2, 7, 7, 0, 0}, at::kLong).view({2, 8});
+  at::Tensor targets = at::full({2, 8}, -1, at::kLong);
+  targets[0].narrow(0, 2, 3).fill_(1);  // row 0 trained at 2..4: scored at 4
+  targets[1].narrow(0, 1, 5).fill_(1);  // row 1 trained at 1..5: scored at 5
+  const at::Tensor v = values(m, tokens);
+  const at::Tensor s = sequence_scores(m, tokens, targets, false);
+  EXPECT_NEAR(s[0].item<double>(), v[0][4].item<double>(), 1e-6);
+  EXPECT_NEAR(s[1].item<double>(), v[1][5].item<double>(), 1e-6);
+  EXPECT_TRUE(at::allclose(score_rows(m, tokens, at::tensor({5, 6}, at::kLong)), s, 1e-6, 1e-6))
+      << "an RL row's last token at 5 (6) is predicted at 4 (5)";
+  Batch b;
+  b.tokens = tokens, b.targets = targets;
+  RewardModelObjective o;
+  std::vector<double> metrics(4, 0.0);
+  EXPECT_EQ(o.units(b), 1.0);
+  const double margin = s[0].item<double>() - s[1].item<double>();
+  EXPECT_NEAR(o.loss(m, b, false, metrics).item<double>(), std::log1p(std::exp(-margin)), 1e-6);
+  EXPECT_NEAR(metrics[2], margin, 1e-6);
+  EXPECT_EQ(metrics[3], margin > 0 ? 1.0 : 0.0);
+  at::Tensor none = at::full({2, 8}, -1, at::kLong);
+  EXPECT_THROW(sequence_scores(m, tokens, none, false), std::invalid_argument);
 }
 
 }  // namespace

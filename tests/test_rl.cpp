@@ -10,6 +10,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -233,6 +234,25 @@ TEST(Tasks, ExamplesRewardsAndVocabulary) {
   EXPECT_EQ(task_reward(ids("1a\n"), e).total(), 0.0);
   EXPECT_EQ(task_reward(ids("\n"), e).total(), 0.0);
   EXPECT_EQ(task_reward(ids("19\n55"), e).total(), 1.1) << "what follows the end does not count";
+}
+
+// A preference pair's rejected answer: wrong, of the answer's kind and length,
+// no leading zero on a multi-digit number.
+TEST(Tasks, NearMissesAreWrongAnswersOfTheSameKind) {
+  for (const auto& e : task_examples("arithmetic", 4, 300, 2)) {
+    for (uint64_t seed : {1, 2, 3}) {
+      const std::string w = near_miss(e, seed);
+      EXPECT_NE(w, e.answer);
+      EXPECT_EQ(w.size(), e.answer.size());
+      EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](char c) { return std::isdigit(c) != 0; })) << w;
+      if (w.size() > 1) EXPECT_NE(w[0], '0') << e.answer << " -> " << w;
+    }
+  }
+  for (const auto& e : task_examples("reverse", 4, 100, 5)) {
+    const std::string w = near_miss(e, 9);
+    EXPECT_NE(w, e.answer);
+    EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](char c) { return std::islower(c) != 0; })) << w;
+  }
 }
 
 // tokenize task's split: held-out prompts are distinct and never trained on

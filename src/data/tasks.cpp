@@ -78,6 +78,29 @@ TaskSplit task_split(const std::string& name, uint64_t seed, int64_t count, int 
   return out;
 }
 
+std::string near_miss(const TaskExample& e, uint64_t seed) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + 11);
+  std::string w = e.answer;
+  const bool digits = std::all_of(w.begin(), w.end(), [](char c) { return std::isdigit(c) != 0; });
+  if (!digits && w.size() > 1 && rng() % 2 == 0) {
+    const size_t i = rng() % (w.size() - 1);
+    if (w[i] != w[i + 1]) {
+      std::swap(w[i], w[i + 1]);
+      return w;
+    }
+  }
+  // One position changed to another symbol of its kind (10 digits or 26 letters).
+  const size_t i = rng() % w.size();
+  const int kinds = digits ? 10 : 26;
+  const char base = digits ? '0' : 'a';
+  const int lowest = digits && i == 0 && w.size() > 1 ? 1 : 0;
+  const int now = w[i] - base;
+  int pick = lowest + static_cast<int>(rng() % static_cast<uint64_t>(kinds - lowest - 1));
+  if (pick >= now) ++pick;  // skip the right symbol
+  w[i] = static_cast<char>(base + pick);
+  return w;
+}
+
 std::vector<TaskExample> read_task_examples(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument(fmt::format("cannot read {}", path));

@@ -13,8 +13,10 @@
 //        writes DIR/train.bin, DIR/train.mask.bin (1 = trained target) and DIR/sft.json
 // and, for reinforcement learning's shipped tasks (data/tasks.h, their own character vocabulary):
 //   task --name arithmetic|reverse --out DIR --seq N [--digits D] [--count N] [--seed S] [--force]
-//        writes DIR/train.bin, train.mask.bin, sft.json (SFT on prompt -> answer), DIR/prompts.jsonl
-//        (RL prompts, another seed) and DIR/eval.jsonl (held out), each line {"prompt", "answer"}
+//        writes DIR/train.bin, train.mask.bin, sft.json (SFT on prompt -> answer), DIR/prefs/ (the
+//        same prompts as preference pairs: the answer chosen, a near miss rejected; for a reward model
+//        or DPO), DIR/prompts.jsonl (RL prompts, another seed) and DIR/eval.jsonl (held out: in neither),
+//        each line {"prompt", "answer"}
 // and, for DPO (data/preference.h):
 //   prefs --input PAIRS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
 //        writes DIR/train.bin, DIR/train.mask.bin and DIR/dpo.json (two blocks per pair)
@@ -166,19 +168,21 @@ int task(int argc, char** argv) {
   int64_t line = 0;
   const meshtrain::TaskSplit split =
       meshtrain::task_split(name, static_cast<uint64_t>(seed), count, static_cast<int>(digits));
-  for (const auto& e : split.train) {
+  // The prompt (not trained), then the answer and the end token (trained).
+  auto sequence = [&](const std::string& prompt, const std::string& answer) {
     meshtrain::TokenizedChat c;
     c.line = ++line;
-    for (int64_t id : CharVocab::encode(e.prompt)) {
+    for (int64_t id : CharVocab::encode(prompt)) {
       c.ids.push_back(static_cast<uint32_t>(id));
       c.mask.push_back(0);
     }
-    for (int64_t id : CharVocab::encode(e.answer + "\n")) {
+    for (int64_t id : CharVocab::encode(answer + "\n")) {
       c.ids.push_back(static_cast<uint32_t>(id));
       c.mask.push_back(1);
     }
-    chats.push_back(std::move(c));
-  }
+    return c;
+  };
+  for (const auto& e : split.train) chats.push_back(sequence(e.prompt, e.answer));
   const meshtrain::PackedChats p = meshtrain::pack_chats(chats, seq, static_cast<uint32_t>(CharVocab::end()), false);
   fs::create_directories(out);
   meshtrain::write_shard((fs::path(out) / "train.bin").string(), p.tokens, p.doc_starts, 2);
@@ -188,15 +192,31 @@ int task(int argc, char** argv) {
                             {"padding_fraction", static_cast<double>(p.padding) / static_cast<double>(p.tokens.size() - 1)},
                             {"truncated", 0}, {"task", name}, {"digits", digits}, {"vocab", CharVocab::size()}};
   std::ofstream(fs::path(out) / "sft.json") << info.dump(2) << "\n";
+  // Preference pairs (data/preference.h's layout) for a reward model or DPO:
+  // the right answer chosen, a near miss rejected.
+  std::vector<meshtrain::TokenizedChat> pairs;
+  line = 0;
+  for (size_t i = 0; i < split.train.size(); ++i) {
+    const auto& e = split.train[i];
+    pairs.push_back(sequence(e.prompt, e.answer));
+    pairs.push_back(sequence(e.prompt, meshtrain::near_miss(e, static_cast<uint64_t>(seed) * 1000003 + i)));
+  }
+  const meshtrain::PackedChats pp = meshtrain::pack_pairs(pairs, seq, static_cast<uint32_t>(CharVocab::end()), false);
+  fs::create_directories(fs::path(out) / "prefs");
+  meshtrain::write_shard((fs::path(out) / "prefs/train.bin").string(), pp.tokens, pp.doc_starts, 2);
+  meshtrain::write_shard((fs::path(out) / "prefs/train.mask.bin").string(), pp.mask, pp.doc_starts, 2);
+  std::ofstream(fs::path(out) / "prefs/dpo.json")
+      << nlohmann::json{{"seq", seq}, {"pairs", pp.conversations / 2}, {"task", name}, {"vocab", CharVocab::size()}}.dump(2)
+      << "\n";
   // RL prompts and held-out evaluation: other seeds; no evaluation prompt is trained on.
   for (const auto& [file, examples] : {std::pair{"prompts.jsonl", &split.prompts}, {"eval.jsonl", &split.eval}}) {
     std::ofstream f(fs::path(out) / file);
     for (const auto& e : *examples) f << nlohmann::json{{"prompt", e.prompt}, {"answer", e.answer}}.dump() << "\n";
   }
-  fmt::print("task {}: {} examples -> {} blocks of {} tokens in {} (vocabulary {}); prompts.jsonl {}, eval.jsonl {} "
-             "(held out: in neither)\n",
+  fmt::print("task {}: {} examples -> {} blocks of {} tokens in {} (vocabulary {}); {} preference pairs in prefs/; "
+             "prompts.jsonl {}, eval.jsonl {} (held out: in neither)\n",
              name, split.train.size(), (p.tokens.size() - 1) / static_cast<uint64_t>(seq), seq, out, CharVocab::size(),
-             split.prompts.size(), split.eval.size());
+             pp.conversations / 2, split.prompts.size(), split.eval.size());
   return 0;
 }
 

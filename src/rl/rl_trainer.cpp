@@ -25,6 +25,7 @@
 #include "meshtrain/rl/episode.h"
 #include "meshtrain/rl/grpo_objective.h"
 #include "meshtrain/rl/ppo.h"
+#include "meshtrain/rl/reward_model.h"
 #include "meshtrain/rl/rollout.h"
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/runtime/mesh.h"
@@ -116,8 +117,8 @@ std::vector<Batch> micro_batches(int64_t R, int64_t micro, const Rows& rows) {
 // gradients, AdamW's moments; frozen: weights), beside the planner's RL ledger
 // for the same model in fp32 (plan/posttrain.h). Printed after the first step
 // (when gradients exist) and logged as mem_* in that step's metrics.
-void report_memory(const TrainConfig& c, TrainEngine& actor, TrainEngine* critic, int dp, int64_t rows, bool lead,
-                   nlohmann::json& j) {
+void report_memory(const TrainConfig& c, TrainEngine& actor, TrainEngine* critic, Transformer* reward, int dp,
+                   int64_t rows, bool lead, nlohmann::json& j) {
   auto weights = [](Transformer* m) {
     double b = 0;
     if (m) {
@@ -127,10 +128,16 @@ void report_memory(const TrainConfig& c, TrainEngine& actor, TrainEngine* critic
   };
   std::vector<std::pair<std::string, double>> measured{{"actor (trained)", static_cast<double>(actor.measure().state())}};
   if (critic) measured.push_back({"critic (trained)", static_cast<double>(critic->measure().state())});
-  if (actor.reference()) measured.push_back({"reference (frozen)", weights(actor.reference())});
+  if (actor.reference()) {
+    measured.push_back({"reference (frozen)", weights(actor.reference())});
+    j["mem_reference"] = measured.back().second;
+  }
+  if (reward) {
+    measured.push_back({"reward (frozen)", weights(reward)});
+    j["mem_reward"] = measured.back().second;
+  }
   j["mem_actor"] = measured[0].second;
   if (critic) j["mem_critic"] = measured[1].second;
-  if (actor.reference()) j["mem_reference"] = measured.back().second;
   if (!lead) return;
   plan::StageLedger planned;
   try {
@@ -191,6 +198,9 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     if (lead) fmt::print("weights from {} (step {})\n", r.dir(), r.manifest().value("step", 0));
   }
   auto& objective = dynamic_cast<GrpoObjective&>(engine.objective());
+  // A learned reward model (frozen, tensor-parallel like the policy): the fourth model of PPO (RLHF).
+  const std::unique_ptr<Transformer> reward_model =
+      c.rl.reward_model.empty() ? nullptr : load_reward_model(c.rl.reward_model, engine.model().tp_comm());
   const std::unique_ptr<Environment> env = make_environment(c.rl.environment);
   Transformer& model = engine.model();
   const int64_t mine = P / dp.size(), first = dp.rank() * mine;
@@ -247,10 +257,17 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     }
     std::vector<double> rewards;
     const std::vector<Episode> eps = collect(model, c, s, first, prompts, which, score, env.get(), rt.rank(), rewards);
-    const double rollout_s = seconds_since(t0);
-    const auto t1 = Clock::now();
     RolloutBatch b = episode_batch(eps, CharVocab::end());
     const int64_t R = static_cast<int64_t>(eps.size());
+    if (reward_model) {
+      // The learned reward model's score of each whole episode replaces the task's reward.
+      std::vector<int64_t> last;
+      for (const Episode& e : eps) last.push_back(static_cast<int64_t>(e.prompt.size() + e.generated.size()) - 1);
+      const at::Tensor scores = score_rows(*reward_model, b.tokens, at::tensor(last, at::kLong)).to(at::kDouble).contiguous();
+      rewards.assign(scores.data_ptr<double>(), scores.data_ptr<double>() + R);
+    }
+    const double rollout_s = seconds_since(t0);
+    const auto t1 = Clock::now();
     double exact = 0, length = 0, turns = 0, truncated = 0;
     for (int64_t i = 0; i < R; ++i) {
       exact += task_reward(eps[i].answer, prompts[which[i / G]]).exact > 0;
@@ -320,7 +337,7 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
                      {"train_s", train_s},
                      {"peak_mem_bytes", peak_rss_bytes()}};
     for (const auto& [name, value] : r.metrics) j[name] = value;
-    if (s == 1) report_memory(c, engine, critic.get(), dp.size(), R, lead, j);
+    if (s == 1) report_memory(c, engine, critic.get(), reward_model.get(), dp.size(), R, lead, j);
     if (env) {
       j["turns"] = sums[6].item<double>() / n;
       j["truncated"] = sums[7].item<double>() / n;

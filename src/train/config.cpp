@@ -114,6 +114,7 @@ const std::map<std::string, Setter>& setters() {
       {"rl.reward_command", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.reward_command = as_string(n, k); }},
       {"rl.environment", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.environment = as_string(n, k); }},
       {"rl.max_turns", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.max_turns = as_int(n, k); }},
+      {"rl.reward_model", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.reward_model = as_string(n, k); }},
       {"rl.eval", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.eval = as_string(n, k); }},
       {"rl.group", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.group = as_int(n, k); }},
       {"rl.max_new", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.max_new = as_int(n, k); }},
@@ -132,7 +133,6 @@ const std::map<std::string, Setter>& setters() {
       {"ppo.vf_coef", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.vf_coef = as_double(n, k); }},
       {"ppo.critic_lr", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.critic_lr = as_double(n, k); }},
       {"ppo.whiten", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.whiten = as_bool(n, k); }},
-      {"ppo.reward_model", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.reward_model = as_string(n, k); }},
       {"dpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_beta = as_double(n, k); }},
       {"dpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_loss = as_string(n, k); }},
       {"dpo.reference", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_reference = as_string(n, k); }},
@@ -180,6 +180,11 @@ void check_rl(const TrainConfig& c, const std::string& path) {
                                             "grpo.beta ({}) >= 0",
                                             path, r.group, r.max_new, r.epochs, r.eval_examples, r.temperature,
                                             r.epsilon, r.epsilon_high, c.grpo.beta));
+  }
+  if (!r.reward_command.empty() && !r.reward_model.empty()) {
+    throw std::invalid_argument(fmt::format("{}: rl.reward_command and rl.reward_model both set: the reward comes from "
+                                            "one of them (or, with neither, from the task)",
+                                            path));
   }
   if (r.max_turns < 1) throw std::invalid_argument(fmt::format("{}: rl.max_turns = {} must be >= 1", path, r.max_turns));
   try {
@@ -306,10 +311,17 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "model.dropout = 0 (it is {})",
                                             path, c.cp, c.model.dropout));
   }
-  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo" && c.method != "grpo" && c.method != "ppo") {
-    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\", \"dpo\", \"grpo\" "
-                                            "or \"ppo\"",
+  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo" && c.method != "reward" && c.method != "grpo" &&
+      c.method != "ppo") {
+    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\", \"dpo\", \"reward\", "
+                                            "\"grpo\" or \"ppo\"",
                                             path, c.method));
+  }
+  if (c.method == "reward" && (c.pp > 1 || c.cp > 1 || c.sp)) {
+    // A sequence's score is one position's value: the sequence whole on one rank, its hidden states whole.
+    throw std::invalid_argument(fmt::format("{}: train.method = \"reward\" needs each sequence whole on one rank: "
+                                            "parallel.pp and cp must be 1 and sp false (they are {}, {}, {})",
+                                            path, c.pp, c.cp, c.sp));
   }
   if (c.method == "grpo" || c.method == "ppo") check_rl(c, path);
   if (c.method == "dpo") {

@@ -13,6 +13,7 @@
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/rl/critic.h"
 #include "meshtrain/rl/grpo_objective.h"
+#include "meshtrain/rl/reward_model.h"
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
@@ -71,7 +72,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   for (auto& m : chunks_) {
     if (c.lora.rank > 0) apply_lora(*m, c.lora);
     if (c.adapters.bottleneck > 0) apply_adapters(*m, c.adapters);
-    if (role == EngineRole::Critic) add_value_head(*m);  // after LoRA, which freezes what came before it
+    // A critic or a reward model: the trunk with a value head (after LoRA, which freezes what came before it).
+    if (role == EngineRole::Critic || c.method == "reward") add_value_head(*m);
     m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
     m->set_dropout_seed(c.seed, dp_.rank());
     m->set_recompute(plan::parse_recompute(c.recompute));
@@ -112,6 +114,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   }
   if (role == EngineRole::Critic) {
     objective_ = std::make_unique<ValueObjective>(c.ppo.value_clip, c.ppo.vf_coef);
+  } else if (c.method == "reward") {
+    objective_ = std::make_unique<RewardModelObjective>();
   } else if (c.method == "dpo") {
     objective_ = std::make_unique<DpoObjective>(DpoOptions{c.dpo_beta, parse_dpo_loss(c.dpo_loss)}, reference_.get());
   } else if (c.method == "grpo" || c.method == "ppo") {

@@ -49,7 +49,7 @@ namespace {
 // What the method's data needs from the loader: documents for the mask, loss
 // masks for SFT and DPO, pairs kept together for DPO.
 LoaderOptions loader_options(const TrainConfig& c) {
-  LoaderOptions o{c.document_mask, c.method == "sft" || c.method == "dpo", c.method == "dpo" ? 2 : 1};
+  LoaderOptions o{c.document_mask, c.method == "sft" || pairwise(c.method), pairwise(c.method) ? 2 : 1};
   o.repack = c.method == "sft" && c.repack;  // SFT: conversations shuffled and packed afresh each epoch
   return o;
 }
@@ -104,7 +104,7 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
           {"config",
            {{"model", spec_to_json(c.model)},
             {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
-                       {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}}}}},
+                       {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}, {"method", c.method}}}}},
           {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
                     {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
           {"optimizer", {{"steps", opt.steps()}}},
@@ -287,6 +287,22 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                               "ranks", c.global_batch, dp));
     }
     if (!c.init_from.empty()) check_same_model(ckpt::Reader(ckpt::resolve(c.init_from)), c.model);
+    if (!c.rl.reward_model.empty()) {
+      const ckpt::Reader r(ckpt::resolve(c.rl.reward_model));
+      if (!r.has("model/value_head.weight")) {
+        throw std::invalid_argument(fmt::format("rl.reward_model = {} is not a reward model (it has no value head): "
+                                                "train one with train.method = \"reward\"",
+                                                c.rl.reward_model));
+      }
+      const plan::ModelSpec rm = spec_from_json(r.manifest().at("config").at("model"));
+      if (rm.vocab < CharVocab::size() || rm.seq < c.model.seq || rm.heads % c.tp != 0 || rm.kv_heads % c.tp != 0) {
+        throw std::invalid_argument(fmt::format("rl.reward_model = {}: its model (vocab {}, seq {}, {} heads) must "
+                                                "hold the task's {} characters, the policy's sequence of {} and "
+                                                "split over tp = {}",
+                                                c.rl.reward_model, rm.vocab, rm.seq, rm.heads, CharVocab::size(),
+                                                c.model.seq, c.tp));
+      }
+    }
     return;
   }
   if (c.global_batch % (c.micro_batch * dp) != 0) {
@@ -299,7 +315,7 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                             "tokenizer's size",
                                             c.model.vocab, top, c.train_shards[0]));
   }
-  if (c.method == "sft" || c.method == "dpo") {
+  if (c.method == "sft" || pairwise(c.method)) {
     // Blocks packed for another length would cut conversations: the data's sft.json (dpo.json) names its seq.
     const bool sft = c.method == "sft";
     std::vector<std::string> shards = c.train_shards;
@@ -473,7 +489,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // DPO's batch counts pairs: two sequences each.
-    const double tokens_per_s = static_cast<double>(c.global_batch * c.seq * (c.method == "dpo" ? 2 : 1)) / dt;
+    const double tokens_per_s = static_cast<double>(c.global_batch * c.seq * (pairwise(c.method) ? 2 : 1)) / dt;
     const double mfu = flops_per_token * tokens_per_s / peak_flops;
     const auto [wait, predicted] = engine.bubble();
     // Validation (when due) first, so the step's metrics line holds it too.
@@ -496,7 +512,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       }
       if (!val.empty()) {
         fmt::print("step {:>5} | validation loss {:.4f}{}\n", s, val[0],
-                   c.method == "dpo" ? metrics_text(engine.objective().metrics(), {val.begin() + 1, val.end()})
+                   pairwise(c.method) ? metrics_text(engine.objective().metrics(), {val.begin() + 1, val.end()})
                                      : fmt::format(" | perplexity {:.2f}", std::exp(val[0])));
       }
       if (metrics.is_open()) {

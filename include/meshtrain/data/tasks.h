@@ -48,6 +48,11 @@ struct TaskSplit {
 };
 TaskSplit task_split(const std::string& name, uint64_t seed, int64_t count, int digits);
 
+// A wrong answer close to the right one (a preference pair's rejected side):
+// arithmetic changes one digit (never leading a multi-digit number with 0),
+// reverse swaps two letters or changes one. A function of `seed`.
+std::string near_miss(const TaskExample& e, uint64_t seed);
+
 // The {"prompt", "answer"} lines of a JSONL file (prompts.jsonl, eval.jsonl);
 // throws std::invalid_argument naming the file and line of a bad one.
 std::vector<TaskExample> read_task_examples(const std::string& path);

@@ -63,6 +63,7 @@ struct TrainConfig {
   struct Rl {
     std::string task = "arithmetic", prompts, eval;
     std::string reward_command;  // "" = the task's reward; else rl/reward.h's protocol
+    std::string reward_model;    // a checkpoint of train.method = "reward": its score replaces the task's (rl/reward_model.h)
     // A multi-turn environment (rl/environment.h: "calculator"; "" single-turn),
     // at most max_turns policy turns of at most max_new tokens each.
     std::string environment;
@@ -78,11 +79,10 @@ struct TrainConfig {
   // [ppo] (rl/ppo.h; TRL's defaults): the KL penalty in the reward (kl_coef,
   // kl_estimator k1 | k3), GAE's gamma and lambda, the critic's value clip,
   // loss weight and learning rate (0: train.lr), whether advantages are
-  // whitened, and an optional learned reward model (a checkpoint of
-  // train.method = "reward"), added to the task's reward when set.
+  // whitened.
   struct Ppo {
     double kl_coef = 0.05, gamma = 1.0, lambda = 0.95, value_clip = 0.2, vf_coef = 0.1, critic_lr = 0;
-    std::string kl_estimator = "k1", reward_model;
+    std::string kl_estimator = "k1";
     bool whiten = true;
   } ppo;
   double dpo_beta = 0.1;
@@ -117,5 +117,8 @@ struct TrainConfig {
 
 // Throws std::invalid_argument naming the file, section.key and the problem.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// Methods trained on preference pairs (data/preference.h): DPO and the reward model.
+inline bool pairwise(const std::string& method) { return method == "dpo" || method == "reward"; }
 
 }  // namespace meshtrain
