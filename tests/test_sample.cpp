@@ -32,15 +32,21 @@ TEST(Sample, CachedDecodingEqualsFullForward) {
     at::NoGradGuard no_grad;
     at::Tensor tokens = at::randint(0, spec.vocab, {2, 12}, at::kLong);
     at::Tensor full = model.logits(tokens);  // [12, 2, V]
-    KVCache cache;
-    at::Tensor prompt = model.decode(tokens.narrow(1, 0, 5), cache);
-    expect_close(full.narrow(0, 0, 5), prompt);
-    for (int64_t t = 5; t < 12; ++t) {
-      at::Tensor one = model.decode(tokens.narrow(1, t, 1), cache);
-      expect_close(full.narrow(0, t, 1), one);
+    // The buffer sized for the model's sequence (capacity 0), for the generation
+    // (12), and too short (7: it doubles once, keeping the past).
+    for (int64_t capacity : {0, 12, 7}) {
+      SCOPED_TRACE(capacity);
+      KVCache cache;
+      cache.capacity = capacity;
+      at::Tensor prompt = model.decode(tokens.narrow(1, 0, 5), cache);
+      expect_close(full.narrow(0, 0, 5), prompt);
+      for (int64_t t = 5; t < 12; ++t) {
+        at::Tensor one = model.decode(tokens.narrow(1, t, 1), cache);
+        expect_close(full.narrow(0, t, 1), one);
+      }
+      EXPECT_EQ(cache.length, 12);
+      EXPECT_EQ(cache.k[0].size(2), capacity == 0 ? spec.seq : capacity == 7 ? 14 : 12);
     }
-    EXPECT_EQ(cache.length, 12);
-    EXPECT_EQ(cache.k[0].size(2), 12);
   }
 }
 

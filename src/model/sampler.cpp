@@ -53,6 +53,7 @@ std::vector<int64_t> generate(Transformer& model, const std::vector<int64_t>& pr
   at::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   KVCache cache;
+  cache.capacity = static_cast<int64_t>(prompt.size()) + o.max_new_tokens;
   at::Tensor next = at::tensor(std::vector<int64_t>(prompt), at::kLong).view({1, -1});
   std::vector<int64_t> out;
   const int64_t vocab = o.vocab_limit > 0 ? std::min(o.vocab_limit, model.spec().vocab) : model.spec().vocab;

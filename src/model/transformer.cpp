@@ -178,10 +178,25 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   if (cache) {
     auto& ck = cache->k[layer];
     auto& cv = cache->v[layer];
-    ck = ck.defined() ? at::cat({ck, k}, 2) : k.contiguous();
-    cv = cv.defined() ? at::cat({cv, v}, 2) : v.contiguous();
-    k = ck;
-    v = cv;
+    const int64_t filled = past + s;
+    if (!ck.defined() || ck.size(2) < filled) {
+      // One buffer per layer for the whole generation; when the caller's capacity was short, doubled
+      // (up to the model's sequence), so that growing copies the past O(log n) times, not per token.
+      const int64_t want = ck.defined() ? std::min(spec_.seq, 2 * ck.size(2))
+                                        : (cache->capacity > 0 ? cache->capacity : spec_.seq);
+      const int64_t cap = std::max(filled, want);
+      at::Tensor nk = at::empty({b, hkv, cap, d}, k.options()), nv = at::empty({b, hkv, cap, d}, v.options());
+      if (ck.defined()) {
+        nk.narrow(2, 0, past).copy_(ck.narrow(2, 0, past));
+        nv.narrow(2, 0, past).copy_(cv.narrow(2, 0, past));
+      }
+      ck = nk;
+      cv = nv;
+    }
+    ck.narrow(2, past, s).copy_(k);
+    cv.narrow(2, past, s).copy_(v);
+    k = ck.narrow(2, 0, filled);
+    v = cv.narrow(2, 0, filled);
   }
   const double p = train ? spec_.dropout : 0.0;
   at::Generator* gen = &rng_split_;

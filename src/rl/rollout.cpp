@@ -54,6 +54,7 @@ Rollout rollout(Transformer& m, const at::Tensor& prompts, const RolloutOptions&
   std::vector<bool> done(B, N == 0);
   const bool plain = so.temperature > 0 && so.top_k == 0 && so.top_p >= 1;  // the whole softmax, sampled as is
   KVCache cache;
+  cache.capacity = P + N;
   at::Tensor next = prompts.to(at::kLong).contiguous();
   for (int64_t i = 0; i < N; ++i) {
     const at::Tensor logits = gather_vocab(m, m.decode(next, cache)[-1], 1).narrow(1, 0, vocab).to(at::kFloat);  // [B, vocab]
@@ -65,7 +66,10 @@ Rollout rollout(Transformer& m, const at::Tensor& prompts, const RolloutOptions&
       picks = logits.argmax(1).contiguous();
     } else if (plain) {
       std::vector<float> u(B);
-      for (int64_t b = 0; b < B; ++b) u[b] = at::rand({1}, gens[b]).item<float>();
+      for (int64_t b = 0; b < B; ++b) {
+        // A uniform in [0, 1) from the row's generator's next 32 bits (24 of them: a float's mantissa).
+        u[b] = static_cast<float>(at::check_generator<at::CPUGeneratorImpl>(gens[b])->random() >> 8) / 16777216.0f;
+      }
       const at::Tensor cdf = logp.exp().cumsum(1);
       const at::Tensor target = at::tensor(u, at::kFloat).unsqueeze(1) * cdf.narrow(1, vocab - 1, 1);
       picks = at::searchsorted(cdf, target).squeeze(1).clamp_max(vocab - 1).contiguous();

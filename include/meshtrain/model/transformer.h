@@ -54,11 +54,15 @@ struct Block {
   std::shared_ptr<BottleneckAdapter> adapter_attn, adapter_mlp;
 };
 
-// Keys and values of the positions seen so far, per layer ([b, kv heads/tp,
-// length, head_dim]), for generation one token at a time.
+// Keys and values of the positions seen so far, for generation one token at a
+// time: per layer a buffer [b, kv heads/tp, capacity, head_dim] allocated at
+// the first step, of which positions [0, length) are filled; each step writes
+// its keys and values in place (no copy of the past), and attention reads the
+// filled prefix as a view.
 struct KVCache {
   std::vector<at::Tensor> k, v;
   int64_t length = 0;
+  int64_t capacity = 0;  // positions to allocate (0: the model's sequence)
 };
 
 // The part of the model a pipeline stage holds: layers [first, last) (global
