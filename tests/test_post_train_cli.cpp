@@ -29,6 +29,35 @@ std::map<int, double> metric(const std::string& file, const std::string& key) {
   return out;
 }
 
+// `key` in metrics file `b` equals file `a`'s at each of a's `steps` steps (relative 1e-5).
+void expect_same_metric(const std::string& a, const std::string& b, const std::string& key, size_t steps) {
+  const auto x = metric(a, key), y = metric(b, key);
+  ASSERT_EQ(x.size(), steps) << key << " in " << a;
+  for (const auto& [step, v] : x) {
+    ASSERT_TRUE(y.count(step)) << key << " step " << step << " in " << b;
+    EXPECT_NEAR(v, y.at(step), 1e-5 * std::max(1.0, std::abs(v))) << b << " " << key << " " << step;
+  }
+}
+
+// `command` + each case's settings fails in the launching process (no rank's
+// output) with one error containing the case's message.
+void expect_refused(const std::string& command, const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [set, want] : cases) {
+    const auto run = run_command(command + set);
+    EXPECT_NE(run.code, 0) << set;
+    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
+    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
+  }
+}
+
+// `meshtrain tokenize task --name arithmetic` into DIR/arith (blocks of 32): its output.
+std::string arithmetic_task(const Dir& d, int count) {
+  const auto run = run_command(std::string(MESHTRAIN_BIN) + " tokenize task --name arithmetic --out " +
+                               (d.path / "arith").string() + " --seq 32 --count " + std::to_string(count));
+  EXPECT_EQ(run.code, 0) << run.output;
+  return run.output;
+}
+
 TEST(PostTrainCli, SftThenDpoMatchAcrossMeshes) {
   Dir d;
   const std::string bin = MESHTRAIN_BIN;
@@ -129,9 +158,8 @@ TEST(PostTrainCli, SftThenDpoMatchAcrossMeshes) {
 TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
   Dir d;
   const std::string bin = MESHTRAIN_BIN;
-  auto run = run_command(bin + " tokenize task --name arithmetic --out " + (d.path / "arith").string() +
-                         " --seq 32 --count 80");
-  ASSERT_EQ(run.code, 0) << run.output;
+  arithmetic_task(d, 80);
+  CommandResult run;
   const std::string cfg = d.write(
       "g.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[rl]\nprompts = \"" +
                     (d.path / "arith/prompts.jsonl").string() + "\"\neval = \"" + (d.path / "arith/eval.jsonl").string() +
@@ -146,14 +174,8 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
     EXPECT_NE(run.output.find("held-out accuracy"), std::string::npos) << run.output;
   }
   for (const char* key : {"loss", "reward", "accuracy", "completion_length", "eval_accuracy", "eval_sampled_accuracy"}) {
-    const auto a = metric((d.path / "m1").string(), key);
-    ASSERT_EQ(a.size(), std::string(key).rfind("eval_", 0) == 0 ? 2u : 3u) << key;
-    for (const char* other : {"m2", "mtp2"}) {
-      const auto b = metric((d.path / other).string(), key);
-      for (const auto& [step, v] : a) {
-        EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << other << " " << key << " " << step;
-      }
-    }
+    const size_t steps = std::string(key).rfind("eval_", 0) == 0 ? 2 : 3;
+    for (const char* other : {"m2", "mtp2"}) expect_same_metric((d.path / "m1").string(), (d.path / other).string(), key, steps);
   }
   // A reward command (rl/reward.h): its scores are the rewards; a failing or malformed one is one error, no hang.
   run = run_command(bin + " train " + cfg + " --nproc 2 --set rl.reward_command='\"sed s/.*/0.5/\"' --set "
@@ -170,16 +192,11 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
   run = run_command(bin + " eval task " + (d.path / "ck2").string() + " --data " + (d.path / "arith/eval.jsonl").string());
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("exact "), std::string::npos) << run.output;
-  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
-           {" --set rl.group=1", "at least 2 completions per prompt"},
-           {" --set rl.task=sorting", "rl.task = \"sorting\": use \"arithmetic\" or \"reverse\""},
-           {" --set rl.eval_examples=-1", "eval_examples (-1) must be >= 1"},
-           {" --set rl.prompts='\"/nonexistent.jsonl\"'", "cannot read /nonexistent.jsonl"}}) {
-    run = run_command(bin + " train " + cfg + " --nproc 2" + set);
-    EXPECT_NE(run.code, 0) << set;
-    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
-    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
-  }
+  expect_refused(bin + " train " + cfg + " --nproc 2",
+                 {{" --set rl.group=1", "at least 2 completions per prompt"},
+                  {" --set rl.task=sorting", "rl.task = \"sorting\": use \"arithmetic\" or \"reverse\""},
+                  {" --set rl.eval_examples=-1", "eval_examples (-1) must be >= 1"},
+                  {" --set rl.prompts='\"/nonexistent.jsonl\"'", "cannot read /nonexistent.jsonl"}});
 }
 
 // PPO (rl/ppo.h): actor, critic with a value head, frozen reference for the KL
@@ -190,9 +207,8 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
 TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
   Dir d;
   const std::string bin = MESHTRAIN_BIN;
-  auto run = run_command(bin + " tokenize task --name arithmetic --out " + (d.path / "arith").string() +
-                         " --seq 32 --count 80");
-  ASSERT_EQ(run.code, 0) << run.output;
+  arithmetic_task(d, 80);
+  CommandResult run;
   const std::string cfg = d.write(
       "p.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[rl]\nprompts = \"" +
                     (d.path / "arith/prompts.jsonl").string() + "\"\neval = \"" + (d.path / "arith/eval.jsonl").string() +
@@ -208,14 +224,7 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
     EXPECT_NE(run.output.find("value loss"), std::string::npos) << run.output;
   }
   for (const char* key : {"loss", "value_loss", "value_mse", "reward", "kl", "clip_low", "clip_high", "entropy"}) {
-    const auto a = metric((d.path / "m1").string(), key);
-    ASSERT_EQ(a.size(), 3u) << key;
-    for (const char* other : {"m2", "mtp2"}) {
-      const auto b = metric((d.path / other).string(), key);
-      for (const auto& [step, v] : a) {
-        EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << other << " " << key << " " << step;
-      }
-    }
+    for (const char* other : {"m2", "mtp2"}) expect_same_metric((d.path / "m1").string(), (d.path / other).string(), key, 3);
   }
   // The memory ledger, measured after step 1: the critic is the actor plus its
   // value head (h + 1 = 129 parameters x 16 B: fp32 weight, gradient, two
@@ -237,22 +246,15 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
     EXPECT_NE(run.output.find("turns "), std::string::npos) << run.output;
   }
   for (const char* key : {"loss", "value_loss", "reward", "turns", "truncated"}) {
-    const auto a = metric((d.path / "env1").string(), key), b = metric((d.path / "env2").string(), key);
-    ASSERT_EQ(a.size(), 3u) << key;
-    for (const auto& [step, v] : a) EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << key << " " << step;
+    expect_same_metric((d.path / "env1").string(), (d.path / "env2").string(), key, 3);
   }
   for (const auto& [step, v] : metric((d.path / "env1").string(), "turns")) EXPECT_TRUE(v >= 1 && v <= 3) << step;
-  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
-           {" --set ppo.lambda=1.5", "lambda (1.5) in [0, 1]"},
-           {" --set ppo.kl_estimator='\"k2\"'", "ppo.kl_estimator: KL estimator \"k2\": use k1 or k3"},
-           {" --set ppo.value_clip=0", "value_clip (0) and vf_coef (0.1) > 0"},
-           {" --set rl.environment='\"browser\"'", "rl.environment: environment \"browser\": use \"calculator\""},
-           {" --set rl.max_turns=0", "rl.max_turns = 0 must be >= 1"}}) {
-    run = run_command(bin + " train " + cfg + " --nproc 2" + set);
-    EXPECT_NE(run.code, 0) << set;
-    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
-    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
-  }
+  expect_refused(bin + " train " + cfg + " --nproc 2",
+                 {{" --set ppo.lambda=1.5", "lambda (1.5) in [0, 1]"},
+                  {" --set ppo.kl_estimator='\"k2\"'", "ppo.kl_estimator: KL estimator \"k2\": use k1 or k3"},
+                  {" --set ppo.value_clip=0", "value_clip (0) and vf_coef (0.1) > 0"},
+                  {" --set rl.environment='\"browser\"'", "rl.environment: environment \"browser\": use \"calculator\""},
+                  {" --set rl.max_turns=0", "rl.max_turns = 0 must be >= 1"}});
 }
 
 // A learned reward model (rl/reward_model.h) on tokenize task's preference
@@ -262,10 +264,9 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
 TEST(PostTrainCli, RewardModelThenPpoWithFourModels) {
   Dir d;
   const std::string bin = MESHTRAIN_BIN;
-  auto run = run_command(bin + " tokenize task --name arithmetic --out " + (d.path / "arith").string() +
-                         " --seq 32 --count 200");
-  ASSERT_EQ(run.code, 0) << run.output;
-  EXPECT_NE(run.output.find("200 preference pairs in prefs/"), std::string::npos) << run.output;
+  const std::string made = arithmetic_task(d, 200);
+  CommandResult run;
+  EXPECT_NE(made.find("200 preference pairs in prefs/"), std::string::npos) << made;
   const std::string rm = d.write(
       "rm.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[data]\ntrain = \"" +
                      (d.path / "arith/prefs/train.bin").string() +
@@ -278,9 +279,7 @@ TEST(PostTrainCli, RewardModelThenPpoWithFourModels) {
     EXPECT_NE(run.output.find("score/chosen"), std::string::npos) << run.output;
   }
   for (const char* key : {"loss", "margin", "accuracy", "score/chosen"}) {
-    const auto a = metric((d.path / "rm1").string(), key), b = metric((d.path / "rm2").string(), key);
-    ASSERT_EQ(a.size(), 6u) << key;
-    for (const auto& [step, v] : a) EXPECT_NEAR(v, b.at(step), 1e-5 * std::max(1.0, std::abs(v))) << key << " " << step;
+    expect_same_metric((d.path / "rm1").string(), (d.path / "rm2").string(), key, 6);
   }
   const std::string ppo = d.write(
       "p.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[rl]\nprompts = \"" +
@@ -300,16 +299,11 @@ TEST(PostTrainCli, RewardModelThenPpoWithFourModels) {
   // Its scores are real numbers, not the task's {0, 0.1, 1, 1.1}.
   const double reward = metric((d.path / "ppo").string(), "reward").at(1);
   for (double task : {0.0, 0.1, 1.0, 1.1}) EXPECT_GT(std::abs(reward - task), 1e-6);
-  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
-           {" --set rl.reward_model='\"" + (d.path / "rmck2").string() + "\"' --set rl.reward_command='\"cat\"'",
-            "rl.reward_command and rl.reward_model both set"},
-           {" --set train.steps=1 --set rl.reward_model='\"" + (d.path / "nothing").string() + "\"'", "nothing"},
-           {" --set rl.reward_model='\"" + (d.path / "ppock").string() + "\"'", "is not a reward model"}}) {
-    run = run_command(bin + " train " + ppo + " --nproc 2" + set);
-    EXPECT_NE(run.code, 0) << set;
-    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
-    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
-  }
+  expect_refused(bin + " train " + ppo + " --nproc 2",
+                 {{" --set rl.reward_model='\"" + (d.path / "rmck2").string() + "\"' --set rl.reward_command='\"cat\"'",
+                   "rl.reward_command and rl.reward_model both set"},
+                  {" --set train.steps=1 --set rl.reward_model='\"" + (d.path / "nothing").string() + "\"'", "nothing"},
+                  {" --set rl.reward_model='\"" + (d.path / "ppock").string() + "\"'", "is not a reward model"}});
 }
 
 }  // namespace

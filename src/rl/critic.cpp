@@ -36,18 +36,13 @@ at::Tensor values(Transformer& m, const at::Tensor& tokens, bool train) {
 
 Batch ValueObjective::rows(const std::vector<uint64_t>& ids) const { return row_batch(batch_.tokens, ids); }
 
-double ValueObjective::units(const Batch& b) const {
-  std::vector<int64_t> idx(b.windows.begin(), b.windows.end());
-  return batch_.mask.index_select(0, at::tensor(idx, at::kLong)).sum().item<double>();
-}
+double ValueObjective::units(const Batch& b) const { return rows_of(batch_.mask, b).sum().item<double>(); }
 
 at::Tensor ValueObjective::loss(Transformer& m, const Batch& b, bool train, std::vector<double>& metric_sums) {
-  std::vector<int64_t> idx(b.windows.begin(), b.windows.end());
-  const at::Tensor i = at::tensor(idx, at::kLong);
-  const at::Tensor mask = batch_.mask.index_select(0, i), ret = batch_.returns.index_select(0, i);
+  const at::Tensor mask = rows_of(batch_.mask, b), ret = rows_of(batch_.returns, b);
   const int64_t T = b.tokens.size(1) - 1;
   const at::Tensor v = values(m, b.tokens, train).narrow(1, 0, T);
-  const ValueTerms t = value_loss(v, batch_.old_values.index_select(0, i), ret, mask, clip_);
+  const ValueTerms t = value_loss(v, rows_of(batch_.old_values, b), ret, mask, clip_);
   const double tokens = mask.sum().item<double>();
   metric_sums.at(0) += t.clipped * tokens;
   metric_sums.at(1) += ((v.detach() - ret).pow(2) * mask).sum().item<double>();

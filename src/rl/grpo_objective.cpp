@@ -37,6 +37,11 @@ Batch row_batch(const at::Tensor& tokens, const std::vector<uint64_t>& ids) {
   return b;
 }
 
+at::Tensor rows_of(const at::Tensor& t, const Batch& b) {
+  std::vector<int64_t> idx(b.windows.begin(), b.windows.end());
+  return t.index_select(0, at::tensor(idx, at::kLong));
+}
+
 Batch GrpoObjective::rows(const std::vector<uint64_t>& ids) const { return row_batch(rollouts_.tokens, ids); }
 
 double GrpoObjective::units(const Batch& b) const {
@@ -47,15 +52,12 @@ double GrpoObjective::units(const Batch& b) const {
     case GrpoLoss::Dapo:
     case GrpoLoss::Bnpo: break;
   }
-  std::vector<int64_t> idx(b.windows.begin(), b.windows.end());
-  return rollouts_.mask.index_select(0, at::tensor(idx, at::kLong)).sum().item<double>();
+  return rows_of(rollouts_.mask, b).sum().item<double>();
 }
 
 at::Tensor GrpoObjective::loss(Transformer& m, const Batch& b, bool train, std::vector<double>& metric_sums) {
-  std::vector<int64_t> idx(b.windows.begin(), b.windows.end());
-  const at::Tensor i = at::tensor(idx, at::kLong);
-  const at::Tensor mask = rollouts_.mask.index_select(0, i), old = rollouts_.old_logp.index_select(0, i);
-  const at::Tensor adv = rollouts_.advantages.index_select(0, i);
+  const at::Tensor mask = rows_of(rollouts_.mask, b), old = rows_of(rollouts_.old_logp, b);
+  const at::Tensor adv = rows_of(rollouts_.advantages, b);
   at::Tensor entropy;
   const at::Tensor logp = token_logprobs(m, b.tokens, temperature_, vocab_limit_, train, &entropy);
   at::Tensor ref;
@@ -82,7 +84,7 @@ at::Tensor GrpoObjective::loss(Transformer& m, const Batch& b, bool train, std::
   const double tokens = mask.sum().item<double>();
   metric_sums.at(3) += tokens > 0 ? (entropy * mask).sum().item<double>() / tokens * w : 0;
   // grpo_loss's grpo form is the mean over completions: back to their sum.
-  return o.loss == GrpoLoss::Grpo ? t.loss * static_cast<double>(idx.size()) : t.loss;
+  return o.loss == GrpoLoss::Grpo ? t.loss * static_cast<double>(b.windows.size()) : t.loss;
 }
 
 }  // namespace meshtrain

@@ -27,6 +27,8 @@ struct RolloutBatch {
 
 // A micro-batch of rows `ids` of `tokens` (Batch::windows = the row ids).
 Batch row_batch(const at::Tensor& tokens, const std::vector<uint64_t>& ids);
+// The rows of `t` [R, ...] that micro-batch `b` (made by row_batch) holds.
+at::Tensor rows_of(const at::Tensor& t, const Batch& b);
 
 class GrpoObjective : public Objective {
  public:
