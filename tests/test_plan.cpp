@@ -291,6 +291,12 @@ TEST(PostTraining, RlhfHoldsFourModels) {
   EXPECT_DOUBLE_EQ(l.line("reference (frozen)").bytes, 2 * psi);
   // KV cache: 2 x 32 layers x 32 kv heads x 128 x 2 B / tp 8 per token x 8 x 1024 tokens.
   EXPECT_DOUBLE_EQ(l.line("rollout KV cache").bytes, 2.0 * 32 * 32 * 128 * 2 / 8 * 8 * 1024);
+  // In fp32 (meshtrain's CPU runs): trained 16 B (4 + 4 + 8), frozen weights and the KV cache 4 B.
+  s.precision = Precision::Fp32;
+  const StageLedger f = rlhf_ledger(preset("llama2-7b"), s, RlhfOptions{});
+  EXPECT_DOUBLE_EQ(f.line("actor (trained)").bytes, 16 * psi);
+  EXPECT_DOUBLE_EQ(f.line("reward (frozen)").bytes, 4 * psi);
+  EXPECT_DOUBLE_EQ(f.line("rollout KV cache").bytes, 2 * l.line("rollout KV cache").bytes);
   EXPECT_THROW(lora_params(preset("llama2-7b"), LoraOptions{0}), std::invalid_argument);
 }
 

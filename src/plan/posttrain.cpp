@@ -113,13 +113,13 @@ StageLedger rl_ledger(const ModelSpec& m, const Strategy& s, const RlhfOptions& 
                        why.empty() ? fmt::format("{:.4g} params x {:.0f} B, ZeRO-{}", psi, states.total() / psi, s.zero)
                                    : why});
   }
-  const double frozen_bytes = s.precision == Precision::Fp32 ? 4 : 2;  // weights only, in the run's precision
+  const double frozen_bytes = s.precision == Precision::Fp32 ? 4 : 2;  // weights (and KV cache) in the run's precision
   for (const auto& [name, why] : frozen) L.lines.push_back({name, psi * frozen_bytes, why});
-  const double per_token = 2.0 * m.layers / s.pp * m.kv_heads * m.head_dim() * 2 / s.tp;
+  const double per_token = 2.0 * m.layers / s.pp * m.kv_heads * m.head_dim() * frozen_bytes / s.tp;
   const double tokens = static_cast<double>(o.rollout_batch) * (o.prompt_tokens + o.generated_tokens);
   L.lines.push_back({"rollout KV cache", per_token * tokens,
-                     fmt::format("2 L g d_head x 2 B per token x {} sequences x {} tokens", o.rollout_batch,
-                                 o.prompt_tokens + o.generated_tokens)});
+                     fmt::format("2 L g d_head x {:.0f} B per token x {} sequences x {} tokens", frozen_bytes,
+                                 o.rollout_batch, o.prompt_tokens + o.generated_tokens)});
   L.lines.push_back({"training activations", layer_activation_bytes(m, s) * L.layers,
                      trained.size() > 1 ? "actor's (the critic's alike, not at once)" : "the actor's"});
   add_reserve(L);
