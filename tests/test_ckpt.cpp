@@ -2,6 +2,7 @@
 // corruption, truncated and missing shards, a save that fails midway, keep-K,
 // async saves, reading a box of a tensor written in shards, export.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
@@ -73,6 +74,74 @@ TEST(Safetensors, RoundTripAndBadFiles) {
   std::ofstream(d / "garbage.safetensors") << "not a safetensors file at all";
   EXPECT_NE(error_of([&] { SafetensorsFile t(d / "garbage.safetensors"); }).find("not a valid safetensors file"),
             std::string::npos);
+  // Hostile headers: a negative size, a product that wraps around, offsets past the end.
+  auto handmade = [&](const std::string& entry) {
+    std::string header = "{\"x\":" + entry + "}";
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    const uint64_t n = header.size();
+    std::ofstream f(d / "h.safetensors", std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << std::string(16, '\0');
+    f.close();
+    return error_of([&] { SafetensorsFile t(d / "h.safetensors"); });
+  };
+  EXPECT_EQ(handmade(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})"), "") << "the valid one opens";
+  EXPECT_NE(handmade(R"({"dtype":"F32","shape":[-1,4],"data_offsets":[0,16]})").find("not a size"), std::string::npos);
+  EXPECT_NE(handmade(R"({"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]})").find("not a size"),
+            std::string::npos);
+  EXPECT_NE(handmade(R"({"dtype":"F32","shape":[2,2],"data_offsets":[18446744073709551600,0]})").find("do not fit"),
+            std::string::npos);
+  EXPECT_NE(handmade(R"({"dtype":"U8","shape":[16],"data_offsets":[18446744073709551600,18446744073709551616]})"), "");
+}
+
+// Manifests damaged or written by someone else are refused before any shard
+// file is opened (validate_manifest): paths outside the step directory, shapes
+// the shards do not tile (a gap, a shard outside, overlapping shards, an absurd
+// size), an empty tensor list, an unknown dtype; and a shard whose file holds
+// another shape than the manifest says. `ckpt verify` reports each instead of
+// "all checksums match".
+TEST(Checkpoint, HostileManifestsAreRefused) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  saver.save(1, {{"model/w", at::randn({6, 4}), {6, 4}, {0, 0}, true}, {"model/b", at::randn({4}), {4}, {0}, true}},
+             {}, {});
+  const std::string dir = *latest(d.path.string());
+  const std::string path = dir + "/manifest.json";
+  nlohmann::json good;
+  std::ifstream(path) >> good;
+  using Edit = std::function<void(nlohmann::json&)>;
+  for (const auto& [edit, want] : std::vector<std::pair<Edit, std::string>>{
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shards"][0]["file"] = "/etc/passwd"; }, "not a plain file name"},
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shards"][0]["file"] = "../x.safetensors"; }, "not a plain file name"},
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shape"] = {7, 7}; }, "a gap"},
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shape"] = {int64_t{1000000000000}, 4}; }, "a gap"},
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shape"] = {int64_t{1} << 62, 4}; }, "larger than any file"},
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shape"] = {5, 4}; }, "lies outside"},
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shape"] = {-6, 4}; }, "not a size"},
+           {[](nlohmann::json& m) { m["tensors"]["model/w"]["shape"] = {24}; }, "dimensions"},
+           {[](nlohmann::json& m) {
+              auto& sh = m["tensors"]["model/w"]["shards"];
+              sh.push_back(sh[0]);
+            }, "overlap"},
+           {[](nlohmann::json& m) { m["tensors"] = nlohmann::json::object(); }, "non-empty"},
+           {[](nlohmann::json& m) { m["tensors"]["model/b"]["dtype"] = "F99"; }, "dtype"},
+           {[](nlohmann::json& m) {
+              m["tensors"]["model/w"]["shape"] = {3, 4};
+              m["tensors"]["model/w"]["shards"][0]["shape"] = {3, 4};
+            }, "the manifest says"}}) {
+    nlohmann::json bad = good;
+    edit(bad);
+    std::ofstream(path, std::ios::trunc) << bad.dump();
+    const std::string e = error_of([&] { Reader r(dir); });
+    EXPECT_NE(e.find(want), std::string::npos) << want << ": " << e;
+    const VerifyReport rep = verify(dir);
+    ASSERT_FALSE(rep.problems.empty()) << want;
+    if (want != "the manifest says") EXPECT_NE(rep.problems[0].find(want), std::string::npos) << rep.problems[0];
+  }
+  std::ofstream(path, std::ios::trunc) << good.dump();
+  EXPECT_TRUE(verify(dir).problems.empty());
+  EXPECT_EQ(error_of([&] { Reader r(dir); }), "");
 }
 
 TEST(Checkpoint, ShardsAreAssembledIntoAnyBox) {

@@ -124,12 +124,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       en.begin = e.at("data_offsets").at(0).get<uint64_t>();
       en.end = e.at("data_offsets").at(1).get<uint64_t>();
       uint64_t numel = 1;
-      for (int64_t d : en.shape) numel *= static_cast<uint64_t>(d);
+      for (int64_t d : en.shape) {
+        // Sizes must be non-negative and their product must fit the file (no wrap-around).
+        if (d < 0 || (d > 0 && numel > size_ / static_cast<uint64_t>(d))) {
+          throw std::runtime_error(fmt::format("tensor '{}' has shape [{}]: not a size this file can hold", name,
+                                               fmt::join(en.shape, ", ")));
+        }
+        numel *= static_cast<uint64_t>(d);
+      }
       if (en.end < en.begin || en.end - en.begin != numel * c10::elementSize(en.dtype)) {
         throw std::runtime_error(fmt::format("tensor '{}' has offsets [{}, {}) that do not fit its shape", name,
                                              en.begin, en.end));
       }
-      if (data_start_ + en.end > size_) {
+      if (en.end > size_ - data_start_) {  // (written so that a huge offset cannot wrap around)
         throw std::runtime_error(fmt::format("tensor '{}' ends at byte {} but the file has {} (truncated?)", name,
                                              data_start_ + en.end, size_));
       }

@@ -116,6 +116,15 @@ class Reader {
 };
 
 // `meshtrain ckpt verify`: every shard of every tensor against its checksum.
+// The manifest's tensor table checked before any file is opened or anything
+// allocated (hostile or damaged manifests): "tensors" a non-empty object; each
+// tensor a known dtype, a shape of non-negative sizes whose bytes fit in int64,
+// and shards whose "file" is a plain name inside the step directory (no path,
+// no ".."), whose offsets and shape have the tensor's rank and lie inside it,
+// and which tile the tensor exactly (no overlap, no gap). Throws
+// std::runtime_error naming `path`, the tensor and the field.
+void validate_manifest(const nlohmann::json& manifest, const std::string& path);
+
 struct VerifyReport {
   int64_t tensors = 0, shards = 0, bytes = 0;
   std::vector<std::string> problems;  // one line each, naming the tensor and file
