@@ -75,8 +75,7 @@ TEST(Safetensors, RoundTripAndBadFiles) {
   EXPECT_NE(error_of([&] { SafetensorsFile t(d / "garbage.safetensors"); }).find("not a valid safetensors file"),
             std::string::npos);
   // Hostile headers: a negative size, a product that wraps around, offsets past the end.
-  auto handmade = [&](const std::string& entry) {
-    std::string header = "{\"x\":" + entry + "}";
+  auto raw = [&](std::string header) {
     header.resize((header.size() + 7) / 8 * 8, ' ');
     const uint64_t n = header.size();
     std::ofstream f(d / "h.safetensors", std::ios::binary | std::ios::trunc);
@@ -85,6 +84,7 @@ TEST(Safetensors, RoundTripAndBadFiles) {
     f.close();
     return error_of([&] { SafetensorsFile t(d / "h.safetensors"); });
   };
+  auto handmade = [&](const std::string& entry) { return raw("{\"x\":" + entry + "}"); };
   EXPECT_EQ(handmade(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})"), "") << "the valid one opens";
   EXPECT_NE(handmade(R"({"dtype":"F32","shape":[-1,4],"data_offsets":[0,16]})").find("not a size"), std::string::npos);
   EXPECT_NE(handmade(R"({"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]})").find("not a size"),
@@ -92,6 +92,9 @@ TEST(Safetensors, RoundTripAndBadFiles) {
   EXPECT_NE(handmade(R"({"dtype":"F32","shape":[2,2],"data_offsets":[18446744073709551600,0]})").find("do not fit"),
             std::string::npos);
   EXPECT_NE(handmade(R"({"dtype":"U8","shape":[16],"data_offsets":[18446744073709551600,18446744073709551616]})"), "");
+  const std::string e = R"({"dtype":"U8","shape":[8],"data_offsets":[0,8]})";
+  EXPECT_EQ(raw("{\"x\":" + e + ",\"y\":" + R"({"dtype":"U8","shape":[8],"data_offsets":[8,16]})" + "}"), "");
+  EXPECT_NE(raw("{\"x\":" + e + ",\"x\":" + e + "}").find("'x' appears twice"), std::string::npos);
 }
 
 // Manifests damaged or written by someone else are refused before any shard

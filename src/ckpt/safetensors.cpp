@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 
 namespace meshtrain::ckpt {
@@ -111,8 +112,20 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     uint64_t n = 0;
     for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(map_[i])) << (8 * i);
     if (n > size_ - 8) throw std::runtime_error(fmt::format("header of {} bytes runs past the end", n));
+    // The format's own limit (100 MB, as the reference implementation): a larger header is not a checkpoint's.
+    if (n > (uint64_t{100} << 20)) throw std::runtime_error(fmt::format("header of {} bytes exceeds 100 MB", n));
     data_start_ = 8 + n;
-    nlohmann::json header = nlohmann::json::parse(map_ + 8, map_ + 8 + n);
+    // A name given twice would be read as its last entry: refuse it (the parser's callback sees every key).
+    std::set<std::string> names;
+    std::string twice;
+    auto keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (depth == 1 && event == nlohmann::json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second) {
+        twice = parsed.get<std::string>();
+      }
+      return true;
+    };
+    nlohmann::json header = nlohmann::json::parse(map_ + 8, map_ + 8 + n, keys);
+    if (!twice.empty()) throw std::runtime_error(fmt::format("tensor '{}' appears twice in the header", twice));
     for (const auto& [name, e] : header.items()) {
       if (name == "__metadata__") {
         for (const auto& [k, v] : e.items()) metadata_[k] = v.get<std::string>();
