@@ -258,7 +258,7 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
 }
 
 // A learned reward model (rl/reward_model.h) on tokenize task's preference
-// pairs: dp 2 = one process; PPO then holds four models (actor, critic,
+// pairs: dp 2 and tp 2 = one process in training and in scoring PPO's episodes; PPO then holds four models (actor, critic,
 // reference, reward), their bytes measured, and scores completions with the
 // reward model; a checkpoint without a value head is one error before ranks start.
 TEST(PostTrainCli, RewardModelThenPpoWithFourModels) {
@@ -281,6 +281,18 @@ TEST(PostTrainCli, RewardModelThenPpoWithFourModels) {
   for (const char* key : {"loss", "margin", "accuracy", "score/chosen"}) {
     expect_same_metric((d.path / "rm1").string(), (d.path / "rm2").string(), key, 6);
   }
+  // tp 2 = one process, on the Llama shape: GPT's key bias has a gradient that is
+  // zero in exact arithmetic, so Adam turns each layout's rounding noise into
+  // lr-sized steps of either sign (1.8e-5 apart after 6 steps, a property of the
+  // model, not of tp); without biases the layouts agree to 1e-6.
+  for (const auto& [n, tag] : std::vector<std::pair<std::string, std::string>>{{"1", "l1"}, {"2 --set parallel.tp=2", "ltp2"}}) {
+    run = run_command(bin + " train " + rm + " --nproc " + n + " --set model.preset='\"llama-tiny\"' --set train.metrics='\"" +
+                      (d.path / tag).string() + "\"'");
+    ASSERT_EQ(run.code, 0) << run.output;
+  }
+  for (const char* key : {"loss", "margin", "accuracy", "score/chosen", "score/rejected"}) {
+    expect_same_metric((d.path / "l1").string(), (d.path / "ltp2").string(), key, 6);
+  }
   const std::string ppo = d.write(
       "p.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.0\n[rl]\nprompts = \"" +
                     (d.path / "arith/prompts.jsonl").string() + "\"\ngroup = 2\nmax_new = 4\nreward_model = \"" +
@@ -292,6 +304,15 @@ TEST(PostTrainCli, RewardModelThenPpoWithFourModels) {
   ASSERT_EQ(run.code, 0) << run.output;
   for (const char* line : {"actor (trained)", "critic (trained)", "reference (frozen)", "reward (frozen)"}) {
     EXPECT_NE(run.output.find(line), std::string::npos) << line << "\n" << run.output;
+  }
+  // The reward model scores alike when it is split over tp (one process = dp 2 = tp 2).
+  for (const auto& [n, tag] : std::vector<std::pair<std::string, std::string>>{{"1", "1"}, {"2 --set parallel.tp=2", "tp2"}}) {
+    run = run_command(bin + " train " + ppo + " --nproc " + n + " --set train.metrics='\"" +
+                      (d.path / ("ppo" + tag)).string() + "\"'");
+    ASSERT_EQ(run.code, 0) << run.output;
+    for (const char* key : {"reward", "loss", "value_loss"}) {
+      expect_same_metric((d.path / ("ppo" + tag)).string(), (d.path / "ppo").string(), key, 2);
+    }
   }
   // The reward model's weights: the reference's plus its value head (129 fp32 numbers).
   const auto mem = [&](const char* k) { return metric((d.path / "ppo").string(), k).at(1); };
