@@ -11,12 +11,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
+#include <cstdlib>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/flat_boxes.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/comm.h"
 
@@ -48,6 +53,45 @@ std::string error_of(const std::function<void()>& f) {
 std::vector<Piece> sharded(float base) {
   at::Tensor w = at::arange(24, at::kFloat).view({6, 4}) + base;
   return {{"model/w", w.narrow(0, 0, 3), {6, 4}, {0, 0}, true}, {"model/b", at::full({4}, base), {4}, {0}, true}};
+}
+
+// Every range of every small shape: the boxes are in flat order, each one
+// contiguous from its start, and together they cover exactly the range.
+TEST(FlatBoxes, EveryRangeIsTiledByContiguousBoxes) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{}, {7}, {3, 5}, {2, 3, 4}, {2, 1, 3, 2}}) {
+    int64_t volume = 1;
+    for (int64_t s : shape) volume *= s;
+    std::vector<int64_t> strides(shape.size(), 1);
+    for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * shape[d + 1];
+    for (int64_t b = 0; b <= volume; ++b) {
+      for (int64_t e = b; e <= volume; ++e) {
+        const auto boxes = flat_range_boxes(shape, b, e);
+        EXPECT_LE(boxes.size(), std::max<size_t>(1, 2 * shape.size() - 1));
+        int64_t next = b;
+        for (const auto& box : boxes) {
+          ASSERT_EQ(box.start, next) << "shape dims " << shape.size() << " range " << b << ".." << e;
+          // Walk the box in row-major order: its elements are next, next + 1, ...
+          const size_t nd = shape.size();
+          std::vector<int64_t> idx(nd, 0);
+          int64_t n = 1;
+          for (size_t d = 0; d < nd; ++d) n *= box.shape[d];
+          for (int64_t k = 0; k < n; ++k) {
+            int64_t flat = 0;
+            for (size_t d = 0; d < nd; ++d) {
+              EXPECT_LT(box.offsets[d] + idx[d], shape[d]);
+              flat += (box.offsets[d] + idx[d]) * strides[d];
+            }
+            ASSERT_EQ(flat, next++);
+            for (int64_t d = static_cast<int64_t>(nd) - 1; d >= 0 && ++idx[d] == box.shape[d]; --d) {
+              idx[d] = 0;
+            }
+          }
+        }
+        EXPECT_EQ(next, e);
+      }
+    }
+  }
+  EXPECT_THROW(flat_range_boxes({3}, 2, 4), std::invalid_argument);
 }
 
 TEST(Safetensors, RoundTripAndBadFiles) {
@@ -106,7 +150,7 @@ TEST(Safetensors, RoundTripAndBadFiles) {
 TEST(Checkpoint, HostileManifestsAreRefused) {
   TempDir d;
   Comm world("world", 0);
-  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  Checkpointer saver({d.path.string(), 2, false}, world);
   saver.save(1, {{"model/w", at::randn({6, 4}), {6, 4}, {0, 0}, true}, {"model/b", at::randn({4}), {4}, {0}, true}},
              {}, {});
   const std::string dir = *latest(d.path.string());
@@ -140,7 +184,9 @@ TEST(Checkpoint, HostileManifestsAreRefused) {
     EXPECT_NE(e.find(want), std::string::npos) << want << ": " << e;
     const VerifyReport rep = verify(dir);
     ASSERT_FALSE(rep.problems.empty()) << want;
-    if (want != "the manifest says") EXPECT_NE(rep.problems[0].find(want), std::string::npos) << rep.problems[0];
+    if (want != "the manifest says") {
+      EXPECT_NE(rep.problems[0].find(want), std::string::npos) << rep.problems[0];
+    }
   }
   std::ofstream(path, std::ios::trunc) << good.dump();
   EXPECT_TRUE(verify(dir).problems.empty());
@@ -152,7 +198,7 @@ TEST(Checkpoint, ShardsAreAssembledIntoAnyBox) {
   Comm world("world", 0);
   // One tensor written whole, read back in the boxes a rank of another mesh
   // asks for (shards from several ranks: the multi-rank tests).
-  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  Checkpointer saver({d.path.string(), 2, false}, world);
   at::Tensor w = at::arange(24, at::kFloat).view({6, 4});
   saver.save(1, {{"model/w", w, {6, 4}, {0, 0}, true}}, {{"note", "x"}}, {{"rank", 0}});
   Reader r(*latest(d.path.string()));
@@ -173,10 +219,49 @@ TEST(Checkpoint, ShardsAreAssembledIntoAnyBox) {
             std::string::npos);
 }
 
+// ZeRO's layout: flat ranges of a tensor written as boxes (several of one
+// tensor in one file, told apart by key), read back on another split, whole
+// and in boxes, streamed through staging buffers from one element to more
+// than the tensor: every way gives the same numbers.
+TEST(Checkpoint, FlatRangesRoundTripThroughAnyStaging) {
+  TempDir d;
+  Comm world("world", 0);
+  Checkpointer saver({d.path.string(), 2, false}, world);
+  const std::vector<int64_t> shape{4, 5, 6};
+  at::Tensor w = at::arange(120, at::kFloat).view(shape);
+  at::Tensor flat = w.view({-1});
+  std::vector<Piece> pieces;
+  for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 37}, {37, 38}, {38, 91}, {91, 120}}) {
+    for (const FlatBox& box : flat_range_boxes(shape, b, e)) {
+      int64_t n = 1;
+      for (int64_t x : box.shape) n *= x;
+      pieces.push_back({"model/w", flat.narrow(0, box.start, n).view(box.shape), shape, box.offsets, true});
+    }
+  }
+  ASSERT_GT(pieces.size(), 4u);
+  saver.save(1, pieces, nlohmann::json::object(), nlohmann::json::object());
+  ASSERT_TRUE(verify(*latest(d.path.string())).problems.empty());
+  for (int64_t staging : {4, 28, 100, 1 << 20}) {
+    Reader r(*latest(d.path.string()), staging);
+    EXPECT_TRUE(at::equal(r.read_full("model/w"), w)) << staging;
+    // Another split's ranges, read straight into their slice.
+    at::Tensor slice = at::zeros({50});
+    for (const FlatBox& box : flat_range_boxes(shape, 30, 80)) {
+      int64_t n = 1;
+      for (int64_t x : box.shape) n *= x;
+      r.read("model/w", slice.narrow(0, box.start - 30, n).view(box.shape), box.offsets, shape);
+    }
+    EXPECT_TRUE(at::equal(slice, flat.narrow(0, 30, 50))) << staging;
+    at::Tensor box = at::empty({2, 3, 4});
+    r.read("model/w", box, {1, 2, 1}, shape);
+    EXPECT_TRUE(at::equal(box, w.narrow(0, 1, 2).narrow(1, 2, 3).narrow(2, 1, 4))) << staging;
+  }
+}
+
 TEST(Checkpoint, IncompleteTilingIsRefusedAtSave) {
   TempDir d;
   Comm world("world", 0);
-  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  Checkpointer saver({d.path.string(), 2, false}, world);
   // Only half of the rows: the manifest would describe a tensor nobody wrote.
   const std::string e = error_of([&] { saver.save(1, sharded(0), {}, {}); });
   EXPECT_NE(e.find("shards cover 12 of 24 elements"), std::string::npos) << e;
@@ -186,7 +271,7 @@ TEST(Checkpoint, IncompleteTilingIsRefusedAtSave) {
 TEST(Checkpoint, CorruptionIsFoundAndRefused) {
   TempDir d;
   Comm world("world", 0);
-  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  Checkpointer saver({d.path.string(), 2, false}, world);
   at::Tensor w = at::randn({16, 16}), b = at::randn({16});
   saver.save(5, {{"model/w", w, {16, 16}, {0, 0}, true}, {"model/b", b, {16}, {0}, true}}, {}, {});
   const std::string dir = *latest(d.path.string());
@@ -219,7 +304,7 @@ TEST(Checkpoint, CorruptionIsFoundAndRefused) {
 TEST(Checkpoint, TruncatedOrMissingShardIsAClearError) {
   TempDir d;
   Comm world("world", 0);
-  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  Checkpointer saver({d.path.string(), 2, false}, world);
   saver.save(3, {{"model/w", at::randn({64}), {64}, {0}, true}}, {}, {});
   const std::string dir = *latest(d.path.string());
   const std::string file = dir + "/rank_00000.safetensors";
@@ -241,7 +326,7 @@ TEST(Checkpoint, TruncatedOrMissingShardIsAClearError) {
 TEST(Checkpoint, FailedSaveLeavesThePreviousIntact) {
   TempDir d;
   Comm world("world", 0);
-  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  Checkpointer saver({d.path.string(), 2, false}, world);
   at::Tensor small = at::randn({100});
   saver.save(1, {{"model/w", small, {100}, {0}, true}}, {}, {});
   struct sigaction ignore {}, old {};
@@ -271,21 +356,118 @@ TEST(Checkpoint, FailedSaveLeavesThePreviousIntact) {
   }
 }
 
+// A second job (here: a second Checkpointer, whose lock is another open file
+// description) on a directory in use is one error naming the holder, and
+// touches nothing; once the first is gone the directory is free again.
+TEST(Checkpoint, SecondJobOnTheDirectoryIsOneError) {
+  TempDir d;
+  Comm world("world", 0);
+  auto first = std::make_unique<Checkpointer>(SaveOptions{d.path.string(), 2, false}, world);
+  first->save(1, {{"model/w", at::ones({4}), {4}, {0}, true}}, {}, {});
+  const std::string e = error_of([&] { Checkpointer second({d.path.string(), 2, false}, world); });
+  EXPECT_NE(e.find("is in use by another running job (pid " + std::to_string(getpid())), std::string::npos) << e;
+  EXPECT_NE(e.find("give each job its own checkpoint.dir"), std::string::npos) << e;
+  EXPECT_TRUE(verify(d / "step_00000001").problems.empty());
+  first.reset();
+  Checkpointer third({d.path.string(), 2, false}, world);
+  third.save(2, {{"model/w", at::ones({4}), {4}, {0}, true}}, {}, {});
+  EXPECT_TRUE(fs::exists(d.path / "step_00000002" / "manifest.json"));
+}
+
+// What a kill leaves (a temporary directory, a checkpoint renamed for
+// deletion, an old copy, a step directory without a manifest) is swept when
+// the next job opens the directory; complete checkpoints stay.
+TEST(Checkpoint, LeftoversOfCrashedSavesAreSwept) {
+  TempDir d;
+  Comm world("world", 0);
+  {
+    Checkpointer saver({d.path.string(), 2, false}, world);
+    saver.save(1, {{"model/w", at::ones({4}), {4}, {0}, true}}, {}, {});
+  }
+  for (const char* junk : {".tmp-step_00000002-1f", ".del-step_00000000-77", ".old-step_00000001", "step_00000003"}) {
+    fs::create_directories(d.path / junk);
+    std::ofstream(d.path / junk / "rank_00000.safetensors") << "partial";
+  }
+  Checkpointer saver({d.path.string(), 2, false}, world);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(d.path)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "step_00000001"}));
+  EXPECT_EQ(fs::path(*latest(d.path.string())).filename(), "step_00000001");
+}
+
+// An async writer that fails on a full disk fails the save at the next
+// poll (the step after), with the OS's cause; its temporary directory is
+// removed, so the space is free again, and the previous checkpoint stays.
+// A real full file system (a 1 MiB tmpfs) when this process may mount one,
+// else the file size limit.
+TEST(Checkpoint, AsyncFailureOnAFullDiskFailsAtThePollAndFreesTheSpace) {
+  TempDir d;
+  const fs::path mnt = d.path / "small";
+  fs::create_directories(mnt);
+  const bool tmpfs = std::system(("mount -t tmpfs -o size=1m tmpfs " + mnt.string() + " 2>/dev/null").c_str()) == 0;
+  struct Unmount {
+    fs::path p;
+    bool on;
+    ~Unmount() {
+      if (on) std::system(("umount " + p.string()).c_str());
+    }
+  } unmount{mnt, tmpfs};
+  Comm world("world", 0);
+  auto used = [&] {
+    uintmax_t n = 0;
+    for (const auto& e : fs::recursive_directory_iterator(mnt)) n += e.is_regular_file() ? e.file_size() : 0;
+    return n;
+  };
+  std::string e;
+  {
+    Checkpointer saver({(mnt / "ck").string(), 2, true}, world);
+    at::Tensor small = at::randn({1000});
+    saver.save(1, {{"model/w", small, {1000}, {0}, true}}, {}, {});
+    saver.finish();
+    const uintmax_t before = used();
+    struct sigaction ignore {}, old {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGXFSZ, &ignore, &old);
+    rlimit lim{};
+    getrlimit(RLIMIT_FSIZE, &lim);
+    const rlimit unlimited = lim;
+    if (!tmpfs) lim.rlim_cur = 256 * 1024;
+    setrlimit(RLIMIT_FSIZE, &lim);
+    saver.save(2, {{"model/w", at::randn({1 << 19}), {1 << 19}, {0}, true}}, {}, {});  // 2 MiB: does not fit
+    int64_t done = -1;
+    for (int step = 0; step < 1000 && e.empty() && done < 0; ++step) {
+      e = error_of([&] { done = saver.poll(); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    setrlimit(RLIMIT_FSIZE, &unlimited);
+    sigaction(SIGXFSZ, &old, nullptr);
+    EXPECT_EQ(done, -1);
+    EXPECT_EQ(used(), before);  // the failed attempt's bytes are gone
+  }
+  EXPECT_NE(e.find("checkpoint step 2 not saved: rank 0: "), std::string::npos) << e;
+  EXPECT_NE(e.find(tmpfs ? "No space left on device" : "File too large"), std::string::npos) << e;
+  EXPECT_EQ(fs::path(*latest((mnt / "ck").string())).filename(), "step_00000001");
+  for (const auto& x : fs::directory_iterator(mnt / "ck")) {
+    EXPECT_EQ(x.path().filename().string().rfind(".tmp", 0), std::string::npos) << x.path();
+  }
+}
+
 TEST(Checkpoint, KeepsTheNewestKAndAsyncSnapshots) {
   TempDir d;
   Comm world("world", 0);
-  Checkpointer saver({d.path.string(), 2, true, 10}, world);
+  Checkpointer saver({d.path.string(), 2, true}, world);
   at::Tensor w = at::zeros({1000});
   for (int step = 1; step <= 4; ++step) {
     w.fill_(static_cast<float>(step));
     saver.save(step, {{"model/w", w, {1000}, {0}, true}}, {}, {});
     w.fill_(-1.0f);  // training moves on at once: the snapshot must hold `step`
   }
-  saver.wait();
+  saver.finish();
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(d.path)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"step_00000003", "step_00000004"}));
+  EXPECT_EQ(names, (std::vector<std::string>{".lock", "step_00000003", "step_00000004"}));
   for (int step : {3, 4}) {
     Reader r((d.path / step_dir_name(step)).string());
     EXPECT_TRUE(at::equal(r.read_full("model/w"), at::full({1000}, static_cast<float>(step))));
@@ -295,7 +477,7 @@ TEST(Checkpoint, KeepsTheNewestKAndAsyncSnapshots) {
 TEST(Checkpoint, ExportWritesFullWeightsWithoutPadding) {
   TempDir d;
   Comm world("world", 0);
-  Checkpointer saver({d.path.string(), 2, false, 10}, world);
+  Checkpointer saver({d.path.string(), 2, false}, world);
   at::Tensor embed = at::randn({8, 4});  // vocab 5 padded to 8
   embed.narrow(0, 5, 3).zero_();
   saver.save(7, {{"model/embed.weight", embed, {8, 4}, {0, 0}, true},

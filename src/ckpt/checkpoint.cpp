@@ -6,12 +6,16 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <sys/file.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 #include <stdexcept>
 
 #include "ckpt/files.h"
@@ -66,127 +70,244 @@ void check_tiling(const std::string& name, const nlohmann::json& t) {
   }
 }
 
+// Every rank's `mine`, in rank order (collective; two all-gathers).
+std::vector<std::string> all_gather_strings(Comm& group, const std::string& mine) {
+  const int n = group.size();
+  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong), lens = at::zeros({n}, at::kLong);
+  group.all_gather(lens, len, GatherAlgo::Broadcast);
+  const int64_t width = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor in = at::zeros({width}, at::kByte), out = at::zeros({n * width}, at::kByte);
+  std::memcpy(in.data_ptr(), mine.data(), mine.size());
+  group.all_gather(out, in, GatherAlgo::Broadcast);
+  std::vector<std::string> all;
+  for (int r = 0; r < n; ++r) {
+    all.emplace_back(static_cast<const char*>(out.data_ptr()) + r * width, lens[r].item<int64_t>());
+  }
+  return all;
+}
+
+// Removes `path` and everything under it, ignoring errors (best effort: a
+// leftover is swept by the next Checkpointer on this directory).
+void remove_quietly(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+// Deletes a checkpoint directory without ever leaving one that looks whole
+// or half-deleted under its own name: rename first, then delete.
+void retire(const fs::path& dir) {
+  const fs::path doomed = dir.parent_path() / fmt::format(".del-{}-{}", dir.filename().string(), ::getpid());
+  fs::rename(dir, doomed);
+  fsync_dir(dir.parent_path().string());
+  remove_quietly(doomed);
+}
+
+// Leftovers of crashed or failed saves and retentions (only while holding the lock).
+int sweep(const std::string& dir) {
+  int swept = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    int64_t step = 0;
+    const bool stale = n.rfind(".tmp-step_", 0) == 0 || n.rfind(".del-step_", 0) == 0 ||
+                       n.rfind(".old-step_", 0) == 0 ||
+                       (parse_step_dir(n, step) && e.is_directory() && !fs::exists(e.path() / "manifest.json"));
+    if (!stale) continue;
+    remove_quietly(e.path());
+    ++swept;
+  }
+  return swept;
+}
+
 }  // namespace
+
+struct Checkpointer::Pending {
+  int64_t step = 0;
+  std::string tmp;
+  nlohmann::json global;
+  std::thread thread;           // async: this rank's writer
+  std::atomic<bool> done{false};
+  std::string error;            // this rank's writer's failure ("" = none), read once done
+};
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
-Checkpointer::Checkpointer(SaveOptions o, Comm& world) : o_(std::move(o)), world_(world) {
+Checkpointer::Checkpointer(SaveOptions o, std::unique_ptr<Comm> group)
+    : owned_(std::move(group)), o_(std::move(o)), group_(*owned_) {
+  open();
+}
+
+Checkpointer::Checkpointer(SaveOptions o, Comm& group) : o_(std::move(o)), group_(group) { open(); }
+
+void Checkpointer::open() {
   if (o_.dir.empty()) throw std::invalid_argument("checkpoint directory is empty; set checkpoint.dir");
   if (o_.keep < 1) throw std::invalid_argument(fmt::format("checkpoint.keep = {} must be at least 1", o_.keep));
-}
-
-Checkpointer::~Checkpointer() {
-  try {
-    wait();
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "checkpoint save failed: {}\n", e.what());
-  }
-}
-
-void Checkpointer::wait() {
-  if (thread_.joinable()) thread_.join();
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-}
-
-void Checkpointer::save(int64_t step, std::vector<Piece> pieces, nlohmann::json global, nlohmann::json rank_state) {
-  wait();
-  // A nonce names this attempt's temporary directory, so files of an earlier
-  // crashed attempt at the same step are never mistaken for ours.
-  at::Tensor nonce = at::zeros({1}, at::kLong);
-  if (world_.rank() == 0) nonce[0] = static_cast<int64_t>(std::random_device{}() >> 1) << 20 | (step & 0xfffff);
-  world_.broadcast(nonce, 0);
-  const std::string tmp =
-      (fs::path(o_.dir) / fmt::format(".tmp-{}-{:x}", step_dir_name(step), nonce.item<int64_t>())).string();
-  if (o_.async) {
-    // The snapshot: training may change the live tensors as soon as we return.
-    for (auto& p : pieces) p.local = p.owner ? p.local.detach().clone(at::MemoryFormat::Contiguous) : at::Tensor();
-    thread_ = std::thread([this, step, tmp, pieces = std::move(pieces), global = std::move(global),
-                           rank_state = std::move(rank_state)]() mutable {
-      try {
-        write(step, tmp, std::move(pieces), std::move(global), std::move(rank_state));
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-    });
-    return;
-  }
-  // Synchronous: every rank learns whether every other rank's files are on
-  // disk before rank 0 renames, and all ranks fail together.
+  // Rank 0 takes the lock (released by the kernel when the process dies, so
+  // a crashed job never blocks the next) and sweeps; the others learn the outcome.
   std::string error;
-  try {
-    write(step, tmp, std::move(pieces), global, std::move(rank_state));
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kFloat);
-  world_.all_reduce(failed, ReduceOp::Max);
-  if (failed.item<float>() == 0.0f && world_.rank() == 0) {
+  if (group_.rank() == 0) {
     try {
-      finalize(step, tmp, std::move(global));
+      fs::create_directories(o_.dir);
+      const std::string lock = (fs::path(o_.dir) / ".lock").string();
+      lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
+      if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+        const std::string holder = read_file(lock);
+        throw std::runtime_error(fmt::format("checkpoint.dir {} is in use by another running job ({}); give each job "
+                                             "its own checkpoint.dir",
+                                             o_.dir, holder.empty() ? "holder unknown" : holder));
+      }
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      const std::string me = fmt::format("pid {} on {}", ::getpid(), host);
+      if (::ftruncate(lock_fd_, 0) != 0 || ::pwrite(lock_fd_, me.data(), me.size(), 0) < 0) {
+        throw std::runtime_error(fmt::format("cannot write {}: {}", lock, std::strerror(errno)));
+      }
+      sweep(o_.dir);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  at::Tensor failed_any = at::full({1}, error.empty() ? 0.0 : 1.0, at::kFloat);
-  world_.all_reduce(failed_any, ReduceOp::Max);
-  if (!error.empty()) throw std::runtime_error(fmt::format("checkpoint step {} not saved: {}", step, error));
-  if (failed_any.item<float>() != 0.0f) {
-    throw std::runtime_error(fmt::format("checkpoint step {} not saved: another rank failed (see its error)", step));
+  const std::string agreed = all_gather_strings(group_, error)[0];
+  if (!agreed.empty()) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    throw std::runtime_error(agreed);
   }
 }
 
-void Checkpointer::write(int64_t step, const std::string& tmp, std::vector<Piece> pieces, nlohmann::json global,
-                         nlohmann::json rank_state) {
-  const int rank = world_.rank();
-  fs::create_directories(tmp);
-  std::vector<NamedTensor> owned;
-  nlohmann::json part{{"rank", rank}, {"file", rank_file(rank)}, {"pieces", nlohmann::json::array()}, {"state", rank_state}};
-  for (auto& p : pieces) {
-    if (!p.owner) continue;
-    owned.push_back({p.name, p.local});
-    part["pieces"].push_back({{"name", p.name}, {"dtype", dtype_name(p.local.scalar_type())},
-                              {"global_shape", p.global_shape}, {"offsets", p.offsets},
-                              {"shape", p.local.sizes().vec()}});
+Checkpointer::~Checkpointer() {
+  if (pending_ && pending_->thread.joinable()) pending_->thread.join();
+  if (pending_) {
+    fmt::print(stderr, "checkpoint step {} was not completed (the run stopped first); {} is removed by the next run\n",
+               pending_->step, pending_->tmp);
   }
-  const auto sums = write_safetensors((fs::path(tmp) / rank_file(rank)).string(), owned);
-  for (size_t i = 0; i < sums.size(); ++i) part["pieces"][i]["xxh64"] = sums[i];
-  write_file_atomic((fs::path(tmp) / part_file(rank)).string(), part.dump());
-  if (rank == 0 && o_.async) finalize(step, tmp, std::move(global));
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
-void Checkpointer::finalize(int64_t step, const std::string& tmp, nlohmann::json global) {
-  const int world = world_.size();
-  // Every rank's part file appears once its tensors are fsynced.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o_.timeout_s);
-  for (int r = 0; r < world; ++r) {
-    while (!fs::exists(fs::path(tmp) / part_file(r))) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        throw std::runtime_error(fmt::format("rank {} did not finish its checkpoint files in {} within {} s", r, tmp,
-                                             o_.timeout_s));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+void Checkpointer::save(int64_t step, std::vector<Piece> pieces, nlohmann::json global, nlohmann::json rank_state) {
+  finish();
+  // A nonce names this attempt's temporary directory, so files of an earlier
+  // crashed attempt at the same step are never mistaken for ours.
+  at::Tensor nonce = at::zeros({1}, at::kLong);
+  if (group_.rank() == 0) nonce[0] = static_cast<int64_t>(std::random_device{}() >> 1) << 20 | (step & 0xfffff);
+  group_.broadcast(nonce, 0, Transport::Native);
+  pending_ = std::make_unique<Pending>();
+  Pending& p = *pending_;
+  p.step = step;
+  p.tmp = (fs::path(o_.dir) / fmt::format(".tmp-{}-{:x}", step_dir_name(step), nonce.item<int64_t>())).string();
+  p.global = std::move(global);
+  if (!o_.async) {
+    write(p, std::move(pieces), std::move(rank_state));
+    agree();
+    return;
+  }
+  // The snapshot: training may change the live tensors as soon as we return.
+  for (auto& x : pieces) x.local = x.owner ? x.local.detach().clone(at::MemoryFormat::Contiguous) : at::Tensor();
+  p.thread = std::thread([this, &p, pieces = std::move(pieces), rank_state = std::move(rank_state)]() mutable {
+    write(p, std::move(pieces), std::move(rank_state));
+  });
+}
+
+int64_t Checkpointer::poll() {
+  if (!pending_) return -1;  // every rank agrees: save() and agree() are collective
+  // [any writer failed, every writer done]
+  at::Tensor s = at::zeros({2}, at::kLong);
+  const bool done = pending_->done.load();
+  s[0] = done && !pending_->error.empty() ? 1 : 0;
+  s[1] = done ? 0 : 1;  // max over ranks of "still writing"
+  group_.all_reduce(s, ReduceOp::Max, Transport::Native);
+  if (s[0].item<int64_t>() == 0 && s[1].item<int64_t>() != 0) return -1;
+  const int64_t step = pending_->step;
+  agree();
+  return step;
+}
+
+void Checkpointer::finish() {
+  if (pending_) agree();
+}
+
+void Checkpointer::write(const Pending& job, std::vector<Piece> pieces, nlohmann::json rank_state) {
+  Pending& p = const_cast<Pending&>(job);
+  try {
+    const int rank = group_.rank();
+    fs::create_directories(p.tmp);
+    std::vector<NamedTensor> owned;
+    nlohmann::json part{{"rank", rank}, {"file", rank_file(rank)}, {"pieces", nlohmann::json::array()}, {"state", rank_state}};
+    std::map<std::string, int> seen;  // a rank may hold several boxes of one tensor (ZeRO): keys tell them apart
+    for (auto& x : pieces) {
+      if (!x.owner) continue;
+      const int k = seen[x.name]++;
+      const std::string key = k == 0 ? x.name : fmt::format("{}#{}", x.name, k);
+      owned.push_back({key, x.local});
+      part["pieces"].push_back({{"name", x.name}, {"dtype", dtype_name(x.local.scalar_type())},
+                                {"global_shape", x.global_shape}, {"offsets", x.offsets},
+                                {"shape", x.local.sizes().vec()}});
+      if (k > 0) part["pieces"].back()["key"] = key;
     }
+    const auto sums = write_safetensors((fs::path(p.tmp) / rank_file(rank)).string(), owned);
+    for (size_t i = 0; i < sums.size(); ++i) part["pieces"][i]["xxh64"] = sums[i];
+    write_file_atomic((fs::path(p.tmp) / part_file(rank)).string(), part.dump());
+  } catch (const std::exception& e) {
+    p.error = e.what();
+    if (p.error.empty()) p.error = "unknown error";
   }
+  p.done = true;
+}
+
+void Checkpointer::agree() {
+  Pending& p = *pending_;
+  if (p.thread.joinable()) p.thread.join();
+  // Every rank's outcome, to every rank.
+  const std::vector<std::string> errors = all_gather_strings(group_, p.error);
+  std::string why;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) why += fmt::format("{}rank {}: {}", why.empty() ? "" : "; ", r, errors[r]);
+  }
+  if (why.empty()) {  // every rank knows this: rank 0 assembles, renames, and tells the others how it went
+    std::string outcome;
+    if (group_.rank() == 0) {
+      try {
+        finalize(p);
+      } catch (const std::exception& e) {
+        outcome = fmt::format("rank 0: {}", e.what());
+      }
+    }
+    why = all_gather_strings(group_, outcome)[0];
+  }
+  const std::string tmp = p.tmp;
+  const int64_t step = p.step;
+  pending_.reset();
+  if (why.empty()) return;
+  // Nothing of a failed save stays: each rank removes its file, rank 0 the directory.
+  remove_quietly(fs::path(tmp) / rank_file(group_.rank()));
+  remove_quietly(fs::path(tmp) / part_file(group_.rank()));
+  if (group_.rank() == 0) remove_quietly(tmp);
+  throw std::runtime_error(fmt::format("checkpoint step {} not saved: {}", step, why));
+}
+
+void Checkpointer::finalize(const Pending& p) {
+  const int world = group_.size();
+  const std::string& tmp = p.tmp;
   nlohmann::json tensors = nlohmann::json::object(), ranks = nlohmann::json::array();
   for (int r = 0; r < world; ++r) {
     nlohmann::json part = nlohmann::json::parse(read_file((fs::path(tmp) / part_file(r)).string()));
-    for (const auto& p : part["pieces"]) {
-      const std::string name = p["name"];
+    for (const auto& x : part["pieces"]) {
+      const std::string name = x["name"];
       auto& t = tensors[name];
-      if (t.is_null()) t = {{"dtype", p["dtype"]}, {"shape", p["global_shape"]}, {"shards", nlohmann::json::array()}};
-      if (t["dtype"] != p["dtype"] || t["shape"] != p["global_shape"]) {
+      if (t.is_null()) t = {{"dtype", x["dtype"]}, {"shape", x["global_shape"]}, {"shards", nlohmann::json::array()}};
+      if (t["dtype"] != x["dtype"] || t["shape"] != x["global_shape"]) {
         throw std::logic_error(fmt::format("checkpoint tensor '{}': ranks disagree on its dtype or global shape", name));
       }
-      t["shards"].push_back({{"file", part["file"]}, {"offsets", p["offsets"]}, {"shape", p["shape"]},
-                             {"xxh64", p["xxh64"]}});
+      t["shards"].push_back({{"file", part["file"]}, {"offsets", x["offsets"]}, {"shape", x["shape"]},
+                             {"xxh64", x["xxh64"]}});
+      if (x.contains("key")) t["shards"].back()["key"] = x["key"];
     }
     ranks.push_back(part["state"]);
   }
   for (const auto& [name, t] : tensors.items()) check_tiling(name, t);
-  nlohmann::json manifest = std::move(global);
+  nlohmann::json manifest = p.global;
   manifest["format"] = "meshtrain-checkpoint";
   manifest["version"] = 1;
-  manifest["step"] = step;
+  manifest["step"] = p.step;
   manifest["world_size"] = world;
   manifest["tensors"] = std::move(tensors);
   manifest["ranks"] = std::move(ranks);
@@ -194,26 +315,26 @@ void Checkpointer::finalize(int64_t step, const std::string& tmp, nlohmann::json
   write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
   for (int r = 0; r < world; ++r) fs::remove(fs::path(tmp) / part_file(r));
   fsync_dir(tmp);
-  const fs::path final_dir = fs::path(o_.dir) / step_dir_name(step);
+  const fs::path final_dir = fs::path(o_.dir) / step_dir_name(p.step);
   fs::path old;
   if (fs::exists(final_dir)) {  // saving a step again (after a resume): replace it only once ours is whole
-    old = fs::path(o_.dir) / fmt::format(".old-{}", step_dir_name(step));
-    fs::remove_all(old);
+    old = fs::path(o_.dir) / fmt::format(".old-{}", step_dir_name(p.step));
+    remove_quietly(old);
     fs::rename(final_dir, old);
   }
   fs::rename(tmp, final_dir);
   fsync_dir(o_.dir);
-  if (!old.empty()) fs::remove_all(old);
-  // Keep the newest `keep`; remove leftovers of crashed attempts.
+  if (!old.empty()) remove_quietly(old);
+  // Keep the newest `keep` complete checkpoints.
   std::vector<std::pair<int64_t, fs::path>> complete;
   for (const auto& e : fs::directory_iterator(o_.dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(".tmp-step_", 0) == 0) fs::remove_all(e.path());
     int64_t s = 0;
-    if (parse_step_dir(n, s) && fs::exists(e.path() / "manifest.json")) complete.emplace_back(s, e.path());
+    if (parse_step_dir(e.path().filename().string(), s) && fs::exists(e.path() / "manifest.json")) {
+      complete.emplace_back(s, e.path());
+    }
   }
   std::sort(complete.begin(), complete.end());
-  for (size_t i = 0; i + o_.keep < complete.size(); ++i) fs::remove_all(complete[i].second);
+  for (size_t i = 0; i + o_.keep < complete.size(); ++i) retire(complete[i].second);
 }
 
 }  // namespace meshtrain::ckpt

@@ -245,12 +245,12 @@ void import_hf(const std::string& hf_dir, const std::string& out_dir, bool force
   for (const auto& [name, t] : ours) pieces.push_back({"model/" + name, t, t.sizes().vec(), std::vector<int64_t>(t.dim(), 0), true});
   if (force) fs::remove_all(out_dir);
   Comm solo("import", 0);
-  Checkpointer saver(SaveOptions{out_dir, 1, false, 60}, solo);
+  Checkpointer saver(SaveOptions{out_dir, 1, false}, solo);
   saver.save(0, pieces,
              {{"config", {{"model", spec_to_json(m)}}}, {"source", fmt::format("Hugging Face {}", hf_dir)},
               {"optimizer", {{"steps", 0}}}},
              nlohmann::json::object());
-  saver.wait();
+  saver.finish();
 }
 
 }  // namespace meshtrain::ckpt

@@ -9,6 +9,7 @@
 
 #include "ckpt/files.h"
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/flat_boxes.h"
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/peft/nf4.h"
 #include "meshtrain/train/state.h"
@@ -90,6 +91,9 @@ void validate_manifest(const nlohmann::json& m, const std::string& path) {
           !sh["xxh64"].is_string()) {
         fail(where + ": a shard needs \"file\", \"offsets\", \"shape\" and \"xxh64\"");
       }
+      if (sh.contains("key") && (!sh["key"].is_string() || sh["key"].get<std::string>().empty())) {
+        fail(where + ": a shard's \"key\" (its name in the file) must be a non-empty string");
+      }
       const std::string file = sh["file"];
       if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
           file.find('\\') != std::string::npos || file.find('\0') != std::string::npos) {
@@ -129,6 +133,12 @@ void validate_manifest(const nlohmann::json& m, const std::string& path) {
   }
 }
 
+// A shard's name in its file: the tensor's, or "key" when one rank wrote
+// several boxes of the tensor (ZeRO's ranges, flat_boxes.h).
+std::string entry_key(const nlohmann::json& shard, const std::string& name) {
+  return shard.contains("key") ? shard["key"].get<std::string>() : name;
+}
+
 // Each shard's tensor in its file has the manifest's box shape and dtype.
 void check_shard_entries(const nlohmann::json& m, const std::string& dir,
                          const std::map<std::string, std::unique_ptr<SafetensorsFile>>& open) {
@@ -138,11 +148,12 @@ void check_shard_entries(const nlohmann::json& m, const std::string& dir,
       const auto it = open.find(sh["file"].get<std::string>());
       if (it == open.end()) continue;
       const SafetensorsFile& f = *it->second;
-      if (!f.has(name)) {
+      const std::string key = entry_key(sh, name);
+      if (!f.has(key)) {
         throw std::runtime_error(fmt::format("checkpoint {}: {} holds no tensor '{}' (the manifest says it does)",
-                                             dir, f.path(), name));
+                                             dir, f.path(), key));
       }
-      const auto& e = f.entries().at(name);
+      const auto& e = f.entries().at(key);
       const auto box = sh["shape"].get<std::vector<int64_t>>();
       if (e.shape != box || e.dtype != dtype) {
         throw std::runtime_error(fmt::format("checkpoint {}: tensor '{}' in {} is {} [{}], the manifest says {} [{}]",
@@ -153,7 +164,9 @@ void check_shard_entries(const nlohmann::json& m, const std::string& dir,
   }
 }
 
-Reader::Reader(const std::string& step_dir) : dir_(step_dir), files_(std::make_unique<Files>()) {
+Reader::Reader(const std::string& step_dir, int64_t staging_bytes)
+    : dir_(step_dir), files_(std::make_unique<Files>()), staging_(staging_bytes) {
+  if (staging_ < 1) throw std::invalid_argument(fmt::format("checkpoint staging buffer of {} bytes", staging_));
   const fs::path m = fs::path(step_dir) / "manifest.json";
   if (!fs::exists(m)) {
     throw std::runtime_error(fmt::format("{} has no manifest.json: not a complete checkpoint", step_dir));
@@ -218,30 +231,83 @@ void Reader::read(const std::string& name, const at::Tensor& dst, const std::vec
       empty |= len[d] <= 0;
     }
     if (empty) continue;
-    const std::string file = s["file"];
-    SafetensorsFile& f = *files_->open.at(file);
-    std::string_view bytes = f.bytes(name);
-    if (files_->verified.insert({file, name}).second) {
-      if (xxh64_hex(bytes.data(), bytes.size()) != s["xxh64"].get<std::string>()) {
-        throw std::runtime_error(fmt::format("checkpoint {}: tensor '{}' in {} fails its checksum (corrupted); "
-                                             "run `meshtrain ckpt verify {}`",
-                                             dir_, name, file, dir_));
-      }
-    }
-    const auto& e = f.entries().at(name);
-    at::Tensor src = at::from_blob(const_cast<char*>(bytes.data()), e.shape, at::TensorOptions().dtype(e.dtype));
-    at::Tensor from = src, to = dst;
-    for (size_t d = 0; d < nd; ++d) {
-      from = from.narrow(static_cast<int64_t>(d), lo[d] - so[d], len[d]);
-      to = to.narrow(static_cast<int64_t>(d), lo[d] - offsets[d], len[d]);
-    }
-    to.copy_(from);
-    got += from.numel();
+    got += copy_shard(name, s, lo, len, dst, offsets);
   }
   if (got != want) {
     throw std::runtime_error(fmt::format("checkpoint tensor '{}': shards cover {} of the {} elements asked for", name,
                                          got, want));
   }
+}
+
+// Streams shard `s` of tensor `name` in chunks of at most staging_ bytes
+// (whole rows of its flat order as boxes, flat_boxes.h), copying the
+// part inside the box [lo, lo + len) (global coordinates) into dst (at
+// `offsets`), and releasing each chunk's mapped pages once copied: resident
+// memory stays within one chunk whatever the shard's size. The first read of
+// a shard streams all of it and checks its checksum (an error after the copy
+// still fails the load); later reads stream only the flat span of the box.
+int64_t Reader::copy_shard(const std::string& name, const nlohmann::json& s, const std::vector<int64_t>& lo,
+                           const std::vector<int64_t>& len, const at::Tensor& dst, const std::vector<int64_t>& offsets) {
+  const std::string file = s["file"];
+  const std::string key = entry_key(s, name);
+  SafetensorsFile& f = *files_->open.at(file);
+  const std::string_view bytes = f.bytes(key);
+  const auto& e = f.entries().at(key);
+  const auto so = s["offsets"].get<std::vector<int64_t>>();
+  const size_t nd = e.shape.size();
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(e.dtype));
+  int64_t total = 1;
+  std::vector<int64_t> strides(nd, 1);
+  for (size_t d = nd; d-- > 0;) {
+    strides[d] = total;
+    total *= e.shape[d];
+  }
+  const bool verify = files_->verified.insert({file, key}).second;
+  int64_t first = 0, last = total;  // the flat span to stream
+  if (!verify) {
+    first = last = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      first += (lo[d] - so[d]) * strides[d];
+      last += (lo[d] - so[d] + len[d] - 1) * strides[d];
+    }
+    last += 1;
+  }
+  Xxh64 hash;
+  int64_t copied = 0;
+  const int64_t chunk = std::max<int64_t>(1, staging_ / elem);
+  for (int64_t c0 = first; c0 < last; c0 += chunk) {
+    const int64_t c1 = std::min(last, c0 + chunk);
+    const std::string_view piece = bytes.substr(static_cast<size_t>(c0 * elem), static_cast<size_t>((c1 - c0) * elem));
+    if (verify) hash.update(piece.data(), piece.size());
+    for (const FlatBox& b : flat_range_boxes(e.shape, c0, c1)) {
+      // The part of this box inside the asked one, in shard coordinates.
+      bool empty = false;
+      std::vector<int64_t> from_lo(nd), n(nd);
+      for (size_t d = 0; d < nd; ++d) {
+        from_lo[d] = std::max(b.offsets[d], lo[d] - so[d]);
+        n[d] = std::min(b.offsets[d] + b.shape[d], lo[d] - so[d] + len[d]) - from_lo[d];
+        empty |= n[d] <= 0;
+      }
+      if (empty) continue;
+      at::Tensor from = at::from_blob(const_cast<char*>(bytes.data()) + b.start * elem, b.shape,
+                                      at::TensorOptions().dtype(e.dtype));
+      at::Tensor to = dst;
+      for (size_t d = 0; d < nd; ++d) {
+        const auto dim = static_cast<int64_t>(d);
+        from = from.narrow(dim, from_lo[d] - b.offsets[d], n[d]);
+        to = to.narrow(dim, so[d] + from_lo[d] - offsets[d], n[d]);
+      }
+      to.copy_(from);
+      copied += from.numel();
+    }
+    f.release(piece);
+  }
+  if (verify && hash.hex() != s["xxh64"].get<std::string>()) {
+    throw std::runtime_error(fmt::format("checkpoint {}: tensor '{}' in {} fails its checksum (corrupted); "
+                                         "run `meshtrain ckpt verify {}`",
+                                         dir_, name, file, dir_));
+  }
+  return copied;
 }
 
 at::Tensor Reader::read_full(const std::string& name) {
@@ -290,21 +356,23 @@ VerifyReport verify(const std::string& step_dir) {
         }
       }
       const SafetensorsFile& f = *files[file];
-      if (!f.has(name)) {
-        r.problems.push_back(fmt::format("{}: tensor '{}' missing", file, name));
+      const std::string key = entry_key(s, name);
+      if (!f.has(key)) {
+        r.problems.push_back(fmt::format("{}: tensor '{}' missing", file, key));
         continue;
       }
-      if (f.entries().at(name).shape != s["shape"].get<std::vector<int64_t>>()) {
-        r.problems.push_back(fmt::format("{}: tensor '{}' has shape [{}], the manifest's shard [{}]", file, name,
-                                         fmt::join(f.entries().at(name).shape, ", "),
+      if (f.entries().at(key).shape != s["shape"].get<std::vector<int64_t>>()) {
+        r.problems.push_back(fmt::format("{}: tensor '{}' has shape [{}], the manifest's shard [{}]", file, key,
+                                         fmt::join(f.entries().at(key).shape, ", "),
                                          fmt::join(s["shape"].get<std::vector<int64_t>>(), ", ")));
         continue;
       }
-      std::string_view b = f.bytes(name);
+      std::string_view b = f.bytes(key);
       r.bytes += static_cast<int64_t>(b.size());
       const std::string sum = xxh64_hex(b.data(), b.size());
+      f.release(b);
       if (sum != s["xxh64"].get<std::string>()) {
-        r.problems.push_back(fmt::format("{}: tensor '{}' checksum {} != {} in the manifest (corrupted)", file, name,
+        r.problems.push_back(fmt::format("{}: tensor '{}' checksum {} != {} in the manifest (corrupted)", file, key,
                                          sum, s["xxh64"].get<std::string>()));
       }
     }

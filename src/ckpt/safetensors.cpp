@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -170,6 +171,23 @@ std::string_view SafetensorsFile::bytes(const std::string& name) const {
   if (it == entries_.end()) throw std::runtime_error(fmt::format("{} holds no tensor '{}'", path_, name));
   return {map_ + data_start_ + it->second.begin, it->second.end - it->second.begin};
 }
+
+void SafetensorsFile::release(std::string_view range) const {
+  if (range.empty() || !map_) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(range.data()) / page * page;
+  const uintptr_t end = std::min(reinterpret_cast<uintptr_t>(map_) + size_,
+                                 (reinterpret_cast<uintptr_t>(range.data()) + range.size() + page - 1) / page * page);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advice: failure only costs memory
+}
+
+Xxh64::Xxh64() : state_(XXH64_createState()) {
+  if (!state_) throw std::bad_alloc();
+  XXH64_reset(static_cast<XXH64_state_t*>(state_), 0);
+}
+Xxh64::~Xxh64() { XXH64_freeState(static_cast<XXH64_state_t*>(state_)); }
+void Xxh64::update(const void* data, size_t size) { XXH64_update(static_cast<XXH64_state_t*>(state_), data, size); }
+std::string Xxh64::hex() const { return fmt::format("{:016x}", XXH64_digest(static_cast<XXH64_state_t*>(state_))); }
 
 at::Tensor SafetensorsFile::get(const std::string& name) const {
   std::string_view b = bytes(name);

@@ -216,10 +216,7 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       fmt::print("loss {}, beta {}\n", c.grpo.loss, c.grpo.beta);
     }
   }
-  std::unique_ptr<ckpt::Checkpointer> saver;
-  if (!c.ckpt_dir.empty()) {
-    saver = std::make_unique<ckpt::Checkpointer>(ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, false, 600}, mesh.world());
-  }
+  std::unique_ptr<ckpt::Checkpointer> saver = checkpoint_saver(c, rt);
   std::ofstream metrics;
   if (lead && !c.metrics.empty()) {
     std::filesystem::path p(c.metrics);
@@ -362,6 +359,7 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     }
     if (s % c.eval_every == 0 || s == c.steps) evaluate(s, j);
     if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
+    if (saver) saver->poll();  // an async save completes (or fails, on every rank) here
     if (saver && ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == c.steps)) {
       const nlohmann::json fields{
           {"config", {{"model", spec_to_json(c.model)}, {"train", {{"seed", c.seed}, {"method", c.method}}}}},
@@ -376,7 +374,7 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     }
   }
   if (saver) {
-    saver->wait();
+    saver->finish();
     mesh.world().barrier();
   }
   return 0;

@@ -65,7 +65,8 @@ std::unique_ptr<Runtime> Runtime::init(const DistEnv& env, const RuntimeOptions&
   return rt;
 }
 
-std::unique_ptr<Comm> Runtime::new_group(const std::vector<int>& ranks, const std::string& name) {
+std::unique_ptr<Comm> Runtime::new_group(const std::vector<int>& ranks, const std::string& name,
+                                         std::optional<std::chrono::milliseconds> timeout) {
   auto it = std::find(ranks.begin(), ranks.end(), env_.rank);
   if (it == ranks.end()) {
     throw std::invalid_argument(fmt::format("new_group '{}': rank {} is not among [{}]", name, env_.rank,
@@ -81,11 +82,11 @@ std::unique_ptr<Comm> Runtime::new_group(const std::vector<int>& ranks, const st
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(fmt::format("{}/{}", base, incarnation), store_);
   BackendOptions bo;
   bo.kind = opts_.backend;
-  bo.timeout = opts_.timeout;
+  bo.timeout = timeout.value_or(opts_.timeout);
   bo.host = is_loopback(env_.master_addr) ? "127.0.0.1" : "";
   auto pg = make_backend(prefixed, index, static_cast<int>(ranks.size()), bo);
   auto comm = std::make_unique<Comm>(std::move(pg), opts_.backend, name, ranks, index);
-  comm->set_timeout(opts_.timeout);
+  comm->set_timeout(bo.timeout);
   return comm;
 }
 

@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include <cmath>
 #include <toml++/toml.h>
 
 #include "meshtrain/plan/strategy.h"
@@ -90,6 +92,8 @@ const std::map<std::string, Setter>& setters() {
       {"checkpoint.every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_every = as_int(n, k); }},
       {"checkpoint.keep", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_keep = static_cast<int>(as_int(n, k)); }},
       {"checkpoint.async", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_async = as_bool(n, k); }},
+      {"checkpoint.staging_mb", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_staging_mb = as_int(n, k); }},
+      {"checkpoint.timeout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_timeout = as_double(n, k); }},
       {"checkpoint.resume", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.resume = as_string(n, k); }},
       {"parallel.tp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.tp = static_cast<int>(as_int(n, k)); }},
       {"parallel.sp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.sp = as_bool(n, k); }},
@@ -383,6 +387,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "LoRA adapters: it needs lora.rank > 0 (it is {}), init.from (it is "
                                             "\"{}\"), parallel.tp = 1 (it is {}) and parallel.zero = 0 (it is {})",
                                             path, c.lora.rank, c.init_from, c.tp, c.zero));
+  }
+  if (c.ckpt_staging_mb < 1 || !(c.ckpt_timeout > 0) || !std::isfinite(c.ckpt_timeout)) {
+    throw std::invalid_argument(fmt::format("{}: checkpoint.staging_mb ({}) must be >= 1 and checkpoint.timeout ({}) a "
+                                            "positive number of seconds",
+                                            path, c.ckpt_staging_mb, c.ckpt_timeout));
   }
   if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
     throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "

@@ -46,13 +46,6 @@ std::vector<at::Tensor> current_params(Transformer& m) {
   return out;
 }
 
-// Moments to load into: zeros for trained parameters, undefined for frozen ones (they have none).
-std::vector<at::Tensor> moments_like(Transformer& m) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : m.params().params()) out.push_back(p.frozen ? at::Tensor() : at::zeros(p.tensor.sizes(), at::kFloat));
-  return out;
-}
-
 }  // namespace
 
 TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead,
@@ -198,16 +191,12 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank, bool t
     Transformer& m = *chunks_[c];
     std::vector<ckpt::Piece> p;
     if (!zero_.empty()) {
-      // Whole fp32 weights and moments from the slices: the layout DDP writes.
-      ShardedDataParallel& z = *zero_[c];
-      const size_t n = z.shard_params().size();
-      p = training_pieces(m, z.whole_weights(), z.whole_state(slice(opt_->exp_avg(), k, n)),
-                          z.whole_state(slice(opt_->exp_avg_sq(), k, n)), dp_rank, world_rank, static_cast<int>(c));
-      k += n;
+      // Each rank's own slices, as boxes of the parameters: nothing gathered.
+      p = zero_pieces(m, zero_slices(c, k, true), dp_rank, world_rank, static_cast<int>(c));
     } else {
       size_t k2 = k;
       const std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
-      p = training_pieces(m, {}, ms, vs, dp_rank, world_rank, static_cast<int>(c));
+      p = training_pieces(m, ms, vs, dp_rank, world_rank, static_cast<int>(c));
     }
     if (trained_only) {
       for (const auto& param : m.params().params()) {
@@ -221,15 +210,38 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank, bool t
   return out;
 }
 
+ZeroSlices TrainEngine::zero_slices(size_t chunk, size_t& k, bool weights) {
+  ShardedDataParallel& z = *zero_[chunk];
+  const size_t n = z.shard_params().size();
+  ZeroSlices out;
+  out.ranges = z.owned_ranges();
+  if (weights) {
+    for (const auto& p : z.shard_params()) out.weights.push_back(p.tensor.detach());
+  }
+  out.exp_avg = slice(opt_->exp_avg(), k, n);
+  out.exp_avg_sq = slice(opt_->exp_avg_sq(), k, n);
+  out.replica_lead = shard_groups_.replicate->rank() == 0;
+  k += n;
+  return out;
+}
+
 void TrainEngine::load_weights(ckpt::Reader& r) {
+  const auto& m = r.manifest();
+  const bool merge = m.contains("lora") && m["lora"].is_object();
+  size_t k = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    Transformer& m = *chunks_[c];
-    if (!zero_.empty()) {
-      std::vector<at::Tensor> w = current_params(m);
-      load_initial_weights(r, m, w);
+    Transformer& model = *chunks_[c];
+    if (zero_.empty() || c_.zero < 3) {
+      load_initial_weights(r, model);  // stages 1 and 2 hold whole parameters (the slices are views of them)
+    } else if (!merge) {
+      ZeroSlices z = zero_slices(c, k, true);
+      z.exp_avg.clear();  // a new optimizer
+      z.exp_avg_sq.clear();
+      load_zero_slices(r, model, z);
+    } else {  // a LoRA merge needs the whole base weight and adapters: gathered once, at init
+      std::vector<at::Tensor> w = current_params(model);
+      load_initial_weights(r, model, w);
       zero_[c]->load_weights(w);
-    } else {
-      load_initial_weights(r, m);
     }
   }
 }
@@ -245,16 +257,9 @@ int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Transformer& m = *chunks_[c];
     if (!zero_.empty()) {
-      ShardedDataParallel& z = *zero_[c];
-      const size_t n = z.shard_params().size();
-      std::vector<at::Tensor> w = current_params(m), ma = moments_like(m), va = moments_like(m);
-      load_model(r, m, w);
-      z.load_weights(w);
-      load_moments(r, m, ma, va);
-      std::vector<at::Tensor> ms = slice(opt_->exp_avg(), k, n), vs = slice(opt_->exp_avg_sq(), k, n);
-      z.shard_state(ma, ms);
-      z.shard_state(va, vs);
-      k += n;
+      // Straight into this rank's slices (stages 1 and 2 hold whole parameters: read whole, in place).
+      if (c_.zero < 3) load_model(r, m);
+      load_zero_slices(r, m, zero_slices(c, k, c_.zero == 3));
     } else {
       load_model(r, m);
       size_t k2 = k;

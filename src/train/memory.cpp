@@ -3,6 +3,11 @@
 #include <sys/resource.h>
 
 #include <fmt/format.h>
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <fstream>
+#include <atomic>
 
 #include <set>
 
@@ -64,10 +69,38 @@ std::string memory_table(int64_t psi, int n, const MemoryUse& measured, const st
   return out;
 }
 
+namespace {
+
+std::atomic<double> g_peak_floor{0};  // the high-water mark before PeakProbe's last reset
+
+// A "Vm...:   123 kB" line of /proc/self/status, in bytes.
+double proc_status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string want = std::string(key) + ":";
+  while (std::getline(f, line)) {
+    if (line.rfind(want, 0) == 0) return std::stod(line.substr(want.size())) * 1024.0;
+  }
+  throw std::runtime_error(fmt::format("/proc/self/status has no {} line", key));
+}
+
+}  // namespace
+
 double peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) * 1024.0;
+  return std::max(static_cast<double>(u.ru_maxrss) * 1024.0, g_peak_floor.load());
 }
+
+PeakProbe::PeakProbe() {
+  g_peak_floor = peak_rss_bytes();
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.close();
+  if (!f) throw std::runtime_error("cannot reset the resident-memory high-water mark (/proc/self/clear_refs)");
+  start_ = proc_status_bytes("VmRSS");
+}
+
+double PeakProbe::extra_bytes() const { return std::max(0.0, proc_status_bytes("VmHWM") - start_); }
 
 }  // namespace meshtrain

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "meshtrain/ckpt/flat_boxes.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 
@@ -87,44 +88,6 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j) {
   return m;
 }
 
-std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank) {
-  if (!opt) return training_pieces(model, {}, {}, {}, dp_rank, world_rank);
-  auto& o = const_cast<AdamW&>(*opt);
-  return training_pieces(model, {}, o.exp_avg(), o.exp_avg_sq(), dp_rank, world_rank);
-}
-
-std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& weights,
-                                         const std::vector<at::Tensor>& exp_avg,
-                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
-                                         int chunk) {
-  const int tp_rank = model.params().tp_rank();
-  std::vector<ckpt::Piece> out;
-  auto& params = model.params().params();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Param& p = params[i];
-    const bool owner = dp_rank == 0 && (p.tp_dim >= 0 || tp_rank == 0) && !p.replica;
-    const auto off = offsets_of(p, tp_rank);
-    out.push_back({"model/" + p.name, weights.empty() ? p.tensor.detach() : weights.at(i), p.full_shape, off, owner});
-    if (!exp_avg.empty() && exp_avg.at(i).defined()) {
-      out.push_back({"optim/exp_avg/" + p.name, exp_avg.at(i), p.full_shape, off, owner});
-      out.push_back({"optim/exp_avg_sq/" + p.name, exp_avg_sq.at(i), p.full_shape, off, owner});
-    }
-  }
-  const char* names[] = {"replicated", "split"};
-  auto gens = model.dropout_generators();
-  for (size_t i = 0; i < gens.size(); ++i) {
-    at::Tensor state = gens[i]->get_state();
-    out.push_back({rng_name(names[i], world_rank, chunk), state, state.sizes().vec(), {0}, true});
-  }
-  return out;
-}
-
-void load_model(ckpt::Reader& r, Transformer& model) {
-  std::vector<at::Tensor> into;
-  for (auto& p : model.params().params()) into.push_back(p.tensor.detach());
-  load_model(r, model, into);
-}
-
 namespace {
 
 // A LoRA adapter (peft/lora.h) or bottleneck adapter (peft/adapter.h) the
@@ -138,6 +101,114 @@ bool new_adapter(const ckpt::Reader& r, const Param& p) {
 }
 
 }  // namespace
+
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank) {
+  if (!opt) return training_pieces(model, {}, {}, dp_rank, world_rank);
+  auto& o = const_cast<AdamW&>(*opt);
+  return training_pieces(model, o.exp_avg(), o.exp_avg_sq(), dp_rank, world_rank);
+}
+
+namespace {
+
+// Whether this rank writes its copy of `p`: the first data-parallel replica,
+// and for parameters replicated across tp, tp rank 0.
+bool writes(const Param& p, bool dp_lead, int tp_rank) { return dp_lead && (p.tp_dim >= 0 || tp_rank == 0) && !p.replica; }
+
+void add_rng_pieces(Transformer& model, int world_rank, int chunk, std::vector<ckpt::Piece>& out) {
+  const char* names[] = {"replicated", "split"};
+  auto gens = model.dropout_generators();
+  for (size_t i = 0; i < gens.size(); ++i) {
+    at::Tensor state = gens[i]->get_state();
+    out.push_back({rng_name(names[i], world_rank, chunk), state, state.sizes().vec(), {0}, true});
+  }
+}
+
+// Range k's boxes in the parameter's global coordinates, with the views of
+// `slice` that hold them.
+template <class F>
+void for_each_box(const Param& p, int tp_rank, const OwnedRange& k, F f) {
+  const auto base = offsets_of(p, tp_rank);
+  for (const auto& b : ckpt::flat_range_boxes(p.tensor.sizes().vec(), k.begin, k.end)) {
+    std::vector<int64_t> global = b.offsets;
+    for (size_t d = 0; d < global.size(); ++d) global[d] += base[d];
+    int64_t n = 1;
+    for (int64_t x : b.shape) n *= x;
+    f(global, b.shape, k.at + b.start - k.begin, n);
+  }
+}
+
+}  // namespace
+
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
+                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
+                                         int chunk) {
+  const int tp_rank = model.params().tp_rank();
+  std::vector<ckpt::Piece> out;
+  auto& params = model.params().params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
+    const bool owner = writes(p, dp_rank == 0, tp_rank);
+    const auto off = offsets_of(p, tp_rank);
+    out.push_back({"model/" + p.name, p.tensor.detach(), p.full_shape, off, owner});
+    if (!exp_avg.empty() && exp_avg.at(i).defined()) {
+      out.push_back({"optim/exp_avg/" + p.name, exp_avg.at(i), p.full_shape, off, owner});
+      out.push_back({"optim/exp_avg_sq/" + p.name, exp_avg_sq.at(i), p.full_shape, off, owner});
+    }
+  }
+  add_rng_pieces(model, world_rank, chunk, out);
+  return out;
+}
+
+std::vector<ckpt::Piece> zero_pieces(Transformer& model, const ZeroSlices& z, int dp_rank, int world_rank,
+                                     int chunk) {
+  const int tp_rank = model.params().tp_rank();
+  std::vector<ckpt::Piece> out;
+  auto& params = model.params().params();
+  for (const Param& p : params) {  // frozen parameters are whole on every rank (not in the flats)
+    if (p.frozen) out.push_back({"model/" + p.name, p.tensor.detach(), p.full_shape, offsets_of(p, tp_rank),
+                                 writes(p, dp_rank == 0, tp_rank)});
+  }
+  for (const OwnedRange& k : z.ranges) {
+    const Param& p = params.at(k.param);
+    const bool owner = writes(p, z.replica_lead, tp_rank);
+    for_each_box(p, tp_rank, k, [&](const std::vector<int64_t>& global, const std::vector<int64_t>& shape, int64_t at,
+                                    int64_t n) {
+      auto view = [&](const std::vector<at::Tensor>& slices) { return slices.at(k.flat).narrow(0, at, n).view(shape); };
+      out.push_back({"model/" + p.name, view(z.weights), p.full_shape, global, owner});
+      out.push_back({"optim/exp_avg/" + p.name, view(z.exp_avg), p.full_shape, global, owner});
+      out.push_back({"optim/exp_avg_sq/" + p.name, view(z.exp_avg_sq), p.full_shape, global, owner});
+    });
+  }
+  add_rng_pieces(model, world_rank, chunk, out);
+  return out;
+}
+
+void load_zero_slices(ckpt::Reader& r, Transformer& model, const ZeroSlices& z) {
+  check_same_model(r, model.spec());
+  at::NoGradGuard no_grad;
+  const int tp_rank = model.params().tp_rank();
+  auto& params = model.params().params();
+  for (const OwnedRange& k : z.ranges) {
+    const Param& p = params.at(k.param);
+    if (new_adapter(r, p)) continue;  // keeps its fresh values; its moments stay zero
+    for_each_box(p, tp_rank, k, [&](const std::vector<int64_t>& global, const std::vector<int64_t>& shape, int64_t at,
+                                    int64_t n) {
+      auto read = [&](const std::string& name, const std::vector<at::Tensor>& slices) {
+        if (!slices.empty()) r.read(name + p.name, slices.at(k.flat).narrow(0, at, n).view(shape), global, p.full_shape);
+      };
+      read("model/", z.weights);
+      read("optim/exp_avg/", z.exp_avg);
+      read("optim/exp_avg_sq/", z.exp_avg_sq);
+    });
+  }
+}
+
+void load_model(ckpt::Reader& r, Transformer& model) {
+  std::vector<at::Tensor> into;
+  for (auto& p : model.params().params()) into.push_back(p.tensor.detach());
+  load_model(r, model, into);
+}
+
 
 void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now) {
   const auto& m = r.manifest();

@@ -196,10 +196,18 @@ std::string resume_path(const TrainConfig& c) {
   return l ? *l : "";
 }
 
+// The largest of every rank's `x` (collective).
+double max_over(Comm& group, double x) {
+  at::Tensor t = at::full({1}, x, at::kDouble);
+  group.all_reduce(t, ReduceOp::Max, Transport::Native);
+  return t.item<double>();
+}
+
 int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engine, TokenLoader& loader, int dp,
-               int world_rank, int world_size, bool lead) {
+               Comm& world, bool lead) {
   if (path.empty()) return 0;
-  ckpt::Reader r(path);
+  const int world_rank = world.rank(), world_size = world.size();
+  ckpt::Reader r(path, c.ckpt_staging_mb << 20);
   const auto& m = r.manifest();
   const auto& t = m.at("config").at("train");
   if (t.at("seq") != c.seq || t.at("seed") != c.seed || t.at("global_batch") != c.global_batch) {
@@ -213,7 +221,9 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
   const bool same_mesh = m.at("world_size").get<int>() == world_size && mesh.at("tp") == c.tp &&
                          mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages &&
                          mesh.value("cp", 1) == c.cp;
+  const PeakProbe probe;
   engine.load(r, world_rank, same_mesh);
+  const double extra = max_over(world, probe.extra_bytes());
   const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
   const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
   if (windows % per_step != 0) {
@@ -229,14 +239,23 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
   }
   const int64_t step = m.at("step").get<int64_t>();
   if (lead) {
-    fmt::print("resumed from {} (step {}, saved on tp={} cp={} dp={} pp={}{})\n", path, step, mesh["tp"].dump(),
-               mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
-               same_mesh ? "" : "; another mesh: dropout streams start afresh");
+    fmt::print("resumed from {} (step {}, saved on tp={} cp={} dp={} pp={}{}; peak extra memory {} per rank)\n", path,
+               step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
+               same_mesh ? "" : "; another mesh: dropout streams start afresh", plan::human_bytes(extra));
   }
   return step;
 }
 
 }  // namespace
+
+std::unique_ptr<ckpt::Checkpointer> checkpoint_saver(const TrainConfig& c, Runtime& rt) {
+  if (c.ckpt_dir.empty()) return nullptr;
+  std::vector<int> all(static_cast<size_t>(rt.world_size()));
+  for (int r = 0; r < rt.world_size(); ++r) all[static_cast<size_t>(r)] = r;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(c.ckpt_timeout * 1000));
+  return std::make_unique<ckpt::Checkpointer>(ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async},
+                                              rt.new_group(all, "checkpoint", timeout));
+}
 
 bool adapter_checkpoints(const TrainConfig& c) {
   return (c.lora.rank > 0 || c.adapters.bottleneck > 0) && !c.init_from.empty();
@@ -440,21 +459,22 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                  c.lora_double_quant ? ", double-quantised scales" : "", plan::human_bytes(static_cast<double>(bytes)));
     }
   }
-  const int64_t start = resume(c, resumed, engine, loader, data.size(), rt->rank(), rt->world_size(), lead);
-  std::unique_ptr<ckpt::Checkpointer> saver;
-  if (!c.ckpt_dir.empty()) saver = std::make_unique<ckpt::Checkpointer>(
-      ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async, 600}, mesh.world());
+  const int64_t start = resume(c, resumed, engine, loader, data.size(), mesh.world(), lead);
+  std::unique_ptr<ckpt::Checkpointer> saver = checkpoint_saver(c, *rt);
   const int64_t last = c.stop_after > 0 ? std::min(c.stop_after, c.steps) : c.steps;
   auto save = [&](int64_t s) {
     if (!saver) return;
     const auto t0 = std::chrono::steady_clock::now();
+    const PeakProbe probe;
     // Every pipeline stage writes its own layers under their global names.
     saver->save(s, engine.pieces(dp.rank(), rt->rank(), adapter_checkpoints(c)),
                 checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler()), nlohmann::json::object());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double extra = max_over(mesh.world(), probe.extra_bytes());
     if (lead) {
-      fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking)\n", s, c.ckpt_dir, ckpt::step_dir_name(s),
-                 c.ckpt_async ? "snapshot taken, writing in the background" : "saved", dt);
+      fmt::print("step {:>5} | checkpoint {}/{} {} ({:.2f} s blocking, peak extra memory {} per rank)\n", s,
+                 c.ckpt_dir, ckpt::step_dir_name(s),
+                 c.ckpt_async ? "snapshot taken, writing in the background" : "saved", dt, plan::human_bytes(extra));
     }
   };
   std::ofstream metrics;
@@ -533,11 +553,15 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
         metrics << j.dump() << "\n" << std::flush;
       }
     }
+    if (saver) {
+      const int64_t done = saver->poll();  // an async save completes (or fails, on every rank) here
+      if (done >= 0 && lead) fmt::print("step {:>5} | checkpoint {}/{} written\n", s, c.ckpt_dir, ckpt::step_dir_name(done));
+    }
     if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
     if (s == start + 1 && lead) fmt::print("{}", engine.memory_report(dp.size(), c.precision));
   }
   if (saver) {
-    saver->wait();
+    saver->finish();
     mesh.world().barrier();
   }
   return 0;

@@ -11,17 +11,30 @@
 // (the same shard on several data-parallel ranks) are written once.
 //
 // Invariant (atomicity): every file is written into DIR/.tmp-step_..-NONCE/,
-// the manifest last, and the directory is renamed to step_... only when all
-// ranks' files are fsynced. A crash or a failed write therefore never leaves a
-// directory that looks whole; `latest` sees only renamed ones. After a save the
-// newest `keep` checkpoints remain.
+// the manifest last, and the directory is renamed to step_... only when every
+// rank has reported its files fsynced. A crash or a failed write therefore
+// never leaves a directory that looks whole; `latest` sees only renamed ones.
+//
+// Protocol (collectives on the checkpoint's own group, never file polling):
+// ranks agree on the nonce; each writes its shard file and a part file
+// describing it; then they agree on success (every rank learns every failure,
+// with its cause); rank 0 assembles the manifest from the part files, renames,
+// applies retention and tells the others the outcome. A failed save removes
+// its temporary directory (a full disk does not stay full) and throws on
+// every rank; the previous checkpoints are untouched. Retention renames a
+// checkpoint to .del-... before deleting it, so a kill midway leaves nothing
+// that looks like a checkpoint; leftovers (.tmp-, .del-, .old-, step_ without
+// a manifest) are swept when a Checkpointer opens the directory. Rank 0 holds
+// an exclusive lock on DIR/.lock for the Checkpointer's life: a second job on
+// the same directory is one error on every one of its ranks, before any file
+// is touched.
 //
 // Async mode: save() copies this rank's tensors to host memory (the snapshot)
 // and returns; a background thread writes them while training continues. At
-// most one save is in flight: the next save() first waits for the previous one.
-// The ranks do not synchronise in the background: each writes a small part
-// file when its tensors are on disk, and rank 0 assembles the manifest once all
-// parts exist.
+// most one save is in flight. poll(), called by every rank once per step,
+// agrees on it as soon as every rank's writer is done (one small all-reduce
+// per step while a save is in flight) — or as soon as any has failed, which
+// fails it on every rank at that step; save() and finish() wait for it.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +42,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -54,30 +66,40 @@ struct SaveOptions {
   std::string dir;
   int keep = 2;             // newest checkpoints kept (>= 1)
   bool async = false;
-  double timeout_s = 600;   // rank 0 waits this long for the other ranks' files
 };
 
 class Checkpointer {
  public:
-  // `world`: every rank that saves (a collective is used to agree on a nonce).
-  Checkpointer(SaveOptions o, Comm& world);
-  ~Checkpointer();  // waits for a save in flight (its error is printed)
+  // Collective over `group` (every rank that saves; its timeout is the
+  // checkpoint's: a slow disk, not a lost rank). Creates the directory, takes
+  // its lock (std::runtime_error on every rank when another job holds it,
+  // naming its pid and host) and sweeps leftovers of crashed saves.
+  Checkpointer(SaveOptions o, Comm& group);
+  // The same over a group of its own, which it keeps.
+  Checkpointer(SaveOptions o, std::unique_ptr<Comm> group);
+  ~Checkpointer();  // joins a writer in flight; a save not agreed on is left for the next sweep
 
   // Collective. `global` (rank 0's is used) becomes the manifest's top-level
-  // fields; `rank_state` this rank's entry of manifest["ranks"].
+  // fields; `rank_state` this rank's entry of manifest["ranks"]. Throws on
+  // every rank when any rank failed (this save, or the async one before it).
   void save(int64_t step, std::vector<Piece> pieces, nlohmann::json global, nlohmann::json rank_state);
-  // Blocks until this rank's part of the save in flight is done (on rank 0: the
-  // whole checkpoint); rethrows its error. save() and the destructor call it.
-  void wait();
+  // Collective, once per step: completes an async save whose writers are all
+  // done (or any failed). Returns the step it completed, or -1.
+  int64_t poll();
+  // Collective: waits for the save in flight and completes it.
+  void finish();
 
  private:
-  void write(int64_t step, const std::string& tmp, std::vector<Piece> pieces, nlohmann::json global,
-             nlohmann::json rank_state);
-  void finalize(int64_t step, const std::string& tmp, nlohmann::json global);
+  struct Pending;
+  void open();  // the constructors' collective part
+  void write(const Pending& p, std::vector<Piece> pieces, nlohmann::json rank_state);
+  void agree();  // collective: completes pending_ (or fails it on every rank)
+  void finalize(const Pending& p);
+  std::unique_ptr<Comm> owned_;  // declared before group_: may be what it refers to
   SaveOptions o_;
-  Comm& world_;
-  std::thread thread_;
-  std::exception_ptr error_;
+  Comm& group_;
+  int lock_fd_ = -1;
+  std::unique_ptr<Pending> pending_;
 };
 
 std::string step_dir_name(int64_t step);  // "step_00000100"
@@ -92,7 +114,8 @@ class Reader {
  public:
   // Throws std::runtime_error naming the directory when the manifest is
   // missing or unreadable, or a shard file named in it is missing or short.
-  explicit Reader(const std::string& step_dir);
+  // Shards are streamed through `staging_bytes` at a time (read()).
+  explicit Reader(const std::string& step_dir, int64_t staging_bytes = int64_t{64} << 20);
   ~Reader();
 
   const nlohmann::json& manifest() const { return manifest_; }
@@ -103,16 +126,23 @@ class Reader {
   // Fills `dst`, the box at `offsets` of a tensor whose global shape is
   // `global_shape`. The stored global shape must match, except that dim 0 may
   // differ (vocabulary padding depends on tp): rows beyond the stored extent
-  // become zero. Every shard read is checked against its checksum first.
+  // become zero. Each overlapping shard is streamed in chunks of at most the
+  // staging size whose mapped pages are released once copied, so a read adds
+  // at most one chunk of resident memory beyond `dst`; a shard's first read
+  // covers all of it and checks its checksum (std::runtime_error when it
+  // fails: `dst` is then partly written and must not be used).
   void read(const std::string& name, const at::Tensor& dst, const std::vector<int64_t>& offsets,
             const std::vector<int64_t>& global_shape);
   at::Tensor read_full(const std::string& name);
 
  private:
   struct Files;
+  int64_t copy_shard(const std::string& name, const nlohmann::json& shard, const std::vector<int64_t>& lo,
+                     const std::vector<int64_t>& len, const at::Tensor& dst, const std::vector<int64_t>& offsets);
   std::string dir_;
   nlohmann::json manifest_;
   std::unique_ptr<Files> files_;
+  int64_t staging_;
 };
 
 // `meshtrain ckpt verify`: every shard of every tensor against its checksum.

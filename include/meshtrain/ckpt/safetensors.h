@@ -30,6 +30,19 @@ at::ScalarType dtype_from_name(const std::string& s);
 
 // XXH64 (seed 0) of a byte range, as 16 hex digits.
 std::string xxh64_hex(const void* data, size_t size);
+// The same, fed in pieces.
+class Xxh64 {
+ public:
+  Xxh64();
+  ~Xxh64();
+  Xxh64(const Xxh64&) = delete;
+  Xxh64& operator=(const Xxh64&) = delete;
+  void update(const void* data, size_t size);
+  std::string hex() const;
+
+ private:
+  void* state_;
+};
 
 // Writes `tensors` to `path` (created, or truncated) and fsyncs it. Returns the
 // XXH64 of each tensor's bytes, in order. Throws std::runtime_error naming the
@@ -56,6 +69,11 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
   std::string_view bytes(const std::string& name) const;
+  // Drops the mapped pages holding `range` (part of bytes()) from this
+  // process's memory; reading them again faults them back in from the file.
+  // A reader streaming a large file calls it behind itself to bound its
+  // resident memory.
+  void release(std::string_view range) const;
   at::Tensor get(const std::string& name) const;  // a copy
 
  private:

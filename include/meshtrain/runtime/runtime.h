@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,11 @@ class Runtime {
 
   // A group over `ranks` (global ranks, in group order). Every member must call
   // this with the same ranks and name, in the same order relative to other
-  // new_group calls; non-members must not call it.
-  std::unique_ptr<Comm> new_group(const std::vector<int>& ranks, const std::string& name);
+  // new_group calls; non-members must not call it. Its collectives time out
+  // after `timeout` (default: the runtime's), e.g. a checkpoint's group waits
+  // longer for a slow disk than training waits for a lost rank.
+  std::unique_ptr<Comm> new_group(const std::vector<int>& ranks, const std::string& name,
+                                  std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
  private:
   Runtime(DistEnv env, RuntimeOptions opts);

@@ -98,6 +98,8 @@ struct TrainConfig {
   int64_t ckpt_every = 0;         // every N steps (0: only at the end / at stop_after)
   int ckpt_keep = 2;              // keep: newest checkpoints kept
   bool ckpt_async = false;        // async: write in a background thread
+  int64_t ckpt_staging_mb = 64;   // staging_mb: bound on the memory a load streams shards through
+  double ckpt_timeout = 600;      // timeout: seconds the checkpoint's collectives wait for a slow rank
   std::string resume = "auto";    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
   // [init] from: start from these weights (a checkpoint directory, any mesh):
   // new optimizer, step 0, data from the start. Ignored when resuming.

@@ -22,6 +22,7 @@
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/objective.h"
 #include "meshtrain/train/pipeline_step.h"
+#include "meshtrain/train/state.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain {
@@ -94,6 +95,10 @@ class TrainEngine {
   std::unique_ptr<TrainStep> step_;
   std::unique_ptr<PipelineTrainStep> pipeline_step_;
   Precision precision_;
+
+  // Chunk `chunk`'s ZeRO slices (weights only when asked), its moments from
+  // the optimizer's lists at k (advanced past them).
+  ZeroSlices zero_slices(size_t chunk, size_t& k, bool weights);
 };
 
 }  // namespace meshtrain

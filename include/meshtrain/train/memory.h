@@ -43,7 +43,24 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
 // measured row for this run (`mode`: e.g. "DDP fp32").
 std::string memory_table(int64_t psi, int n, const MemoryUse& measured, const std::string& mode);
 
-// This process's resident-memory high-water mark (getrusage), in bytes.
+// This process's resident-memory high-water mark (getrusage), in bytes; a
+// PeakProbe's reset of the kernel's mark does not lower it.
 double peak_rss_bytes();
+
+// The peak resident memory one phase (a checkpoint save or load) adds to the
+// process: construction resets the kernel's high-water mark
+// (/proc/self/clear_refs "5", Linux >= 4.0) and notes the resident size;
+// extra_bytes() = high-water mark since - resident size at construction.
+// Measured by the kernel, so it sees every allocation (libtorch's, the
+// reader's mapped pages), not only those the code reports. Throws
+// std::runtime_error when the kernel refuses the reset.
+class PeakProbe {
+ public:
+  PeakProbe();
+  double extra_bytes() const;
+
+ private:
+  double start_ = 0;
+};
 
 }  // namespace meshtrain

@@ -6,7 +6,8 @@
 //   optim/exp_avg_sq/<param>    AdamW second moment, fp32
 //   rng/dropout_{replicated,split}/rank<r>  rank r's dropout generators (transformer.h);
 //                               with pipeline chunks c > 0: .../rank<r>/chunk<c>
-// Replicas are written by one rank only: data-parallel rank 0, and for
+// Replicas are written by one rank only: data-parallel rank 0 (under ZeRO
+// every shard rank of the first replica writes its slices), and for
 // parameters replicated across tp, tp rank 0.
 // Manifest fields: config.model (the ModelSpec), config.train, mesh, optimizer
 // (steps), loader (epoch, windows of the epoch consumed: independent of the
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/parallel/data/owned_range.h"
 #include "meshtrain/plan/spec.h"
 
 namespace meshtrain {
@@ -32,14 +34,30 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j);
 
 // This rank's pieces of the model and optimizer state (and its RNG state).
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank);
-// The same with the weights and moments given per model parameter (ZeRO
-// gathers its slices into whole fp32 tensors first: the checkpoint layout does
-// not depend on the sharding). Empty `weights`: the parameters themselves. An
-// undefined moment (a frozen parameter: no optimizer state) is not written.
-std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& weights,
-                                         const std::vector<at::Tensor>& exp_avg,
+// The same with the moments given per model parameter. An undefined moment
+// (a frozen parameter: no optimizer state) is not written.
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
                                          int chunk = 0);
+
+// A ZeRO rank's state (parallel/data/zero.h): its fp32 weight slices and
+// moment slices, one per flat, and where they sit in the model.
+struct ZeroSlices {
+  std::vector<OwnedRange> ranges;
+  std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;  // per flat; empty: not read (load_zero_slices)
+  bool replica_lead = true;  // the first HSDP replica writes
+};
+// Its pieces without gathering: each owned range as its boxes of the
+// parameter (ckpt/flat_boxes.h) in global coordinates, views of the slices;
+// frozen parameters (whole on every rank) and the RNG as training_pieces.
+// The checkpoint is the one DDP writes, cut into smaller shards.
+std::vector<ckpt::Piece> zero_pieces(Transformer& model, const ZeroSlices& z, int dp_rank, int world_rank,
+                                     int chunk = 0);
+// The reverse, on any mesh: reads each owned range's boxes straight into the
+// slices (the reader streams the overlapping shards, checkpoint.h), so loading
+// holds no more than this rank's state and the reader's staging buffer.
+// Adapters the checkpoint lacks keep their values.
+void load_zero_slices(ckpt::Reader& r, Transformer& model, const ZeroSlices& z);
 
 // Loads the parameters (and, when `opt` is given, the moments) of this rank's
 // shards, whatever mesh wrote them. The checkpoint's model must equal the

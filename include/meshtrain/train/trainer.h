@@ -8,10 +8,15 @@
 // with --check-plan the planner's bytes held against the runtime's counters.
 #pragma once
 
+#include <memory>
+
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
+namespace ckpt {
+class Checkpointer;
+}
 
 class Runtime;
 
@@ -19,6 +24,11 @@ class Runtime;
 // bottleneck) on a frozen base that [init] from names (small checkpoints; the
 // base is loaded from there again on resume and export).
 bool adapter_checkpoints(const TrainConfig& c);
+
+// The run's checkpoint saver (null without checkpoint.dir), over a group of
+// all ranks of its own whose collectives wait checkpoint.timeout seconds.
+// Collective.
+std::unique_ptr<ckpt::Checkpointer> checkpoint_saver(const TrainConfig& c, Runtime& rt);
 
 // The planner's description of the run, with `dp` data-parallel replicas.
 plan::Strategy strategy_of(const TrainConfig& c, int dp);

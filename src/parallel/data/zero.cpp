@@ -414,6 +414,21 @@ void ShardedDataParallel::release_params() {
   for (const auto& [unit, members] : s_->units) s_->free_unit(unit);
 }
 
+std::vector<OwnedRange> ShardedDataParallel::owned_ranges() const {
+  const State& s = *s_;
+  std::vector<OwnedRange> out;
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    const Flat& f = s.flats[i];
+    const int64_t lo = s.owned_offset(f), hi = lo + f.shard;
+    for (size_t j = 0; j < f.params.size(); ++j) {
+      const int64_t b = f.offsets[j], e = b + s.params[f.params[j]].tensor.numel();
+      if (std::max(b, lo) >= std::min(e, hi)) continue;
+      out.push_back({i, s.model_index[f.params[j]], std::max(b, lo) - b, std::min(e, hi) - b, std::max(b, lo) - lo});
+    }
+  }
+  return out;
+}
+
 std::vector<at::Tensor> ShardedDataParallel::whole_weights() {
   std::vector<at::Tensor> slices;
   for (const auto& p : s_->shards) slices.push_back(p.tensor.detach());

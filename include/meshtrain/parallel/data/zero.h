@@ -51,8 +51,9 @@
 //
 // Memory per rank (fp32, Ψ parameters, N shard ranks): stage 1 8Ψ + 8Ψ/N,
 // stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N plus the gathered units in flight
-// (train/memory.h). Checkpoints gather to whole parameters (train/state.h),
-// the layout DDP writes, so a run resumes under any stage on any mesh.
+// (train/memory.h). Checkpoints hold each rank's slices as boxes of the
+// parameters (owned_ranges, ckpt/flat_boxes.h) in the global coordinates DDP
+// writes, so a run resumes under any stage on any mesh without a gather.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,7 @@
 
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/nn/params.h"
+#include "meshtrain/parallel/data/owned_range.h"
 
 namespace meshtrain {
 
@@ -120,9 +122,15 @@ class ShardedDataParallel : public UnitHooks {
   void gather_params();
   void release_params();
 
-  // Checkpoints hold whole tensors per model parameter (fp32, the parameter's
-  // shape), gathered from the slices over the shard group: the fp32 weights,
-  // and any per-flat state (e.g. AdamW::exp_avg()). And the reverse. Frozen
+  // Where this rank's slices (shard_params()[flat], and any per-flat state
+  // such as AdamW::exp_avg()) sit in the model; padding is in no range.
+  // Checkpoints write and read exactly these ranges (train/state.h), so no
+  // rank gathers another's state to save or load.
+  std::vector<OwnedRange> owned_ranges() const;
+
+  // Whole tensors per model parameter (fp32, the parameter's shape), gathered
+  // from the slices over the shard group: the fp32 weights, and any per-flat
+  // state. And the reverse (for loading a LoRA merge at init). Frozen
   // parameters (not in the flats) are whole in whole_weights, undefined in
   // whole_state, copied as they are by load_weights and skipped by shard_state.
   std::vector<at::Tensor> whole_weights();
