@@ -302,6 +302,9 @@ int64_t Reader::copy_shard(const std::string& name, const nlohmann::json& s, con
     }
     f.release(piece);
   }
+  // The kernel maps neighbouring pages with each fault (fault-around): drop
+  // everything this file has resident, not only the bytes read.
+  f.release_all();
   if (verify && hash.hex() != s["xxh64"].get<std::string>()) {
     throw std::runtime_error(fmt::format("checkpoint {}: tensor '{}' in {} fails its checksum (corrupted); "
                                          "run `meshtrain ckpt verify {}`",

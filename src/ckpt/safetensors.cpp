@@ -181,6 +181,10 @@ void SafetensorsFile::release(std::string_view range) const {
   ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advice: failure only costs memory
 }
 
+void SafetensorsFile::release_all() const {
+  if (map_) ::madvise(const_cast<char*>(map_), size_, MADV_DONTNEED);
+}
+
 Xxh64::Xxh64() : state_(XXH64_createState()) {
   if (!state_) throw std::bad_alloc();
   XXH64_reset(static_cast<XXH64_state_t*>(state_), 0);

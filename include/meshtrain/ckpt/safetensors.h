@@ -74,6 +74,8 @@ class SafetensorsFile {
   // A reader streaming a large file calls it behind itself to bound its
   // resident memory.
   void release(std::string_view range) const;
+  // The same for the whole file (pages the kernel mapped around a fault too).
+  void release_all() const;
   at::Tensor get(const std::string& name) const;  // a copy
 
  private:
