@@ -5,7 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
+#include <future>
+#include <iterator>
 #include <map>
 #include <fstream>
 #include <sstream>
@@ -283,6 +286,80 @@ TEST(TrainCli, Zero3CheckpointsStayWithinTheStagingBuffer) {
     EXPECT_LT(loads[0], bound) << run.output;
     test::expect_same_losses((d.path / "ref").string(), (d.path / tag).string(), 3, 2);
   }
+}
+
+// The pid of the rank `rank` process whose command line mentions `marker`, or -1.
+pid_t rank_pid(const std::string& marker, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    auto slurp = [&](const char* file) {
+      std::ifstream f(e.path() / file, std::ios::binary);
+      return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    };
+    const std::string env = '\0' + slurp("environ");
+    if (slurp("cmdline").find(marker) != std::string::npos &&
+        env.find(std::string(1, '\0') + "RANK=" + std::to_string(rank) + '\0') != std::string::npos) {
+      return static_cast<pid_t>(std::stoi(name));
+    }
+  }
+  return -1;
+}
+
+// Elastic restart: rank 1 is SIGKILLed mid-run (async checkpoints every 5
+// steps, one possibly being written); `train --max-restarts 1` restarts both
+// ranks from the newest checkpoint that verifies, logging why, and the run
+// finishes with exactly the losses and gradient norms of an uninterrupted run
+// (same mesh: the resume is exact, dropout streams included). Without restarts
+// left, the failure is the run's exit status.
+TEST(TrainCli, ElasticRestartAfterAKillMatchesAnUninterruptedRunBitwise) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = tiny_config(d, "e.toml", "") + " --set train.steps=40 --set checkpoint.every=5 "
+                          "--set checkpoint.async=true --set checkpoint.dir='\"" + (d.path / "ck").string() + "\"'";
+  auto metrics = [&](const std::string& name) {
+    return " --set train.metrics='\"" + (d.path / name).string() + "\"'";
+  };
+  auto run = test::run_command(bin + " train " + tiny_config(d, "e.toml", "") +
+                               " --set train.steps=40" + metrics("ref"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  auto elastic = std::async(std::launch::async, [&] {
+    return test::run_command(bin + " train " + cfg + " --max-restarts 1" + metrics("elastic"));
+  });
+  bool killed = false;
+  for (int i = 0; i < 6000 && !killed; ++i) {
+    if (elastic.wait_for(std::chrono::milliseconds(5)) == std::future_status::ready) break;
+    const auto seen = test::losses((d.path / "elastic").string());
+    if (seen.empty() || seen.rbegin()->first < 12) continue;
+    const pid_t victim = rank_pid((d.path / "ck").string(), 1);
+    killed = victim > 0 && ::kill(victim, SIGKILL) == 0;
+  }
+  run = elastic.get();
+  ASSERT_TRUE(killed) << "the run ended before rank 1 could be killed\n" << run.output;
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("rank 1 failed with signal 9"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("restarting all local ranks (1 of 1 restarts)"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("restart 1: resuming from " + (d.path / "ck/step_000000").string()), std::string::npos)
+      << run.output;
+  const auto ref = test::losses((d.path / "ref").string()), got = test::losses((d.path / "elastic").string());
+  ASSERT_EQ(got.size(), 40u);
+  for (const auto& [step, v] : ref) EXPECT_EQ(got.at(step), v) << "step " << step;  // bitwise: the printed doubles
+  // No restarts left: the kill is the run's failure.
+  auto once = std::async(std::launch::async, [&] {
+    return test::run_command(bin + " train " + cfg + " --set train.steps=400" + metrics("once"));
+  });
+  killed = false;
+  for (int i = 0; i < 6000 && !killed; ++i) {
+    if (once.wait_for(std::chrono::milliseconds(5)) == std::future_status::ready) break;
+    const auto seen = test::losses((d.path / "once").string());
+    if (seen.empty() || seen.rbegin()->first < 45) continue;
+    const pid_t victim = rank_pid((d.path / "ck").string(), 1);
+    killed = victim > 0 && ::kill(victim, SIGKILL) == 0;
+  }
+  run = once.get();
+  ASSERT_TRUE(killed) << run.output;
+  EXPECT_EQ(run.code, 128 + SIGKILL) << run.output;
+  EXPECT_NE(run.output.find("rank 1 failed with signal 9"), std::string::npos) << run.output;
 }
 
 // Per-stage checkpoints: a run on pp 2 saves each stage's layers under their

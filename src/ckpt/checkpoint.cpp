@@ -131,6 +131,33 @@ struct Checkpointer::Pending {
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
+void check_directory(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    throw std::invalid_argument(fmt::format("checkpoint.dir {} cannot be created: {}; choose a writable directory",
+                                            dir, ec.message()));
+  }
+  const std::string probe = (fs::path(dir) / fmt::format(".probe-{}", ::getpid())).string();
+  try {
+    write_file_atomic(probe, "meshtrain checks that checkpoints can be written here\n");
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("checkpoint.dir {} is not writable ({}); choose a writable directory",
+                                            dir, e.what()));
+  }
+  fs::remove(probe, ec);
+  const std::string lock = (fs::path(dir) / ".lock").string();
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;  // the Checkpointer reports it
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
+  ::close(fd);
+  if (held) {
+    throw std::invalid_argument(fmt::format("checkpoint.dir {} is in use by another running job ({}); give each job "
+                                            "its own checkpoint.dir",
+                                            dir, read_file(lock)));
+  }
+}
+
 Checkpointer::Checkpointer(SaveOptions o, std::unique_ptr<Comm> group)
     : owned_(std::move(group)), o_(std::move(o)), group_(*owned_) {
   open();

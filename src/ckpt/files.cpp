@@ -1,4 +1,5 @@
 #include "ckpt/files.h"
+#include "meshtrain/ckpt/checkpoint.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -10,7 +10,5 @@ namespace meshtrain::ckpt {
 void write_file_atomic(const std::string& path, const std::string& text);
 std::string read_file(const std::string& path);
 void fsync_dir(const std::string& dir);
-// "step_00000100" -> 100; false for any other name.
-bool parse_step_dir(const std::string& name, int64_t& step);
 
 }  // namespace meshtrain::ckpt

@@ -2,6 +2,7 @@
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -37,6 +38,24 @@ std::optional<std::string> latest(const std::string& dir) {
   }
   if (best < 0) return std::nullopt;
   return path;
+}
+
+std::optional<std::string> latest_verified(const std::string& dir, std::vector<std::string>* skipped) {
+  if (!fs::is_directory(dir)) return std::nullopt;
+  std::vector<std::pair<int64_t, std::string>> complete;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    int64_t s = 0;
+    if (parse_step_dir(e.path().filename().string(), s) && fs::exists(e.path() / "manifest.json")) {
+      complete.emplace_back(s, e.path().string());
+    }
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  for (const auto& [step, path] : complete) {
+    const VerifyReport r = verify(path);
+    if (r.problems.empty()) return path;
+    if (skipped) skipped->push_back(fmt::format("{}: {}", path, r.problems[0]));
+  }
+  return std::nullopt;
 }
 
 std::string resolve(const std::string& path) {

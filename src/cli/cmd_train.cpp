@@ -18,6 +18,7 @@ Run add_train(CLI::App& app) {
     std::string config;
     std::vector<std::string> sets;
     int nproc = 0;
+    int max_restarts = 0;
     bool check_plan = false;
   };
   auto o = std::make_shared<Opts>();
@@ -25,14 +26,28 @@ Run add_train(CLI::App& app) {
   cmd->add_option("config", o->config, "CONFIG.toml")->required();
   cmd->add_option("--set", o->sets, "override: section.key=value (repeatable)");
   cmd->add_option("--nproc", o->nproc, "ranks to start on this machine (default: [parallel] nproc)");
+  cmd->add_option("--max-restarts", o->max_restarts,
+                  "after a rank fails, restart every rank from the newest checkpoint that verifies, up to K times "
+                  "(needs checkpoint.dir; resume \"auto\")");
   cmd->add_flag("--check-plan", o->check_plan,
                 "after the first step, compare the planner's per-rank bytes (states, traffic per axis) with the "
                 "runtime's; fail beyond 5%");
   return [o]() {
     TrainConfig c = load_train_config(o->config, o->sets);
     const int nproc = o->nproc > 0 ? o->nproc : c.nproc;
-    if (nproc > 1 && !DistEnv::from_environment().distributed()) check_run(c, nproc, o->check_plan, true);
-    if (int rc = relaunch_if_needed(nproc); rc >= 0) return rc;
+    if (o->max_restarts < 0) {
+      throw std::invalid_argument(fmt::format("--max-restarts {} must be >= 0", o->max_restarts));
+    }
+    if (o->max_restarts > 0 && (c.ckpt_dir.empty() || c.resume != "auto")) {
+      throw std::invalid_argument(fmt::format(
+          "--max-restarts {} restarts from the newest checkpoint: set checkpoint.dir and leave checkpoint.resume = "
+          "\"auto\" (it is \"{}\")",
+          o->max_restarts, c.resume));
+    }
+    if (!DistEnv::from_environment().distributed() && (nproc > 1 || o->max_restarts > 0)) {
+      check_run(c, nproc, o->check_plan, true);
+    }
+    if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) return rc;
     auto rt = start_runtime(300);
     return train(c, *rt, o->check_plan);
   };

@@ -48,10 +48,12 @@ void set_argv(int argc, char** argv);
 const std::vector<std::string>& original_argv();
 std::string self_exe();
 
-// When this process was not started by a launcher and `nproc` > 1, starts
-// `nproc` copies of this very command line under the launcher and returns its
-// status; returns -1 when the caller should run as a rank itself.
-int relaunch_if_needed(int nproc);
+// When this process was not started by a launcher and `nproc` > 1 (or
+// restarts are asked for), starts `nproc` copies of this very command line
+// under the launcher (restarting them all up to `max_restarts` times after a
+// failure) and returns its status; returns -1 when the caller should run as a
+// rank itself.
+int relaunch_if_needed(int nproc, int max_restarts = 0);
 
 // Runs args[0] with args (no shell) and returns its standard output; throws
 // when it fails.

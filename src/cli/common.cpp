@@ -39,10 +39,11 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-int relaunch_if_needed(int nproc) {
-  if (DistEnv::from_environment().distributed() || nproc <= 1) return -1;
+int relaunch_if_needed(int nproc, int max_restarts) {
+  if (DistEnv::from_environment().distributed() || (nproc <= 1 && max_restarts == 0)) return -1;
   LaunchOptions o;
-  o.nproc_per_node = nproc;
+  o.nproc_per_node = std::max(1, nproc);
+  o.max_restarts = max_restarts;
   o.master_port = 0;
   o.command = g_argv;
   o.command[0] = self_exe();

@@ -86,6 +86,11 @@ DistEnv DistEnv::from_environment(const Getenv& getenv_fn) {
     if (e.world_size > 1) e.master_addr = require(get, "MASTER_ADDR", why);
     else if (auto a = get("MASTER_ADDR")) e.master_addr = *a;
     e.master_port = master_port_or_default(get);
+    if (auto r = get("MESHTRAIN_RESTART_COUNT")) {
+      e.restart = parse_int("MESHTRAIN_RESTART_COUNT", *r, 0);
+    } else if (auto t = get("TORCHELASTIC_RESTART_COUNT")) {
+      e.restart = parse_int("TORCHELASTIC_RESTART_COUNT", *t, 0);
+    }
   } else if (get("SLURM_PROCID")) {
     e.source = "slurm";
     const char* why = "srun sets it for every task";

@@ -188,12 +188,30 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
 // Loads the newest checkpoint (or the one named) into model, optimizer,
 // loader and RNG; returns its step (0: nothing to resume).
 // The checkpoint this run resumes from ("" when it starts afresh).
-std::string resume_path(const TrainConfig& c) {
+// The checkpoint to resume from. After a restart (the launcher's
+// --max-restarts) the newest one that verifies: rank 0 checks every shard's
+// checksum, newest first, and tells the others which (a crash may have hit
+// the disk, not only the process).
+std::string resume_path(const TrainConfig& c, Comm& world, int restart) {
   if (c.resume == "none") return "";
   if (c.resume != "auto") return ckpt::resolve(c.resume);
   if (c.ckpt_dir.empty()) return "";
-  auto l = ckpt::latest(c.ckpt_dir);
-  return l ? *l : "";
+  if (restart == 0) {
+    auto l = ckpt::latest(c.ckpt_dir);
+    return l ? *l : "";
+  }
+  at::Tensor step = at::full({1}, int64_t{-1}, at::kLong);
+  if (world.rank() == 0) {
+    std::vector<std::string> skipped;
+    const auto l = ckpt::latest_verified(c.ckpt_dir, &skipped);
+    for (const auto& why : skipped) fmt::print("restart {}: skipping {}\n", restart, why);
+    int64_t s = -1;
+    if (l && ckpt::parse_step_dir(std::filesystem::path(*l).filename().string(), s)) step[0] = s;
+    fmt::print("restart {}: resuming from {}\n", restart, l ? *l : "the start (no checkpoint verifies)");
+  }
+  world.broadcast(step, 0, Transport::Native);
+  const int64_t s = step.item<int64_t>();
+  return s < 0 ? "" : (std::filesystem::path(c.ckpt_dir) / ckpt::step_dir_name(s)).string();
 }
 
 // The largest of every rank's `x` (collective).
@@ -292,6 +310,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
 // estimate times the ranks on this host exceeds its free memory.
 void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
+  if (!c.ckpt_dir.empty()) ckpt::check_directory(c.ckpt_dir);
   const int dp = layout.size("dp");
   if (c.method == "grpo" || c.method == "ppo") {
     // RL reads prompts of a shipped task, not token shards; dp = the world over tp.
@@ -444,7 +463,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   // The starting weights, then QLoRA's quantisation of them, then the
   // checkpoint (a QLoRA checkpoint holds no base linears: they are the [init]
   // weights quantised again, so a resumed run loads them first too).
-  const std::string resumed = resume_path(c);
+  const std::string resumed = resume_path(c, mesh.world(), rt->env().restart);
   if (!c.init_from.empty() && (resumed.empty() || adapter_checkpoints(c))) {
     ckpt::Reader r(ckpt::resolve(c.init_from));
     engine.load_weights(r);

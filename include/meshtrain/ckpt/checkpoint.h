@@ -103,10 +103,20 @@ class Checkpointer {
 };
 
 std::string step_dir_name(int64_t step);  // "step_00000100"
+// "step_00000100" -> 100; false for any other name.
+bool parse_step_dir(const std::string& name, int64_t& step);
 // The newest complete checkpoint under `dir` (a directory holding manifest.json), if any.
 std::optional<std::string> latest(const std::string& dir);
 // `path` is a step directory or a directory of them: the checkpoint to load.
 std::string resolve(const std::string& path);
+// The newest complete checkpoint under `dir` whose every shard passes its
+// checksum (verify()), if any; the newer ones that did not are appended to
+// `skipped` as "DIR: first problem". After a crash, resume from this one.
+std::optional<std::string> latest_verified(const std::string& dir, std::vector<std::string>* skipped = nullptr);
+// Before any rank starts: `dir` can be created and written (a probe file is
+// written, fsynced and removed), and no running job holds its lock (see
+// Checkpointer). Throws std::invalid_argument naming the directory and the fix.
+void check_directory(const std::string& dir);
 
 // Reads a checkpoint, on any mesh: a rank asks for the box of a tensor it
 // holds, and the reader assembles it from whichever shards overlap it.

@@ -23,6 +23,7 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single";  // "launch", "slurm", "openmpi" or "single"
+  int restart = 0;                 // MESHTRAIN_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT: restarts so far
 
   bool distributed() const { return source != "single"; }
 
