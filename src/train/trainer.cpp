@@ -240,8 +240,10 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
                          mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages &&
                          mesh.value("cp", 1) == c.cp;
   const PeakProbe probe;
+  const auto t0 = std::chrono::steady_clock::now();
   engine.load(r, world_rank, same_mesh);
   const double extra = max_over(world, probe.extra_bytes());
+  const double seconds = max_over(world, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
   const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
   if (windows % per_step != 0) {
@@ -257,9 +259,10 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
   }
   const int64_t step = m.at("step").get<int64_t>();
   if (lead) {
-    fmt::print("resumed from {} (step {}, saved on tp={} cp={} dp={} pp={}{}; peak extra memory {} per rank)\n", path,
-               step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
-               same_mesh ? "" : "; another mesh: dropout streams start afresh", plan::human_bytes(extra));
+    fmt::print("resumed from {} (step {}, saved on tp={} cp={} dp={} pp={}{}; loaded in {:.2f} s, peak extra memory "
+               "{} per rank)\n",
+               path, step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
+               same_mesh ? "" : "; another mesh: dropout streams start afresh", seconds, plan::human_bytes(extra));
   }
   return step;
 }
