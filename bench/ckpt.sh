@@ -84,6 +84,8 @@ revision() {
   echo "$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$src" diff --quiet HEAD -- src include 2>/dev/null || echo '+')"
 }
 
+AFTER_REV=$(revision "$BUILD")
+BEFORE_REV=$([ -z "$BEFORE" ] || revision "$BEFORE")
 {
   echo "# Checkpoint save and load: time and peak extra memory per rank"
   echo
@@ -103,9 +105,9 @@ revision() {
   echo "| build | mode | checkpoint | save | load | async blocking | peak RSS (no ckpt) | save extra | load extra | probe: save | probe: load |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
   if [ -n "$BEFORE" ]; then
-    measure "before ($(revision "$BEFORE"))" "$BEFORE/meshtrain"
+    measure "before ($BEFORE_REV)" "$BEFORE/meshtrain"
   fi
-  measure "after ($(revision "$BUILD"))" "$BUILD/meshtrain"
+  measure "after ($AFTER_REV)" "$BUILD/meshtrain"
   cat <<'TEXT'
 
 ## Reading these numbers
