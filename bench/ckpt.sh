@@ -43,6 +43,8 @@ log = sys.argv[1]
 with open(log, "w") as f:
     rc = subprocess.run(sys.argv[2:], stdout=f, stderr=subprocess.STDOUT).returncode
 open(log + ".rss", "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))
+if rc != 0:  # the run's own words, before the temporary directory goes
+    sys.stderr.write(f"bench/ckpt.sh: {' '.join(sys.argv[2:])} failed ({rc}):\n" + open(log).read()[-4000:])
 sys.exit(rc)
 PY
 }

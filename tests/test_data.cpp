@@ -219,6 +219,15 @@ TEST(Tokenize, BadInputIsAClearError) {
   out = run_cmd(std::string(MESHTRAIN_BIN) + " tokenize --input /etc/hostname --out " + d.file("t") + " --vocab-size 5",
                 &code);
   EXPECT_NE(out.find("--vocab-size 5 must be"), std::string::npos) << out;
+  // Corpora SentencePiece cannot learn from fail before it runs, and leave nothing behind.
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"", "has no text"}, {"just one line\n", "has 1 document(s): the validation split"}}) {
+    std::ofstream(d.file("c.txt"), std::ios::trunc) << text;
+    out = run_cmd(std::string(MESHTRAIN_BIN) + " tokenize --input " + d.file("c.txt") + " --out " + d.file("t2"), &code);
+    EXPECT_NE(code, 0);
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+    EXPECT_TRUE(!std::filesystem::exists(d.file("t2")) || std::filesystem::is_empty(d.file("t2"))) << out;
+  }
 }
 
 }  // namespace

@@ -66,6 +66,33 @@ TEST(Launcher, AFailingRankEndsTheJobAndIsNamed) {
   EXPECT_LT(r.seconds, 30) << "the other ranks were not stopped";
 }
 
+// The summary repeats the failing rank's own error line (the others' errors
+// after it are consequences: connection resets), so it is not lost among them.
+TEST(Launcher, TheFailingRanksOwnErrorIsRepeated) {
+  Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --grace 2 sh -c "
+                        "'if [ $RANK = 1 ]; then echo \"meshtrain: error: model.vocab 7 is too small\" >&2; exit 1; fi; "
+                        "sleep 0.5; echo \"meshtrain: error: connection reset\" >&2; exit 1'");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed with exit code 1 (its error: model.vocab 7 is too small)"), std::string::npos)
+      << r.output;
+}
+
+// Shared-memory segments a rank leaves (killed before it unlinked them) carry
+// the launcher's job id, and the launcher removes them once its ranks are gone;
+// another job's stay.
+TEST(Launcher, RemovesTheSharedMemorySegmentsItsRanksLeft) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("meshtrain_shm_" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/meshtrain-j1-5-0-0") << "another job's";
+  Result r = run("MESHTRAIN_SHM_DIR=" + dir + " " + kBin + " launch --nproc-per-node 2 --master-port 0 sh -c "
+                 "'echo x > $MESHTRAIN_SHM_DIR/meshtrain-j$MESHTRAIN_JOB-77-0-$RANK; kill -9 $$'");
+  EXPECT_EQ(r.code, 128 + SIGKILL) << r.output;
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{"meshtrain-j1-5-0-0"}) << r.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Launcher, RanksIgnoringSigtermAreKilledAfterTheGrace) {
   Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --grace 1 sh -c "
                         "'trap \"\" TERM; if [ $RANK = 0 ]; then sleep 0.5; exit 4; fi; sleep 60'");
@@ -148,6 +175,14 @@ TEST(Launcher, BadOptionsAreClearErrors) {
   r = run(kBin + " launch --nproc-per-node 1 --master-port 0 /no/such/program");
   EXPECT_EQ(r.code, 127) << r.output;
   EXPECT_NE(r.output.find("cannot run '/no/such/program'"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, AMistypedCommandNamesTheNearestOne) {
+  Result r = run(kBin + " trian configs/kjv-tiny.toml");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown command 'trian', did you mean 'train'?"), std::string::npos) << r.output;
+  r = run(kBin + " frobnicate");
+  EXPECT_NE(r.output.find("unknown command 'frobnicate'; the commands are: launch,"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, MissingRankVariablesAreNamed) {

@@ -195,7 +195,7 @@ TEST(PostTrainCli, GrpoOneProcessEqualsDp2) {
   expect_refused(bin + " train " + cfg + " --nproc 2",
                  {{" --set rl.group=1", "at least 2 completions per prompt"},
                   {" --set rl.task=sorting", "rl.task = \"sorting\": use \"arithmetic\" or \"reverse\""},
-                  {" --set rl.eval_examples=-1", "eval_examples (-1) must be >= 1"},
+                  {" --set rl.eval_examples=-1", "rl.eval_examples = -1 must be at least 1"},
                   {" --set rl.prompts='\"/nonexistent.jsonl\"'", "cannot read /nonexistent.jsonl"}});
 }
 
@@ -250,11 +250,11 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
   }
   for (const auto& [step, v] : metric((d.path / "env1").string(), "turns")) EXPECT_TRUE(v >= 1 && v <= 3) << step;
   expect_refused(bin + " train " + cfg + " --nproc 2",
-                 {{" --set ppo.lambda=1.5", "lambda (1.5) in [0, 1]"},
+                 {{" --set ppo.lambda=1.5", "ppo.lambda = 1.5 must be in [0, 1]"},
                   {" --set ppo.kl_estimator='\"k2\"'", "ppo.kl_estimator: KL estimator \"k2\": use k1 or k3"},
-                  {" --set ppo.value_clip=0", "value_clip (0) and vf_coef (0.1) > 0"},
+                  {" --set ppo.value_clip=0", "ppo.value_clip = 0 must be > 0"},
                   {" --set rl.environment='\"browser\"'", "rl.environment: environment \"browser\": use \"calculator\""},
-                  {" --set rl.max_turns=0", "rl.max_turns = 0 must be >= 1"}});
+                  {" --set rl.max_turns=0", "rl.max_turns = 0 must be at least 1"}});
 }
 
 // A learned reward model (rl/reward_model.h) on tokenize task's preference

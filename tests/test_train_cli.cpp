@@ -44,7 +44,7 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
   EXPECT_NE(error_of(d.write("g.toml", base + "[train\n")).find("g.toml"), std::string::npos);
   EXPECT_NE(error_of(d.write("i.toml", base + "[train]\neval_every = 0\n")).find("train.eval_every = 0 must be at least 1"),
             std::string::npos);
-  EXPECT_NE(error_of(d.write("j.toml", base), {"parallel.zero=4"}).find("parallel.zero = 4: use 0 (DDP)"),
+  EXPECT_NE(error_of(d.write("j.toml", base), {"parallel.zero=4"}).find("parallel.zero = 4 must be 0..3 (0 DDP, 1 optimizer states sharded"),
             std::string::npos);
   EXPECT_NE(error_of(d.write("k.toml", base), {"parallel.dp_shard=2"}).find("needs parallel.zero >= 1"),
             std::string::npos);
@@ -65,6 +65,67 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
   EXPECT_EQ(c.model.layers, 3);
   EXPECT_EQ(c.optim.schedule, LrSchedule::Linear);
+}
+
+// Non-finite numbers and values out of range are one error naming the key, the
+// value and the allowed range (lr = nan used to train to NaN and save it).
+TEST(TrainConfig, NonFiniteAndOutOfRangeValuesAreNamed) {
+  Dir d;
+  const std::string cfg = d.write("r.toml", "[data]\ntrain = \"x.bin\"\n");
+  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
+           {"train.lr=nan", "train.lr = nan must be a finite number"},
+           {"train.clip=inf", "train.clip = inf must be a finite number"},
+           {"train.lr=0", "train.lr = 0 must be > 0"},
+           {"train.warmup=-5", "train.warmup = -5 must be at least 0"},
+           {"train.clip=-1", "train.clip = -1 must be >= 0"},
+           {"train.min_lr_ratio=1.5", "train.min_lr_ratio = 1.5 must be in [0, 1]"},
+           {"model.dropout=1.0", "model.dropout = 1 must be in [0, 1)"},
+           {"parallel.nproc=0", "parallel.nproc = 0 must be at least 1"},
+           {"checkpoint.timeout=-1", "checkpoint.timeout = -1 must be > 0"}}) {
+    EXPECT_NE(error_of(cfg, {set}).find(want), std::string::npos) << set << ": " << error_of(cfg, {set});
+  }
+  EXPECT_EQ(error_of(cfg, {"train.clip=0", "train.warmup=0"}), "");  // 0: no clipping, no warmup
+  const auto run = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + " --nproc -1");
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("--nproc -1 must be at least 1"), std::string::npos) << run.output;
+}
+
+// A shard holding token ids the model's vocabulary lacks (a val shard of
+// another tokenizer) is one error before training, on one rank and on two.
+TEST(TrainCli, TokenIdsBeyondTheVocabularyAreOneErrorBeforeStart) {
+  Dir d;
+  std::vector<uint32_t> tokens(2000, 5);
+  tokens[1234] = 70;  // vocab is 64
+  write_shard((d.path / "val.bin").string(), tokens, {0}, 2);
+  const std::string cfg = tiny_config(d, "v.toml", "") + " --set data.val='[\"" + (d.path / "val.bin").string() + "\"]'";
+  for (const char* nproc : {" --nproc 1", " --nproc 2"}) {
+    const auto run = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + nproc);
+    EXPECT_EQ(run.code, 1) << run.output;
+    EXPECT_NE(run.output.find("model.vocab 64 is smaller than token id 70 in " + (d.path / "val.bin").string()),
+              std::string::npos)
+        << run.output;
+    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << "ranks were started\n" << run.output;
+  }
+}
+
+// --print-config prints every key of the table with its type, range and help,
+// as TOML that loads back to the same config.
+TEST(TrainConfig, PrintConfigIsTheWholeConfigAndLoadsBack) {
+  Dir d;
+  const std::string cfg = d.write("pc.toml", "[model]\npreset = \"llama-tiny\"\nlayers = 3\n[data]\ntrain = [\"a.bin\", \"b.bin\"]\n"
+                                             "[train]\nlr = 2.5e-4\nmetrics = \"m \\\"q\\\".jsonl\"\n");
+  const TrainConfig c = load_train_config(cfg, {"parallel.zero=2", "rl.environment=calculator"});
+  const std::string printed = print_config(c);
+  for (const char* want : {"preset = \"llama-tiny\"", "layers = 3", "lr = 0.00025", "zero = 2", "environment = \"calculator\"",
+                           "train = [\"a.bin\", \"b.bin\"]", "# integer, 0..3: 0 DDP", "# number, > 0: peak learning rate",
+                           "[checkpoint]"}) {
+    EXPECT_NE(printed.find(want), std::string::npos) << want << "\n" << printed;
+  }
+  const std::string again = print_config(load_train_config(d.write("pc2.toml", printed), {}));
+  EXPECT_EQ(again, printed);
+  const auto run = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + " --print-config");
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("layers = 3"), std::string::npos) << run.output;
 }
 
 TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
@@ -323,18 +384,21 @@ TEST(TrainCli, ElasticRestartAfterAKillMatchesAnUninterruptedRunBitwise) {
   auto run = test::run_command(bin + " train " + tiny_config(d, "e.toml", "") +
                                " --set train.steps=40" + metrics("ref"));
   ASSERT_EQ(run.code, 0) << run.output;
-  auto elastic = std::async(std::launch::async, [&] {
-    return test::run_command(bin + " train " + cfg + " --max-restarts 1" + metrics("elastic"));
-  });
+  // Runs `args`, SIGKILLs rank 1 once its metrics reach `step`; whether it could.
+  auto run_and_kill = [&](const std::string& args, const std::string& log, int step, bool& killed) {
+    auto job = std::async(std::launch::async, [&] { return test::run_command(bin + " train " + cfg + args + metrics(log)); });
+    killed = false;
+    for (int i = 0; i < 6000 && !killed; ++i) {
+      if (job.wait_for(std::chrono::milliseconds(5)) == std::future_status::ready) break;
+      const auto seen = test::losses((d.path / log).string());
+      if (seen.empty() || seen.rbegin()->first < step) continue;
+      const pid_t victim = rank_pid((d.path / "ck").string(), 1);
+      killed = victim > 0 && ::kill(victim, SIGKILL) == 0;
+    }
+    return job.get();
+  };
   bool killed = false;
-  for (int i = 0; i < 6000 && !killed; ++i) {
-    if (elastic.wait_for(std::chrono::milliseconds(5)) == std::future_status::ready) break;
-    const auto seen = test::losses((d.path / "elastic").string());
-    if (seen.empty() || seen.rbegin()->first < 12) continue;
-    const pid_t victim = rank_pid((d.path / "ck").string(), 1);
-    killed = victim > 0 && ::kill(victim, SIGKILL) == 0;
-  }
-  run = elastic.get();
+  run = run_and_kill(" --max-restarts 1", "elastic", 12, killed);
   ASSERT_TRUE(killed) << "the run ended before rank 1 could be killed\n" << run.output;
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("rank 1 failed with signal 9"), std::string::npos) << run.output;
@@ -345,18 +409,7 @@ TEST(TrainCli, ElasticRestartAfterAKillMatchesAnUninterruptedRunBitwise) {
   ASSERT_EQ(got.size(), 40u);
   for (const auto& [step, v] : ref) EXPECT_EQ(got.at(step), v) << "step " << step;  // bitwise: the printed doubles
   // No restarts left: the kill is the run's failure.
-  auto once = std::async(std::launch::async, [&] {
-    return test::run_command(bin + " train " + cfg + " --set train.steps=400" + metrics("once"));
-  });
-  killed = false;
-  for (int i = 0; i < 6000 && !killed; ++i) {
-    if (once.wait_for(std::chrono::milliseconds(5)) == std::future_status::ready) break;
-    const auto seen = test::losses((d.path / "once").string());
-    if (seen.empty() || seen.rbegin()->first < 45) continue;
-    const pid_t victim = rank_pid((d.path / "ck").string(), 1);
-    killed = victim > 0 && ::kill(victim, SIGKILL) == 0;
-  }
-  run = once.get();
+  run = run_and_kill(" --set train.steps=400", "once", 45, killed);
   ASSERT_TRUE(killed) << run.output;
   EXPECT_EQ(run.code, 128 + SIGKILL) << run.output;
   EXPECT_NE(run.output.find("rank 1 failed with signal 9"), std::string::npos) << run.output;

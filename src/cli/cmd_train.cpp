@@ -20,6 +20,7 @@ Run add_train(CLI::App& app) {
     int nproc = 0;
     int max_restarts = 0;
     bool check_plan = false;
+    bool print_config = false;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("train", "train a model from a TOML config (see configs/)");
@@ -29,11 +30,18 @@ Run add_train(CLI::App& app) {
   cmd->add_option("--max-restarts", o->max_restarts,
                   "after a rank fails, restart every rank from the newest checkpoint that verifies, up to K times "
                   "(needs checkpoint.dir; resume \"auto\")");
+  cmd->add_flag("--print-config", o->print_config,
+                "print every config key with its value, type, allowed range and help (TOML), and exit");
   cmd->add_flag("--check-plan", o->check_plan,
                 "after the first step, compare the planner's per-rank bytes (states, traffic per axis) with the "
                 "runtime's; fail beyond 5%");
   return [o]() {
+    if (o->nproc < 0) throw std::invalid_argument(fmt::format("--nproc {} must be at least 1", o->nproc));
     TrainConfig c = load_train_config(o->config, o->sets);
+    if (o->print_config) {
+      fmt::print("{}", print_config(c));
+      return 0;
+    }
     const int nproc = o->nproc > 0 ? o->nproc : c.nproc;
     if (o->max_restarts < 0) {
       throw std::invalid_argument(fmt::format("--max-restarts {} must be >= 0", o->max_restarts));
@@ -44,9 +52,7 @@ Run add_train(CLI::App& app) {
           "\"auto\" (it is \"{}\")",
           o->max_restarts, c.resume));
     }
-    if (!DistEnv::from_environment().distributed() && (nproc > 1 || o->max_restarts > 0)) {
-      check_run(c, nproc, o->check_plan, true);
-    }
+    if (!DistEnv::from_environment().distributed()) check_run(c, nproc, o->check_plan, true);
     if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) return rc;
     auto rt = start_runtime(300);
     return train(c, *rt, o->check_plan);

@@ -3,13 +3,36 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/threads.h"
+
+namespace {
+
+// Edit distance (insertions, deletions, substitutions) between two words.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // ranks print through a pipe: keep lines live
@@ -43,6 +66,21 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_sample);
   add(meshtrain::cli::add_eval);
   add(meshtrain::cli::add_ckpt);
+  // A word that is no command: name it and the nearest command (CLI11 would only say one is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    const std::string word = argv[1];
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      const std::string nearest = *std::min_element(names.begin(), names.end(), [&](const auto& x, const auto& y) {
+        return edit_distance(word, x) < edit_distance(word, y);
+      });
+      fmt::print(stderr, "meshtrain: error: unknown command '{}'{}; the commands are: {} (meshtrain --help)\n", word,
+                 edit_distance(word, nearest) <= 2 ? fmt::format(", did you mean '{}'?", nearest) : "",
+                 fmt::join(names, ", "));
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,6 +2,8 @@
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>
+
+#include <filesystem>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -71,16 +73,31 @@ at::Tensor all_max(PGBackend& pg, std::vector<int64_t> values) {
 
 // Where the segments live: a tmpfs, /dev/shm unless MESHTRAIN_SHM_DIR names
 // another (containers often give /dev/shm only 64 MiB).
-std::string shm_dir() {
+std::string shm_dir() { return shm_directory(); }
+
+std::string job_prefix(const std::string& job) { return fmt::format("meshtrain-j{}-", job); }
+
+std::string segment_path(int64_t pid0, int64_t serial0, int rank) {
+  const char* job = std::getenv("MESHTRAIN_JOB");
+  return fmt::format("{}/{}{}-{}-{}", shm_dir(), job_prefix(job && *job ? job : "0"), pid0, serial0, rank);
+}
+
+}  // namespace
+
+std::string shm_directory() {
   const char* v = std::getenv("MESHTRAIN_SHM_DIR");
   return v && *v ? v : "/dev/shm";
 }
 
-std::string segment_path(int64_t pid0, int64_t serial0, int rank) {
-  return fmt::format("{}/meshtrain-{}-{}-{}", shm_dir(), pid0, serial0, rank);
+int remove_job_segments(const std::string& job) {
+  int removed = 0;
+  std::error_code ec;
+  const std::string prefix = job_prefix(job);
+  for (const auto& e : std::filesystem::directory_iterator(shm_directory(), ec)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0 && std::filesystem::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
 }
-
-}  // namespace
 
 ShmGroup::ShmGroup(int index, int size, int64_t capacity, std::chrono::milliseconds timeout)
     : index_(index), size_(size), capacity_(capacity), timeout_(timeout), maps_(size, nullptr) {}

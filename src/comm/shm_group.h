@@ -27,6 +27,15 @@
 
 namespace meshtrain {
 
+// Segments are files "meshtrain-j<JOB>-<pid of rank 0>-<serial>-<rank>" in
+// MESHTRAIN_SHM_DIR (default /dev/shm), JOB = MESHTRAIN_JOB (set by the
+// launcher to its pid; 0 without one). Their names are unlinked once every
+// rank has mapped them; a rank killed before that leaves its file, which the
+// launcher removes when its ranks have exited (remove_job_segments).
+std::string shm_directory();
+// Removes the segment files of job `job`; returns how many.
+int remove_job_segments(const std::string& job);
+
 class ShmGroup {
  public:
   // Collective over `pg` (every rank of the group calls it with the same

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <unistd.h>
 #include <fmt/ranges.h>
 
 #include "meshtrain/data/shard.h"
@@ -93,43 +94,67 @@ TokenizeReport tokenize_corpus(const TokenizeOptions& o) {
                                               existing.string()));
     }
   }
-  fs::create_directories(o.out_dir);
+  // The corpus and its split first: a corpus SentencePiece cannot learn from
+  // fails here, naming it, not inside the trainer.
   TokenizeReport r;
-  r.tokenizer_path = o.tokenizer;
-  if (o.tokenizer.empty()) {
-    const std::string prefix = (fs::path(o.out_dir) / "tokenizer").string();
-    const std::string args = fmt::format(
-        "--input={} --model_prefix={} --model_type=bpe --vocab_size={} --character_coverage=1.0 "
-        "--byte_fallback=true --hard_vocab_limit=false --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 "
-        "--input_sentence_size=2000000 --shuffle_input_sentence=true --minloglevel=2 --num_threads=2",
-        fmt::join(o.inputs, ","), prefix, o.vocab_size);
-    auto st = sentencepiece::SentencePieceTrainer::Train(args);
-    if (!st.ok()) throw std::runtime_error("training the tokenizer failed: " + st.ToString());
-    r.tokenizer_path = prefix + ".model";
-  }
-  Tokenizer tok(r.tokenizer_path);
-  r.vocab_size = tok.vocab_size();
-  const int width = r.vocab_size <= 65536 ? 2 : 4;
   const auto docs = read_documents(o.inputs, o.blank_line_documents, &r.bytes);
   if (docs.empty()) throw std::invalid_argument(fmt::format("the corpus ({}) has no text", fmt::join(o.inputs, ", ")));
   r.documents = docs.size();
   const size_t n_val = o.val_fraction > 0 ? std::max<size_t>(1, static_cast<size_t>(docs.size() * o.val_fraction)) : 0;
-  if (n_val >= docs.size()) throw std::invalid_argument("the validation split would take every document");
-  auto write = [&](size_t begin, size_t end, const std::string& name, uint64_t* count) {
-    std::vector<uint32_t> tokens;
-    std::vector<uint64_t> starts;
-    for (size_t i = begin; i < end; ++i) {
-      starts.push_back(tokens.size());
-      for (int id : tok.encode(docs[i])) tokens.push_back(static_cast<uint32_t>(id));
-      tokens.push_back(static_cast<uint32_t>(tok.eos_id()));
-    }
-    const std::string path = (fs::path(o.out_dir) / name).string();
-    write_shard(path, tokens, starts, width);
-    *count = tokens.size();
-    return path;
+  if (n_val >= docs.size()) {
+    throw std::invalid_argument(fmt::format("the corpus ({}) has {} document(s): the validation split (--val-fraction "
+                                            "{}) would take every one; give more text or --val-fraction 0",
+                                            fmt::join(o.inputs, ", "), docs.size(), o.val_fraction));
+  }
+  // Everything is written under temporary names and renamed at the end: a
+  // failure leaves no partial output (and no file that blocks a rerun).
+  fs::create_directories(o.out_dir);
+  const std::string tag = fmt::format(".tmp-{}", ::getpid());
+  std::vector<std::pair<fs::path, fs::path>> outputs;  // (temporary, final)
+  auto output = [&](const std::string& name) {
+    outputs.emplace_back(fs::path(o.out_dir) / (name + tag), fs::path(o.out_dir) / name);
+    return outputs.back().first.string();
   };
-  r.train_path = write(0, docs.size() - n_val, "train.bin", &r.train_tokens);
-  if (n_val > 0) r.val_path = write(docs.size() - n_val, docs.size(), "val.bin", &r.val_tokens);
+  try {
+    r.tokenizer_path = o.tokenizer;
+    if (o.tokenizer.empty()) {
+      const std::string prefix = (fs::path(o.out_dir) / ("tokenizer" + tag)).string();
+      const std::string args = fmt::format(
+          "--input={} --model_prefix={} --model_type=bpe --vocab_size={} --character_coverage=1.0 "
+          "--byte_fallback=true --hard_vocab_limit=false --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 "
+          "--input_sentence_size=2000000 --shuffle_input_sentence=true --minloglevel=2 --num_threads=2",
+          fmt::join(o.inputs, ","), prefix, o.vocab_size);
+      outputs.emplace_back(prefix + ".model", fs::path(o.out_dir) / "tokenizer.model");
+      outputs.emplace_back(prefix + ".vocab", fs::path(o.out_dir) / "tokenizer.vocab");
+      auto st = sentencepiece::SentencePieceTrainer::Train(args);
+      if (!st.ok()) {
+        throw std::runtime_error(fmt::format("training the tokenizer on {} failed: {}", fmt::join(o.inputs, ", "),
+                                             st.ToString()));
+      }
+      r.tokenizer_path = outputs[0].second.string();
+    }
+    Tokenizer tok(o.tokenizer.empty() ? outputs[0].first.string() : o.tokenizer);
+    r.vocab_size = tok.vocab_size();
+    const int width = r.vocab_size <= 65536 ? 2 : 4;
+    auto write = [&](size_t begin, size_t end, const std::string& name, uint64_t* count) {
+      std::vector<uint32_t> tokens;
+      std::vector<uint64_t> starts;
+      for (size_t i = begin; i < end; ++i) {
+        starts.push_back(tokens.size());
+        for (int id : tok.encode(docs[i])) tokens.push_back(static_cast<uint32_t>(id));
+        tokens.push_back(static_cast<uint32_t>(tok.eos_id()));
+      }
+      write_shard(output(name), tokens, starts, width);
+      *count = tokens.size();
+      return (fs::path(o.out_dir) / name).string();
+    };
+    r.train_path = write(0, docs.size() - n_val, "train.bin", &r.train_tokens);
+    if (n_val > 0) r.val_path = write(docs.size() - n_val, docs.size(), "val.bin", &r.val_tokens);
+  } catch (...) {
+    for (const auto& [tmp, final] : outputs) fs::remove(tmp);
+    throw;
+  }
+  for (const auto& [tmp, final] : outputs) fs::rename(tmp, final);
   return r;
 }
 

@@ -19,6 +19,9 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
+
+#include "comm/shm_group.h"
 #include "meshtrain/runtime/threads.h"
 
 namespace meshtrain {
@@ -35,6 +38,7 @@ struct Stream {
   int fd = -1;
   int target = 1;  // our fd to write to
   std::string pending;
+  std::string error;  // the last "meshtrain: error: ..." line seen (the rank's own cause)
 };
 
 struct Child {
@@ -63,6 +67,7 @@ void emit_lines(Stream& s, int rank, bool flush) {
   while ((nl = s.pending.find('\n', start)) != std::string::npos) {
     out += fmt::format("[rank {}] ", rank);
     out.append(s.pending, start, nl - start + 1);
+    if (s.pending.compare(start, 17, "meshtrain: error:") == 0) s.error = s.pending.substr(start + 17, nl - start - 17);
     start = nl + 1;
   }
   s.pending.erase(0, start);
@@ -123,6 +128,7 @@ void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart) 
       {"MASTER_PORT", std::to_string(o.master_port)},
       {"MESHTRAIN_RESTART_COUNT", std::to_string(restart)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"MESHTRAIN_JOB", std::to_string(parent)},  // names the ranks' shared-memory segments (comm/shm_group.h)
   };
   for (auto& kv : missing_rank_environment(o.nproc_per_node)) env.push_back(kv);
   env.emplace_back("MESHTRAIN_NO_REEXEC", "1");  // the launcher already set them
@@ -154,8 +160,8 @@ void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart) 
   close(out_pipe[1]);
   close(err_pipe[1]);
   c.pid = pid;
-  c.out = Stream{out_pipe[0], 1, {}};
-  c.err = Stream{err_pipe[0], 2, {}};
+  c.out = Stream{out_pipe[0], 1, {}, {}};
+  c.err = Stream{err_pipe[0], 2, {}, {}};
   c.exited = false;
   c.terminated_by_us = false;
 }
@@ -172,7 +178,20 @@ struct Outcome {
   int failed_rank = -1;  // -1: none
   int status = 0;
   int user_signal = 0;
+  std::string error;  // the failed rank's own error line, if it printed one
 };
+
+// The kernel's count of processes its out-of-memory killer has stopped
+// (/proc/vmstat oom_kill, Linux >= 4.13; -1 when unknown).
+int64_t oom_kills() {
+  std::ifstream f("/proc/vmstat");
+  std::string key;
+  int64_t v = 0;
+  while (f >> key >> v) {
+    if (key == "oom_kill") return v;
+  }
+  return -1;
+}
 
 // Watches the children until all have exited and their output is drained.
 Outcome supervise(std::vector<Child>& children, double grace_seconds) {
@@ -244,6 +263,9 @@ Outcome supervise(std::vector<Child>& children, double grace_seconds) {
             }
           }
           kill(-c.pid, SIGKILL);  // leftover grandchildren
+        }
+        for (const auto& c : children) {
+          if (c.rank == res.failed_rank) res.error = c.err.error.empty() ? c.out.error : c.err.error;
         }
         return res;
       }
@@ -324,15 +346,30 @@ int launch(LaunchOptions o) {
 
   for (int attempt = 0;; ++attempt) {
     std::vector<Child> children(o.nproc_per_node);
+    const int64_t oom_before = oom_kills();
     for (int i = 0; i < o.nproc_per_node; ++i) start_child(children[i], o, i, attempt);
     Outcome res = supervise(children, o.grace_seconds);
+    // Segments a rank killed during start-up left behind (the others unlink theirs once mapped).
+    if (const int left = remove_job_segments(std::to_string(getpid())); left > 0 && res.failed_rank < 0) {
+      fmt::print(stderr, "meshtrain launch: removed {} shared-memory segment(s) the ranks left in {}\n", left,
+                 shm_directory());
+    }
     if (res.user_signal != 0) {
       fmt::print(stderr, "meshtrain launch: got signal {} ({}), stopped all {} ranks\n", res.user_signal,
                  strsignal(res.user_signal), o.nproc_per_node);
       return 128 + res.user_signal;
     }
     if (res.failed_rank < 0) return 0;
-    const std::string what = fmt::format("rank {} failed with {}", res.failed_rank, describe_status(res.status));
+    std::string what = fmt::format("rank {} failed with {}", res.failed_rank, describe_status(res.status));
+    if (!res.error.empty()) what += fmt::format(" (its error:{})", res.error);
+    const int64_t oom_after = oom_kills();
+    if (WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGKILL && oom_before >= 0 && oom_after > oom_before) {
+      // Nobody here sent that SIGKILL (a rank killed by the launcher is not the failed one).
+      what += fmt::format(": the kernel's out-of-memory killer stopped {} process(es) meanwhile (/proc/vmstat "
+                          "oom_kill {} -> {}), so this rank most likely ran out of memory (a smaller micro_batch, "
+                          "ZeRO, recomputation or tiled attention lower it; `meshtrain plan` estimates it)",
+                          oom_after - oom_before, oom_before, oom_after);
+    }
     if (attempt < o.max_restarts) {
       fmt::print(stderr, "meshtrain launch: {}; restarting all local ranks ({} of {} restarts)\n", what,
                  attempt + 1, o.max_restarts);

@@ -1,5 +1,6 @@
 #include "meshtrain/train/config.h"
 
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -15,135 +16,10 @@
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/precision.h"
+#include "train/config_keys.h"
 
 namespace meshtrain {
 namespace {
-
-using Setter = void (*)(TrainConfig&, const toml::node&, const std::string&);
-
-[[noreturn]] void wrong_type(const std::string& key, const char* want) {
-  throw std::invalid_argument(fmt::format("config key {} must be {}", key, want));
-}
-int64_t as_int(const toml::node& n, const std::string& key) {
-  if (auto v = n.value_exact<int64_t>()) return *v;
-  wrong_type(key, "an integer");
-}
-double as_double(const toml::node& n, const std::string& key) {
-  if (auto v = n.value<double>(); v && (n.is_floating_point() || n.is_integer())) return *v;
-  wrong_type(key, "a number");
-}
-bool as_bool(const toml::node& n, const std::string& key) {
-  if (auto v = n.value_exact<bool>()) return *v;
-  wrong_type(key, "true or false");
-}
-std::string as_string(const toml::node& n, const std::string& key) {
-  if (auto v = n.value_exact<std::string>()) return *v;
-  wrong_type(key, "a string");
-}
-std::vector<std::string> as_strings(const toml::node& n, const std::string& key) {
-  if (n.is_string()) return {as_string(n, key)};
-  std::vector<std::string> out;
-  if (auto arr = n.as_array()) {
-    for (const auto& e : *arr) out.push_back(as_string(e, key));
-    return out;
-  }
-  wrong_type(key, "a string or a list of strings");
-}
-
-const std::map<std::string, Setter>& setters() {
-  static const std::map<std::string, Setter> s{
-      {"model.layers", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.layers = as_int(n, k); }},
-      {"model.hidden", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.hidden = as_int(n, k); }},
-      {"model.heads", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.heads = as_int(n, k); }},
-      {"model.kv_heads", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.kv_heads = as_int(n, k); }},
-      {"model.ffn", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.ffn = as_int(n, k); }},
-      {"model.vocab", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.vocab = as_int(n, k); }},
-      {"model.dropout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.dropout = as_double(n, k); }},
-      {"model.init_std", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.init_std = as_double(n, k); }},
-      {"model.tied", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.tied = as_bool(n, k); }},
-      {"model.attention", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.model.attention = plan::parse_attention(as_string(n, k)); }},
-      {"data.train", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.train_shards = as_strings(n, k); }},
-      {"data.val", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.val_shards = as_strings(n, k); }},
-      {"train.steps", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.steps = as_int(n, k); }},
-      {"train.micro_batch", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.micro_batch = as_int(n, k); }},
-      {"train.global_batch", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.global_batch = as_int(n, k); }},
-      {"train.seq", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.seq = as_int(n, k); }},
-      {"train.seed", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.seed = static_cast<uint64_t>(as_int(n, k)); }},
-      {"train.log_every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.log_every = as_int(n, k); }},
-      {"train.eval_every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.eval_every = as_int(n, k); }},
-      {"train.eval_batches", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.eval_batches = as_int(n, k); }},
-      {"train.metrics", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.metrics = as_string(n, k); }},
-      {"train.lr", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.lr = as_double(n, k); }},
-      {"train.warmup", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.warmup_steps = as_int(n, k); }},
-      {"train.schedule", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.schedule = parse_lr_schedule(as_string(n, k)); }},
-      {"train.min_lr_ratio", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.min_lr_ratio = as_double(n, k); }},
-      {"train.weight_decay", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.weight_decay = as_double(n, k); }},
-      {"train.clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.optim.clip_norm = as_double(n, k); }},
-      {"train.recompute", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.recompute = as_string(n, k); }},
-      {"train.method", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.method = as_string(n, k); }},
-      {"train.repack", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.repack = as_bool(n, k); }},
-      {"train.document_mask", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.document_mask = as_bool(n, k); }},
-      {"train.precision", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.precision = as_string(n, k); }},
-      {"ddp.bucket_mb", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_bucket_mb = as_int(n, k); }},
-      {"ddp.overlap", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_overlap = as_bool(n, k); }},
-      {"ddp.find_unused", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ddp_find_unused = as_bool(n, k); }},
-      {"train.stop_after", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.stop_after = as_int(n, k); }},
-      {"checkpoint.dir", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_dir = as_string(n, k); }},
-      {"checkpoint.every", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_every = as_int(n, k); }},
-      {"checkpoint.keep", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_keep = static_cast<int>(as_int(n, k)); }},
-      {"checkpoint.async", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_async = as_bool(n, k); }},
-      {"checkpoint.staging_mb", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_staging_mb = as_int(n, k); }},
-      {"checkpoint.timeout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ckpt_timeout = as_double(n, k); }},
-      {"checkpoint.resume", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.resume = as_string(n, k); }},
-      {"parallel.tp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.tp = static_cast<int>(as_int(n, k)); }},
-      {"parallel.sp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.sp = as_bool(n, k); }},
-      {"parallel.nproc", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.nproc = static_cast<int>(as_int(n, k)); }},
-      {"parallel.pp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.pp = static_cast<int>(as_int(n, k)); }},
-      {"parallel.virtual", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.virtual_stages = static_cast<int>(as_int(n, k)); }},
-      {"parallel.schedule", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.schedule = as_string(n, k); }},
-      {"parallel.zero", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.zero = static_cast<int>(as_int(n, k)); }},
-      {"parallel.dp_shard", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dp_shard = static_cast<int>(as_int(n, k)); }},
-      {"lora.rank", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.rank = as_int(n, k); }},
-      {"lora.alpha", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.alpha = as_double(n, k); }},
-      {"lora.dropout", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.dropout = as_double(n, k); }},
-      {"lora.targets", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora.targets = as_strings(n, k); }},
-      {"lora.quantize", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora_quantize = as_string(n, k); }},
-      {"lora.double_quant", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.lora_double_quant = as_bool(n, k); }},
-      {"adapters.bottleneck", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.adapters.bottleneck = as_int(n, k); }},
-      {"init.from", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.init_from = as_string(n, k); }},
-      {"parallel.cp", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp = static_cast<int>(as_int(n, k)); }},
-      {"parallel.cp_impl", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.cp_impl = as_string(n, k); }},
-      {"rl.task", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.task = as_string(n, k); }},
-      {"rl.prompts", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.prompts = as_string(n, k); }},
-      {"rl.reward_command", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.reward_command = as_string(n, k); }},
-      {"rl.environment", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.environment = as_string(n, k); }},
-      {"rl.max_turns", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.max_turns = as_int(n, k); }},
-      {"rl.reward_model", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.reward_model = as_string(n, k); }},
-      {"rl.eval", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.eval = as_string(n, k); }},
-      {"rl.group", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.group = as_int(n, k); }},
-      {"rl.max_new", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.max_new = as_int(n, k); }},
-      {"rl.epochs", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.epochs = as_int(n, k); }},
-      {"rl.eval_examples", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.eval_examples = as_int(n, k); }},
-      {"rl.temperature", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.temperature = as_double(n, k); }},
-      {"rl.epsilon", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.epsilon = as_double(n, k); }},
-      {"rl.epsilon_high", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.rl.epsilon_high = as_double(n, k); }},
-      {"grpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.beta = as_double(n, k); }},
-      {"grpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.grpo.loss = as_string(n, k); }},
-      {"ppo.kl_coef", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.kl_coef = as_double(n, k); }},
-      {"ppo.kl_estimator", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.kl_estimator = as_string(n, k); }},
-      {"ppo.gamma", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.gamma = as_double(n, k); }},
-      {"ppo.lambda", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.lambda = as_double(n, k); }},
-      {"ppo.value_clip", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.value_clip = as_double(n, k); }},
-      {"ppo.vf_coef", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.vf_coef = as_double(n, k); }},
-      {"ppo.critic_lr", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.critic_lr = as_double(n, k); }},
-      {"ppo.whiten", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.ppo.whiten = as_bool(n, k); }},
-      {"dpo.beta", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_beta = as_double(n, k); }},
-      {"dpo.loss", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_loss = as_string(n, k); }},
-      {"dpo.reference", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.dpo_reference = as_string(n, k); }},
-      {"parallel.offload", [](TrainConfig& c, const toml::node& n, const std::string& k) { c.offload = as_bool(n, k); }},
-  };
-  return s;
-}
 
 void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
   for (const auto& [section, node] : t) {
@@ -153,16 +29,21 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
     for (const auto& [key, value] : *tab) {
       const std::string full = sec + "." + std::string(key.str());
       if (full == "model.preset") continue;
-      auto it = setters().find(full);
-      if (it == setters().end()) {
+      const ConfigKey* k = find_config_key(full);
+      if (!k) {
         std::string known;
-        for (const auto& [k, v] : setters())
-          if (k.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + k;
+        for (const auto& other : config_keys()) {
+          if (other.name.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + other.name;
+        }
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
                                                 known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, rl, grpo, ppo, parallel, ddp"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
-      it->second(c, value, full);
+      try {
+        k->set(c, value);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(fmt::format("{}: {}", where, e.what()));
+      }
     }
   }
 }
@@ -265,25 +146,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.train_shards.empty() && c.method != "grpo" && c.method != "ppo") {
     throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
   }
-  for (auto [key, v] : {std::pair{"train.steps", c.steps}, {"train.micro_batch", c.micro_batch}, {"train.seq", c.seq},
-                         {"train.global_batch", c.global_batch}, {"train.log_every", c.log_every},
-                         {"train.eval_every", c.eval_every}, {"train.eval_batches", c.eval_batches},
-                         {"ddp.bucket_mb", c.ddp_bucket_mb}, {"parallel.tp", static_cast<int64_t>(c.tp)}}) {
-    if (v < 1) throw std::invalid_argument(fmt::format("{}: {} = {} must be at least 1", path, key, v));
-  }
-  if (c.zero < 0 || c.zero > 3) {
-    throw std::invalid_argument(fmt::format("{}: parallel.zero = {}: use 0 (DDP), 1 (optimizer states sharded), 2 (+ "
-                                            "gradients) or 3 (+ parameters, FSDP)",
-                                            path, c.zero));
-  }
+  // Types and ranges of single keys were checked as they were set (config_keys.cpp); what follows relates keys.
   if (c.dp_shard < 0 || (c.dp_shard > 0 && c.zero == 0)) {
     throw std::invalid_argument(fmt::format("{}: parallel.dp_shard = {} shards ZeRO's state within groups of that many "
                                             "data-parallel ranks: it needs parallel.zero >= 1 and a positive size",
                                             path, c.dp_shard));
-  }
-  if (c.pp < 1 || c.virtual_stages < 1) {
-    throw std::invalid_argument(fmt::format("{}: parallel.pp = {} and parallel.virtual = {} must be at least 1", path,
-                                            c.pp, c.virtual_stages));
   }
   try {
     plan::parse_schedule(c.schedule);
@@ -387,16 +254,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "LoRA adapters: it needs lora.rank > 0 (it is {}), init.from (it is "
                                             "\"{}\"), parallel.tp = 1 (it is {}) and parallel.zero = 0 (it is {})",
                                             path, c.lora.rank, c.init_from, c.tp, c.zero));
-  }
-  if (c.ckpt_staging_mb < 1 || !(c.ckpt_timeout > 0) || !std::isfinite(c.ckpt_timeout)) {
-    throw std::invalid_argument(fmt::format("{}: checkpoint.staging_mb ({}) must be >= 1 and checkpoint.timeout ({}) a "
-                                            "positive number of seconds",
-                                            path, c.ckpt_staging_mb, c.ckpt_timeout));
-  }
-  if (c.stop_after < 0 || c.ckpt_every < 0 || c.ckpt_keep < 1) {
-    throw std::invalid_argument(fmt::format("{}: train.stop_after ({}) and checkpoint.every ({}) must be >= 0, "
-                                            "checkpoint.keep ({}) >= 1",
-                                            path, c.stop_after, c.ckpt_every, c.ckpt_keep));
   }
   try {
     plan::parse_recompute(c.recompute);

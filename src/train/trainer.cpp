@@ -350,11 +350,15 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
     throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
                                             c.global_batch, c.micro_batch, dp));
   }
-  const uint32_t top = max_token(c.train_shards);
-  if (top >= c.model.vocab) {
-    throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab to the "
-                                            "tokenizer's size",
-                                            c.model.vocab, top, c.train_shards[0]));
+  for (const auto* shards : {&c.train_shards, &c.val_shards}) {
+    for (const auto& shard : *shards) {  // an id >= vocab would index past the embedding (or, split over tp, be lost)
+      const uint32_t top = max_token({shard});
+      if (top >= c.model.vocab) {
+        throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab "
+                                                "to the tokenizer's size",
+                                                c.model.vocab, top, shard));
+      }
+    }
   }
   if (c.method == "sft" || pairwise(c.method)) {
     // Blocks packed for another length would cut conversations: the data's sft.json (dpo.json) names its seq.

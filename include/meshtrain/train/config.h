@@ -1,6 +1,7 @@
 // The training configuration: a TOML file plus `--set section.key=value`
-// overrides. Every key is checked: an unknown key or a wrong type is one error
-// naming it (and the file), before anything starts.
+// overrides. Every key is checked: an unknown key, a wrong type, a non-finite
+// number or a value out of the key's range is one error naming it (and the
+// file), before anything starts.
 #pragma once
 
 #include <cstdint>
@@ -117,8 +118,14 @@ struct TrainConfig {
   AdapterOptions adapters{0};
 };
 
-// Throws std::invalid_argument naming the file, section.key and the problem.
+// Throws std::invalid_argument naming the file, section.key and the problem
+// (each key's type and allowed range: src/train/config_keys.cpp).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// `meshtrain train --print-config`: every key with its value, as TOML that
+// load_train_config reads back to the same config, each line commented with
+// the key's type, allowed range and help.
+std::string print_config(const TrainConfig& c);
 
 // Methods trained on preference pairs (data/preference.h): DPO and the reward model.
 inline bool pairwise(const std::string& method) { return method == "dpo" || method == "reward"; }

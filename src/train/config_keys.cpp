@@ -1,0 +1,291 @@
+// The training config's keys: one row each (name, type, allowed range, help,
+// and the field it sets). Parsing, --set, range checks, error messages and
+// `meshtrain train --print-config` all read this table.
+#include "train/config_keys.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/plan/spec.h"
+
+namespace meshtrain {
+namespace {
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+[[noreturn]] void wrong_type(const std::string& key, const char* want) {
+  throw std::invalid_argument(fmt::format("config key {} must be {}", key, want));
+}
+int64_t as_int(const toml::node& n, const std::string& key) {
+  if (auto v = n.value_exact<int64_t>()) return *v;
+  wrong_type(key, "an integer");
+}
+double as_double(const toml::node& n, const std::string& key) {
+  if (auto v = n.value<double>(); v && (n.is_floating_point() || n.is_integer())) {
+    // TOML spells nan and inf; no key of a training config means them (lr = nan would train to NaN).
+    if (!std::isfinite(*v)) throw std::invalid_argument(fmt::format("config key {} = {} must be a finite number", key, *v));
+    return *v;
+  }
+  wrong_type(key, "a number");
+}
+bool as_bool(const toml::node& n, const std::string& key) {
+  if (auto v = n.value_exact<bool>()) return *v;
+  wrong_type(key, "true or false");
+}
+std::string as_string(const toml::node& n, const std::string& key) {
+  if (auto v = n.value_exact<std::string>()) return *v;
+  wrong_type(key, "a string");
+}
+std::vector<std::string> as_strings(const toml::node& n, const std::string& key) {
+  if (n.is_string()) return {as_string(n, key)};
+  std::vector<std::string> out;
+  if (auto arr = n.as_array()) {
+    for (const auto& e : *arr) out.push_back(as_string(e, key));
+    return out;
+  }
+  wrong_type(key, "a string or a list of strings");
+}
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) out += ch == '"' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
+  return out + "\"";
+}
+
+template <class F>
+using FieldType = std::remove_reference_t<decltype(std::declval<F>()(std::declval<TrainConfig&>()))>;
+
+[[noreturn]] void out_of_range(const std::string& key, const std::string& value, const ConfigKey& k) {
+  throw std::invalid_argument(fmt::format("{} = {} must be {} ({})", key, value, k.range, k.help));
+}
+
+// An integer in [lo, hi].
+template <class F>
+ConfigKey integer(const char* name, F field, int64_t lo, int64_t hi, const char* help) {
+  ConfigKey k{name, "integer", hi == kMaxInt ? fmt::format("at least {}", lo) : fmt::format("{}..{}", lo, hi), help, {}, {}};
+  k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
+    const int64_t v = as_int(n, name);
+    if (v < lo || v > hi) out_of_range(name, std::to_string(v), range);
+    field(c) = static_cast<FieldType<F>>(v);
+  };
+  k.show = [=](const TrainConfig& c) { return fmt::format("{}", field(const_cast<TrainConfig&>(c))); };
+  return k;
+}
+
+// A finite number between lo and hi, each bound included unless open.
+template <class F>
+ConfigKey number(const char* name, F field, double lo, bool lo_open, double hi, bool hi_open, const char* help) {
+  std::string range = hi == kInf ? fmt::format("{} {}", lo_open ? ">" : ">=", lo)
+                                 : fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+  ConfigKey k{name, "number", range, help, {}, {}};
+  k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
+    const double v = as_double(n, name);
+    if (v < lo || v > hi || (lo_open && v == lo) || (hi_open && v == hi)) out_of_range(name, fmt::format("{}", v), range);
+    field(c) = v;
+  };
+  k.show = [=](const TrainConfig& c) { return fmt::format("{}", field(const_cast<TrainConfig&>(c))); };
+  return k;
+}
+
+template <class F>
+ConfigKey boolean(const char* name, F field, const char* help) {
+  ConfigKey k{name, "bool", "", help, {}, {}};
+  k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_bool(n, name); };
+  k.show = [=](const TrainConfig& c) { return field(const_cast<TrainConfig&>(c)) ? "true" : "false"; };
+  return k;
+}
+
+// A string; `choices` documents the values the config's checks accept.
+template <class F>
+ConfigKey text(const char* name, F field, const char* choices, const char* help) {
+  ConfigKey k{name, "string", choices, help, {}, {}};
+  k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_string(n, name); };
+  k.show = [=](const TrainConfig& c) { return toml_string(field(const_cast<TrainConfig&>(c))); };
+  return k;
+}
+
+template <class F>
+ConfigKey texts(const char* name, F field, const char* help) {
+  ConfigKey k{name, "strings", "", help, {}, {}};
+  k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_strings(n, name); };
+  k.show = [=](const TrainConfig& c) {
+    std::vector<std::string> q;
+    for (const auto& s : field(const_cast<TrainConfig&>(c))) q.push_back(toml_string(s));
+    return fmt::format("[{}]", fmt::join(q, ", "));
+  };
+  return k;
+}
+
+// An enumeration spelled as a string: `parse` names the bad value, `name` the good one.
+template <class F, class P, class N>
+ConfigKey choice(const char* name, F field, P parse, N show_name, const char* choices, const char* help) {
+  ConfigKey k{name, "string", choices, help, {}, {}};
+  k.set = [=](TrainConfig& c, const toml::node& n) {
+    const std::string s = as_string(n, name);
+    try {
+      field(c) = parse(s);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{} = {}: {}", name, toml_string(s), e.what()));
+    }
+  };
+  k.show = [=](const TrainConfig& c) { return toml_string(show_name(field(const_cast<TrainConfig&>(c)))); };
+  return k;
+}
+
+const char* schedule_name(LrSchedule s) {
+  return s == LrSchedule::Constant ? "constant" : s == LrSchedule::Linear ? "linear" : "cosine";
+}
+
+#define FIELD(member) [](TrainConfig& c) -> auto& { return c.member; }
+
+std::vector<ConfigKey> make_keys() {
+  return {
+      // [model] (after preset = "...", which picks the defaults)
+      integer("model.layers", FIELD(model.layers), 1, kMaxInt, "transformer blocks"),
+      integer("model.hidden", FIELD(model.hidden), 1, kMaxInt, "model width"),
+      integer("model.heads", FIELD(model.heads), 1, kMaxInt, "attention heads"),
+      integer("model.kv_heads", FIELD(model.kv_heads), 1, kMaxInt, "key/value heads (GQA/MQA when fewer than heads)"),
+      integer("model.ffn", FIELD(model.ffn), 1, kMaxInt, "feed-forward width"),
+      integer("model.vocab", FIELD(model.vocab), 1, kMaxInt, "vocabulary size: the tokenizer's"),
+      number("model.dropout", FIELD(model.dropout), 0, false, 1, true, "dropout probability"),
+      number("model.init_std", FIELD(model.init_std), 0, true, kInf, false, "standard deviation of the initial weights"),
+      boolean("model.tied", FIELD(model.tied), "the output head shares the embedding"),
+      choice("model.attention", FIELD(model.attention), plan::parse_attention, plan::attention_name, "naive | tiled",
+             "tiled: FlashAttention-2 style, memory linear in the sequence"),
+      // [data]
+      texts("data.train", FIELD(train_shards), "token shards to train on (meshtrain tokenize)"),
+      texts("data.val", FIELD(val_shards), "token shards to validate on"),
+      // [train]
+      text("train.method", FIELD(method), "pretrain | sft | dpo | reward | grpo | ppo", "what the run trains"),
+      integer("train.steps", FIELD(steps), 1, kMaxInt, "optimizer steps"),
+      integer("train.micro_batch", FIELD(micro_batch), 1, kMaxInt, "sequences per rank per forward"),
+      integer("train.global_batch", FIELD(global_batch), 1, kMaxInt, "sequences per optimizer step, all ranks"),
+      integer("train.seq", FIELD(seq), 1, kMaxInt, "tokens per sequence"),
+      integer("train.seed", FIELD(seed), 0, kMaxInt, "seeds the initial weights, data order and dropout"),
+      number("train.lr", FIELD(optim.lr), 0, true, kInf, false, "peak learning rate"),
+      integer("train.warmup", FIELD(optim.warmup_steps), 0, kMaxInt, "linear warmup steps"),
+      choice("train.schedule", FIELD(optim.schedule), parse_lr_schedule, schedule_name, "constant | linear | cosine",
+             "learning rate after warmup"),
+      number("train.min_lr_ratio", FIELD(optim.min_lr_ratio), 0, false, 1, false, "final learning rate / lr"),
+      number("train.weight_decay", FIELD(optim.weight_decay), 0, false, kInf, false, "AdamW's decoupled weight decay"),
+      number("train.clip", FIELD(optim.clip_norm), 0, false, kInf, false, "gradient norm clip (0: none)"),
+      text("train.recompute", FIELD(recompute), "none | selective | full", "activation recomputation"),
+      text("train.precision", FIELD(precision), "fp32 | bf16 | fp16", "compute precision (fp32 master weights)"),
+      boolean("train.document_mask", FIELD(document_mask), "packed documents do not attend to each other"),
+      boolean("train.repack", FIELD(repack), "SFT: pack conversations afresh each epoch"),
+      integer("train.log_every", FIELD(log_every), 1, kMaxInt, "steps between log lines"),
+      integer("train.eval_every", FIELD(eval_every), 1, kMaxInt, "steps between validations"),
+      integer("train.eval_batches", FIELD(eval_batches), 1, kMaxInt, "micro-batches per validation"),
+      text("train.metrics", FIELD(metrics), "", "JSON-lines file of per-step metrics (\"\": none)"),
+      integer("train.stop_after", FIELD(stop_after), 0, kMaxInt, "stop (and save) after this step (0: run all)"),
+      // [parallel]
+      integer("parallel.nproc", FIELD(nproc), 1, kMaxInt, "ranks meshtrain train starts on this machine"),
+      integer("parallel.tp", FIELD(tp), 1, kMaxInt, "tensor-parallel size"),
+      boolean("parallel.sp", FIELD(sp), "sequence parallelism (with tp)"),
+      integer("parallel.cp", FIELD(cp), 1, kMaxInt, "context-parallel size"),
+      text("parallel.cp_impl", FIELD(cp_impl), "ring | ulysses | allgather", "context-parallel attention"),
+      integer("parallel.pp", FIELD(pp), 1, kMaxInt, "pipeline stages"),
+      integer("parallel.virtual", FIELD(virtual_stages), 1, kMaxInt, "model chunks per pipeline rank (interleaved)"),
+      text("parallel.schedule", FIELD(schedule), "gpipe | 1f1b | interleaved | zb-h1", "pipeline schedule"),
+      integer("parallel.zero", FIELD(zero), 0, 3,
+              "0 DDP, 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP)"),
+      integer("parallel.dp_shard", FIELD(dp_shard), 0, kMaxInt, "HSDP: shard within groups of this many dp ranks (0: all)"),
+      boolean("parallel.offload", FIELD(offload), "CUDA builds: master weights and Adam states in host memory"),
+      // [ddp]
+      integer("ddp.bucket_mb", FIELD(ddp_bucket_mb), 1, kMaxInt, "gradient bucket size"),
+      boolean("ddp.overlap", FIELD(ddp_overlap), "all-reduce buckets during backward"),
+      boolean("ddp.find_unused", FIELD(ddp_find_unused), "parameters without a gradient count as zero"),
+      // [checkpoint]
+      text("checkpoint.dir", FIELD(ckpt_dir), "", "directory of step_N checkpoints (\"\": none)"),
+      integer("checkpoint.every", FIELD(ckpt_every), 0, kMaxInt, "steps between saves (0: at the end only)"),
+      integer("checkpoint.keep", FIELD(ckpt_keep), 1, kMaxInt, "newest checkpoints kept"),
+      boolean("checkpoint.async", FIELD(ckpt_async), "snapshot, then write in a background thread"),
+      integer("checkpoint.staging_mb", FIELD(ckpt_staging_mb), 1, kMaxInt, "memory a load streams shards through"),
+      number("checkpoint.timeout", FIELD(ckpt_timeout), 0, true, kInf, false,
+             "seconds the checkpoint's collectives wait for a slow rank"),
+      text("checkpoint.resume", FIELD(resume), "auto | none | PATH", "auto: the newest in dir, if any"),
+      // [init]
+      text("init.from", FIELD(init_from), "", "start from this checkpoint's weights (new optimizer, step 0)"),
+      // [lora], [adapters]
+      integer("lora.rank", FIELD(lora.rank), 0, kMaxInt, "LoRA rank (0: off)"),
+      number("lora.alpha", FIELD(lora.alpha), 0, true, kInf, false, "LoRA scale numerator (scale = alpha / rank)"),
+      number("lora.dropout", FIELD(lora.dropout), 0, false, 1, true, "dropout on the adapters' input"),
+      texts("lora.targets", FIELD(lora.targets), "linears that get adapters (names, or \"all\")"),
+      text("lora.quantize", FIELD(lora_quantize), "none | nf4", "nf4: QLoRA"),
+      boolean("lora.double_quant", FIELD(lora_double_quant), "QLoRA: block scales in int8"),
+      integer("adapters.bottleneck", FIELD(adapters.bottleneck), 0, kMaxInt, "Houlsby adapter width (0: off)"),
+      // [dpo]
+      number("dpo.beta", FIELD(dpo_beta), 0, true, kInf, false, "DPO's inverse temperature"),
+      text("dpo.loss", FIELD(dpo_loss), "sigmoid | ipo | hinge", "DPO loss"),
+      text("dpo.reference", FIELD(dpo_reference), "auto | copy | adapters", "the reference model"),
+      // [rl], [grpo], [ppo]
+      text("rl.task", FIELD(rl.task), "arithmetic | reverse", "the shipped task"),
+      text("rl.prompts", FIELD(rl.prompts), "", "task prompts (JSONL, meshtrain tokenize task)"),
+      text("rl.eval", FIELD(rl.eval), "", "held-out task examples"),
+      text("rl.reward_command", FIELD(rl.reward_command), "", "a program that scores completions"),
+      text("rl.reward_model", FIELD(rl.reward_model), "", "a reward model checkpoint"),
+      text("rl.environment", FIELD(rl.environment), "\"\" | calculator", "multi-turn environment"),
+      integer("rl.max_turns", FIELD(rl.max_turns), 1, kMaxInt, "policy turns per episode"),
+      integer("rl.group", FIELD(rl.group), 1, kMaxInt, "completions per prompt"),
+      integer("rl.max_new", FIELD(rl.max_new), 1, kMaxInt, "tokens per completion (per turn)"),
+      integer("rl.epochs", FIELD(rl.epochs), 1, kMaxInt, "optimizer steps per rollout batch"),
+      integer("rl.eval_examples", FIELD(rl.eval_examples), 1, kMaxInt, "held-out examples per evaluation"),
+      number("rl.temperature", FIELD(rl.temperature), 0, false, kInf, false, "sampling temperature"),
+      number("rl.epsilon", FIELD(rl.epsilon), 0, false, kInf, false, "ratio clip below 1"),
+      number("rl.epsilon_high", FIELD(rl.epsilon_high), 0, false, kInf, false, "ratio clip above 1"),
+      number("grpo.beta", FIELD(grpo.beta), 0, false, kInf, false, "KL weight (a frozen reference when > 0)"),
+      text("grpo.loss", FIELD(grpo.loss), "grpo | bnpo | dr_grpo | dapo", "how token losses are averaged"),
+      number("ppo.kl_coef", FIELD(ppo.kl_coef), 0, false, kInf, false, "KL penalty in the reward"),
+      text("ppo.kl_estimator", FIELD(ppo.kl_estimator), "k1 | k3", "KL estimator"),
+      number("ppo.gamma", FIELD(ppo.gamma), 0, false, 1, false, "discount"),
+      number("ppo.lambda", FIELD(ppo.lambda), 0, false, 1, false, "GAE lambda"),
+      number("ppo.value_clip", FIELD(ppo.value_clip), 0, true, kInf, false, "value loss clip"),
+      number("ppo.vf_coef", FIELD(ppo.vf_coef), 0, true, kInf, false, "value loss weight"),
+      number("ppo.critic_lr", FIELD(ppo.critic_lr), 0, false, kInf, false, "critic learning rate (0: train.lr)"),
+      boolean("ppo.whiten", FIELD(ppo.whiten), "whiten advantages over the global batch"),
+  };
+}
+
+#undef FIELD
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = make_keys();
+  return keys;
+}
+
+const ConfigKey* find_config_key(const std::string& name) {
+  for (const auto& k : config_keys()) {
+    if (k.name == name) return &k;
+  }
+  return nullptr;
+}
+
+std::string print_config(const TrainConfig& c) {
+  std::string out, section;
+  for (const auto& k : config_keys()) {
+    const std::string sec = k.name.substr(0, k.name.find('.'));
+    if (sec != section) {
+      out += fmt::format("{}[{}]\n", section.empty() ? "" : "\n", sec);
+      section = sec;
+      if (sec == "model") {  // the preset sets the fields no key names (norm, positions, activation, bias, ...)
+        out += fmt::format("{:<32} # string: the preset the fields below modify\n",
+                           fmt::format("preset = {}", toml_string(c.model.name)));
+      }
+    }
+    const std::string line = fmt::format("{} = {}", k.name.substr(sec.size() + 1), k.show(c));
+    out += fmt::format("{:<32} # {}{}: {}\n", line, k.type, k.range.empty() ? "" : ", " + k.range, k.help);
+  }
+  return out;
+}
+
+}  // namespace meshtrain
