@@ -509,7 +509,7 @@ TEST(TrainCli, SampleAndExportFromACheckpoint) {
 TEST(TrainCli, CheckpointConfigErrors) {
   Dir d;
   const std::string cfg = tiny_config(d, "c.toml", "[checkpoint]\nkeep = 0\n");
-  EXPECT_NE(error_of(cfg).find("checkpoint.keep (0) >= 1"), std::string::npos) << error_of(cfg);
+  EXPECT_NE(error_of(cfg).find("checkpoint.keep = 0 must be at least 1"), std::string::npos) << error_of(cfg);
   EXPECT_NE(error_of(cfg, {"checkpoint.keep=1", "checkpoint.evry=3"}).find("unknown config key 'checkpoint.evry'"),
             std::string::npos);
   // Resuming from something that is not a checkpoint names it.
