@@ -128,6 +128,45 @@ TEST(TrainConfig, PrintConfigIsTheWholeConfigAndLoadsBack) {
   EXPECT_NE(run.output.find("layers = 3"), std::string::npos) << run.output;
 }
 
+// Errors the config, the data or the paths already show are one message from
+// the launching process: no rank starts (no "[rank N]" line), exit status 1.
+// A second job on a checkpoint directory in use is one of them.
+TEST(TrainCli, ConfigOnlyErrorsComeBeforeAnyRankStarts) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = tiny_config(d, "s.toml", "") + " --nproc 2";
+  std::ofstream(d.path / "not_a_dir") << "a file where the checkpoint directory should be";
+  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
+           {" --set train.precision='\"fp16\"'", "precision fp16 needs a GPU"},
+           {" --set train.global_batch=6", "train.global_batch 6 is not divisible by micro_batch 2 x dp 2"},
+           {" --set checkpoint.dir='\"" + (d.path / "not_a_dir/ck").string() + "\"'", "cannot be created"}}) {
+    const auto run = test::run_command(bin + " train " + cfg + set);
+    EXPECT_EQ(run.code, 1) << set << "\n" << run.output;
+    EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
+    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << set << ": ranks were started\n" << run.output;
+  }
+  // Job A holds the directory (a long run); job B on it is refused before its ranks start; A finishes.
+  const std::string ck = " --set checkpoint.dir='\"" + (d.path / "shared").string() + "\"'";
+  auto a = std::async(std::launch::async, [&] { return test::run_command(bin + " train " + cfg + ck + " --set train.steps=300"); });
+  auto holder = [&] {  // what A's rank 0 wrote into the lock it holds ("pid N on HOST")
+    std::ifstream f(d.path / "shared" / ".lock");
+    std::string line;
+    std::getline(f, line);
+    return line;
+  };
+  for (int i = 0; i < 1200 && holder().empty(); ++i) {
+    if (a.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready) break;
+  }
+  ASSERT_FALSE(holder().empty()) << "job A never took the lock";
+  const auto b = test::run_command(bin + " train " + cfg + ck);
+  EXPECT_EQ(b.code, 1) << b.output;
+  EXPECT_NE(b.output.find("is in use by another running job (pid "), std::string::npos) << b.output;
+  EXPECT_EQ(b.output.find("[rank"), std::string::npos) << b.output;
+  const auto ra = a.get();
+  EXPECT_EQ(ra.code, 0) << ra.output;
+  EXPECT_NE(ra.output.find("step   300 | checkpoint"), std::string::npos) << ra.output;
+}
+
 TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
   Dir d;
   std::vector<uint32_t> tokens(6000);
@@ -212,6 +251,9 @@ TEST(TrainCli, InitFromStartsFromTheWeights) {
   EXPECT_NEAR(first["tp2"], first["dp2"], 1e-5 * first["dp2"]);
   EXPECT_LT(first["dp2"], first["fresh"] - 0.1);
   for (const auto& [set, message] : {std::pair<std::string, std::string>{" --set model.layers=3", "has model.layers = 2, the config asks for 3"},
+                                     {" --set model.preset='\"llama-tiny\"' --set model.hidden=128 --set model.kv_heads=4 "
+                                      "--set model.ffn=512",
+                                      "has a model with norm \"layernorm\", the config's has \"rmsnorm\""},
                                      {" --set init.from='\"" + (d.path / "nothing").string() + "\"'", "init.from"}}) {
     run = test::run_command(bin + " train " + cfg + from + set);
     EXPECT_NE(run.code, 0) << set;

@@ -177,7 +177,15 @@ void Checkpointer::open() {
       const std::string lock = (fs::path(o_.dir) / ".lock").string();
       lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       if (lock_fd_ < 0) throw std::runtime_error(fmt::format("cannot open {}: {}", lock, std::strerror(errno)));
-      if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      // A launching process's probe (check_directory) holds the lock for a moment: try for a second.
+      int locked = -1;
+      for (int i = 0; i < 50 && (locked = ::flock(lock_fd_, LOCK_EX | LOCK_NB)) != 0 && errno == EWOULDBLOCK; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (locked != 0 && errno != EWOULDBLOCK) {
+        throw std::runtime_error(fmt::format("cannot lock {}: {}", lock, std::strerror(errno)));
+      }
+      if (locked != 0) {
         const std::string holder = read_file(lock);
         throw std::runtime_error(fmt::format("checkpoint.dir {} is in use by another running job ({}); give each job "
                                              "its own checkpoint.dir",

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
@@ -52,7 +53,10 @@ Run add_train(CLI::App& app) {
           "\"auto\" (it is \"{}\")",
           o->max_restarts, c.resume));
     }
-    if (!DistEnv::from_environment().distributed()) check_run(c, nproc, o->check_plan, true);
+    if (!DistEnv::from_environment().distributed()) {  // the launching process, once (not on every rank)
+      check_run(c, nproc, o->check_plan, true);
+      if (!c.ckpt_dir.empty()) ckpt::check_directory(c.ckpt_dir);
+    }
     if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) return rc;
     auto rt = start_runtime(300);
     return train(c, *rt, o->check_plan);

@@ -223,6 +223,15 @@ void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now) {
                                            r.dir(), field, a, b));
     }
   }
+  // The architecture too: the same sizes with another norm, position, activation, tying or biases is another model.
+  const nlohmann::json a = spec_to_json(saved), b = spec_to_json(now);
+  for (const char* field : {"norm", "position", "activation", "tied", "bias"}) {
+    if (a[field] != b[field]) {
+      throw std::runtime_error(fmt::format("checkpoint {} has a model with {} {}, the config's has {} (preset \"{}\" vs "
+                                           "\"{}\"); load it with the model it was trained with",
+                                           r.dir(), field, a[field].dump(), b[field].dump(), saved.name, now.name));
+    }
+  }
 }
 
 void load_model(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& into) {

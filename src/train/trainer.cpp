@@ -313,7 +313,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
 // estimate times the ranks on this host exceeds its free memory.
 void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
-  if (!c.ckpt_dir.empty()) ckpt::check_directory(c.ckpt_dir);
+  check_precision_supported(parse_train_precision(c.precision), "cpu");  // this build trains on the CPU
   const int dp = layout.size("dp");
   if (c.method == "grpo" || c.method == "ppo") {
     // RL reads prompts of a shipped task, not token shards; dp = the world over tp.
