@@ -123,8 +123,9 @@ BEFORE_REV=$([ -z "$BEFORE" ] || revision "$BEFORE")
 - The async save's blocking time is the snapshot (a copy of the rank's own state into memory); the write then runs
   in a background thread, and the save completes at a later step (`Checkpointer::poll`). The snapshot is a copy of
   the state a rank writes, by definition the one allocation an async save adds.
-- Differences of a few MiB between runs are noise of this machine (allocator, page cache, thread stacks); save
-  times depend on the VM's disk and page cache, which vary run to run.
+- The *extra* columns subtract the peaks of two separate runs, so they carry the run-to-run spread of a training
+  peak on this machine (tens of MiB: allocator, page cache, thread stacks); the *probe* columns measure within one
+  run, around the save or load itself. Save times depend on the VM's disk and page cache, which vary run to run.
 TEXT
   quotes_heading
   python3 - "$WORK/rows" <<'PY'
@@ -140,6 +141,8 @@ for build in ("before", "after"):
           f"gpt2-124m on 2 ranks ({build})")
     print(f"- `{build}_zero1_load_extra_mib` = {cell(build, 'ZeRO-1', 8)}: MiB of peak memory a ZeRO-1 load adds to a rank "
           f"({build})")
+print(f"- `after_zero3_save_probe_mib` = {cell('after', 'ZeRO-3', 9)}: MiB, a ZeRO-3 save's extra as the trainer measures "
+      "it")
 print(f"- `after_zero3_load_probe_mib` = {cell('after', 'ZeRO-3', 10)}: MiB, a ZeRO-3 load's extra as the trainer measures "
       "it (64 MiB staging buffer)")
 PY

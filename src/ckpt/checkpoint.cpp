@@ -260,8 +260,7 @@ void Checkpointer::finish() {
   if (pending_) agree();
 }
 
-void Checkpointer::write(const Pending& job, std::vector<Piece> pieces, nlohmann::json rank_state) {
-  Pending& p = const_cast<Pending&>(job);
+void Checkpointer::write(Pending& p, std::vector<Piece> pieces, nlohmann::json rank_state) {
   try {
     const int rank = group_.rank();
     fs::create_directories(p.tmp);

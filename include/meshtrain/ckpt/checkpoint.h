@@ -92,7 +92,7 @@ class Checkpointer {
  private:
   struct Pending;
   void open();  // the constructors' collective part
-  void write(const Pending& p, std::vector<Piece> pieces, nlohmann::json rank_state);
+  void write(Pending& p, std::vector<Piece> pieces, nlohmann::json rank_state);
   void agree();  // collective: completes pending_ (or fails it on every rank)
   void finalize(const Pending& p);
   std::unique_ptr<Comm> owned_;  // declared before group_: may be what it refers to
