@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,8 @@ struct Stream {
   int target = 1;  // our fd to write to
   std::string pending;
   std::string error;  // the last "meshtrain: error: ..." line seen (the rank's own cause)
+  bool quiet = false;  // after another rank failed: hold back error lines (their consequences)
+  int held = 0;        // error lines held back
 };
 
 struct Child {
@@ -65,9 +68,14 @@ void emit_lines(Stream& s, int rank, bool flush) {
   size_t start = 0, nl;
   std::string out;
   while ((nl = s.pending.find('\n', start)) != std::string::npos) {
-    out += fmt::format("[rank {}] ", rank);
-    out.append(s.pending, start, nl - start + 1);
-    if (s.pending.compare(start, 17, "meshtrain: error:") == 0) s.error = s.pending.substr(start + 17, nl - start - 17);
+    const bool error = s.pending.compare(start, 17, "meshtrain: error:") == 0;
+    if (error) s.error = s.pending.substr(start + 17, nl - start - 17);
+    if (s.quiet && (error || s.pending.compare(start, 7, "frame #") == 0)) {
+      ++s.held;  // a connection reset and its backtrace, because another rank died first
+    } else {
+      out += fmt::format("[rank {}] ", rank);
+      out.append(s.pending, start, nl - start + 1);
+    }
     start = nl + 1;
   }
   s.pending.erase(0, start);
@@ -160,8 +168,8 @@ void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart) 
   close(out_pipe[1]);
   close(err_pipe[1]);
   c.pid = pid;
-  c.out = Stream{out_pipe[0], 1, {}, {}};
-  c.err = Stream{err_pipe[0], 2, {}, {}};
+  c.out = Stream{out_pipe[0], 1, {}, {}, false, 0};
+  c.err = Stream{err_pipe[0], 2, {}, {}, false, 0};
   c.exited = false;
   c.terminated_by_us = false;
 }
@@ -179,6 +187,7 @@ struct Outcome {
   int status = 0;
   int user_signal = 0;
   std::string error;  // the failed rank's own error line, if it printed one
+  int held = 0;       // the other ranks' error lines after the failure, not printed
 };
 
 // The kernel's count of processes its out-of-memory killer has stopped
@@ -241,6 +250,10 @@ Outcome supervise(std::vector<Child>& children, double grace_seconds) {
       kill_at = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_seconds));
     }
     if (res.failed_rank >= 0 && !stopping) {
+      // From here on the other ranks' errors are consequences (connection resets): count them, print the cause.
+      if (!std::getenv("MESHTRAIN_LAUNCH_ALL_ERRORS")) {
+        for (auto& c : children) c.err.quiet = c.out.quiet = c.rank != res.failed_rank;
+      }
       signal_alive(children, SIGTERM, true);
       stopping = true;
       kill_at = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_seconds));
@@ -266,6 +279,7 @@ Outcome supervise(std::vector<Child>& children, double grace_seconds) {
         }
         for (const auto& c : children) {
           if (c.rank == res.failed_rank) res.error = c.err.error.empty() ? c.out.error : c.err.error;
+          res.held += c.err.held + c.out.held;
         }
         return res;
       }
@@ -362,6 +376,11 @@ int launch(LaunchOptions o) {
     if (res.failed_rank < 0) return 0;
     std::string what = fmt::format("rank {} failed with {}", res.failed_rank, describe_status(res.status));
     if (!res.error.empty()) what += fmt::format(" (its error:{})", res.error);
+    if (res.held > 0) {
+      what += fmt::format("; {} error line(s) the other ranks printed after it are left out (consequences of its "
+                          "failure; MESHTRAIN_LAUNCH_ALL_ERRORS=1 prints them)",
+                          res.held);
+    }
     const int64_t oom_after = oom_kills();
     if (WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGKILL && oom_before >= 0 && oom_after > oom_before) {
       // Nobody here sent that SIGKILL (a rank killed by the launcher is not the failed one).
