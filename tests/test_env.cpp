@@ -57,6 +57,16 @@ TEST(Env, Slurm) {
   EXPECT_EQ(e.master_port, 29500);
   EXPECT_EQ(parse_slurm_tasks_per_node("3"), 3);
   EXPECT_EQ(parse_slurm_tasks_per_node("2(x3),1"), 2);
+  // Without MASTER_ADDR, rank 0's host is the job's first node, not the host srun ran on.
+  e = from({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS_PER_NODE", "4"},
+            {"SLURM_LAUNCH_NODE_IPADDR", "10.0.0.1"}, {"SLURM_JOB_NODELIST", "gpu[007-009],cpu1"}});
+  EXPECT_EQ(e.master_addr, "gpu007");
+  EXPECT_EQ(expand_slurm_nodelist("node[01-03,07]"), (std::vector<std::string>{"node01", "node02", "node03", "node07"}));
+  EXPECT_EQ(expand_slurm_nodelist("a1,b[8-10]-ib,r[1-2]n[1-2]"),
+            (std::vector<std::string>{"a1", "b8-ib", "b9-ib", "b10-ib", "r1n1", "r1n2", "r2n1", "r2n2"}));
+  for (const char* bad : {"node[01-", "node[3-1]", "node[a-b]", "node]"}) {
+    EXPECT_THROW(expand_slurm_nodelist(bad), std::invalid_argument) << bad;
+  }
 }
 
 TEST(Env, OpenMpiOnOneNodeNeedsNoMasterAddr) {

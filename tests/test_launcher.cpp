@@ -182,6 +182,15 @@ TEST(Launcher, BadOptionsAreClearErrors) {
   EXPECT_NE(r.output.find("cannot run '/no/such/program'"), std::string::npos) << r.output;
 }
 
+// `--` ends the launcher's options (torchrun's spelling); one after the program is the program's.
+TEST(Launcher, DoubleDashEndsTheLaunchersOptions) {
+  Result r = run(kBin + " launch --nproc-per-node 1 --master-port 0 -- echo a -- b");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] a -- b"), std::string::npos) << r.output;
+  r = run(kBin + " launch --nproc-per-node=1 --master-port=0 -- echo c");
+  EXPECT_NE(r.output.find("[rank 0] c"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, AMistypedCommandNamesTheNearestOne) {
   Result r = run(kBin + " trian configs/kjv-tiny.toml");
   EXPECT_EQ(r.code, 2) << r.output;

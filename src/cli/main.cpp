@@ -81,8 +81,22 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  // `meshtrain launch [OPTIONS] -- PROGRAM ARGS`: CLI11 would take the "--" as the end of every command's
+  // options and refuse the program's words; drop it (only the one that ends the launcher's own options).
+  std::vector<char*> args(argv, argv + argc);
+  if (argc > 2 && std::strcmp(argv[1], "launch") == 0) {
+    for (size_t i = 2; i < args.size(); ++i) {
+      const std::string a = args[i];
+      if (a == "--") {
+        args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+      if (a.empty() || a[0] != '-') break;           // the program: "--" belongs to it
+      if (a.find('=') == std::string::npos) ++i;      // every launcher option takes a value
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -71,6 +71,53 @@ int parse_slurm_tasks_per_node(const std::string& value) {
   return parse_int("SLURM_NTASKS_PER_NODE", first, 1);
 }
 
+std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
+  // Split at top-level commas (commas inside [...] are ranges), expand each entry's first bracket group, recurse.
+  std::vector<std::string> out;
+  size_t start = 0;
+  int depth = 0;
+  for (size_t i = 0; i <= list.size(); ++i) {
+    if (i < list.size() && list[i] == '[') ++depth;
+    if (i < list.size() && list[i] == ']') --depth;
+    if (depth < 0) throw std::invalid_argument(fmt::format("Slurm node list '{}' has an unmatched ']'", list));
+    if (i < list.size() && (list[i] != ',' || depth > 0)) continue;
+    const std::string entry = list.substr(start, i - start);
+    start = i + 1;
+    if (entry.empty()) continue;
+    const size_t open = entry.find('['), close = entry.find(']');
+    if (open == std::string::npos) {
+      out.push_back(entry);
+      continue;
+    }
+    if (close == std::string::npos || close < open) {
+      throw std::invalid_argument(fmt::format("Slurm node list '{}' has an unmatched '['", list));
+    }
+    const std::string prefix = entry.substr(0, open), ranges = entry.substr(open + 1, close - open - 1),
+                      rest = entry.substr(close + 1);
+    std::vector<std::string> names;  // "01-03,07" -> 01 02 03 07, keeping the zero padding
+    size_t r0 = 0;
+    for (size_t j = 0; j <= ranges.size(); ++j) {
+      if (j < ranges.size() && ranges[j] != ',') continue;
+      const std::string range = ranges.substr(r0, j - r0);
+      r0 = j + 1;
+      const size_t dash = range.find('-');
+      const std::string lo = range.substr(0, dash), hi = dash == std::string::npos ? lo : range.substr(dash + 1);
+      if (lo.empty() || hi.empty() || lo.find_first_not_of("0123456789") != std::string::npos ||
+          hi.find_first_not_of("0123456789") != std::string::npos || std::stoll(hi) < std::stoll(lo)) {
+        throw std::invalid_argument(fmt::format("Slurm node list '{}': '{}' is not a range of numbers", list, range));
+      }
+      for (long long n = std::stoll(lo); n <= std::stoll(hi); ++n) {
+        names.push_back(fmt::format("{:0{}}", n, lo.size()));
+      }
+    }
+    const std::vector<std::string> tails = rest.empty() ? std::vector<std::string>{""} : expand_slurm_nodelist(rest);
+    for (const auto& n : names) {
+      for (const auto& tail : tails) out.push_back(prefix + n + tail);
+    }
+  }
+  return out;
+}
+
 DistEnv DistEnv::from_environment(const Getenv& getenv_fn) {
   const Getenv get = getenv_fn ? getenv_fn : Getenv(process_getenv);
   DistEnv e;
@@ -99,8 +146,16 @@ DistEnv DistEnv::from_environment(const Getenv& getenv_fn) {
     e.local_rank = parse_int("SLURM_LOCALID", require(get, "SLURM_LOCALID", why), 0);
     e.local_world_size = parse_slurm_tasks_per_node(require(get, "SLURM_NTASKS_PER_NODE",
                                                             "run srun with --ntasks-per-node"));
-    if (auto a = get("MASTER_ADDR")) e.master_addr = *a;
-    else e.master_addr = require(get, "SLURM_LAUNCH_NODE_IPADDR", "or set MASTER_ADDR to rank 0's host");
+    // Rank 0 runs on the job's first node, not on the host srun was typed on (often a login node).
+    if (auto a = get("MASTER_ADDR")) {
+      e.master_addr = *a;
+    } else if (auto nodes = get("SLURM_JOB_NODELIST") ? get("SLURM_JOB_NODELIST") : get("SLURM_NODELIST")) {
+      const auto hosts = expand_slurm_nodelist(*nodes);
+      if (hosts.empty()) throw std::invalid_argument(fmt::format("SLURM_JOB_NODELIST='{}' names no node", *nodes));
+      e.master_addr = hosts.front();
+    } else {
+      e.master_addr = require(get, "SLURM_LAUNCH_NODE_IPADDR", "or set MASTER_ADDR to rank 0's host");
+    }
     e.master_port = master_port_or_default(get);
   } else if (get("OMPI_COMM_WORLD_RANK")) {
     e.source = "openmpi";

@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace meshtrain {
 
@@ -36,5 +37,9 @@ struct DistEnv {
 
 // Parses Slurm's task-count syntax: "4", "4(x2)", "4(x2),3" -> the first count.
 int parse_slurm_tasks_per_node(const std::string& value);
+// Expands a Slurm node list: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5
+// (zero padding kept; several bracket groups in one name expand in turn).
+// Under Slurm without MASTER_ADDR, rank 0's host is the first of SLURM_JOB_NODELIST.
+std::vector<std::string> expand_slurm_nodelist(const std::string& list);
 
 }  // namespace meshtrain
