@@ -13,7 +13,7 @@ namespace meshtrain::ckpt {
 
 void validate_manifest(const nlohmann::json& m, const std::string& path) {
   auto fail = [&](const std::string& what) {
-    throw std::runtime_error(fmt::format("{}: {} (a damaged or foreign manifest; not loaded)", path, what));
+    throw std::runtime_error(fmt::format("{}: {}", path, what));
   };
   if (!m.contains("tensors") || !m["tensors"].is_object() || m["tensors"].empty()) {
     fail("\"tensors\" must be a non-empty object of the checkpoint's tensors");
@@ -91,7 +91,7 @@ void validate_manifest(const nlohmann::json& m, const std::string& path) {
     }
     // Disjoint boxes inside the shape tile it exactly when their volumes add up to it.
     if (covered != numel) {
-      fail(fmt::format("{}: its shards cover {} of its {} elements (shape [{}]): a gap", where,
+      fail(fmt::format("{}: shards cover {} of {} elements (shape [{}]): a gap", where,
                        static_cast<int64_t>(covered), static_cast<int64_t>(numel), fmt::join(shape, ", ")));
     }
   }

@@ -112,7 +112,11 @@ Reader::Reader(const std::string& step_dir, int64_t staging_bytes)
   if (manifest_.value("format", "") != "meshtrain-checkpoint") {
     throw std::runtime_error(fmt::format("{} is not a meshtrain checkpoint manifest", m.string()));
   }
-  validate_manifest(manifest_, m.string());
+  try {
+    validate_manifest(manifest_, m.string());
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("{} (a damaged or foreign manifest; not loaded)", e.what()));
+  }
   // Open every shard file now: a missing or truncated file is an error before
   // anything is loaded.
   for (const auto& [name, t] : manifest_["tensors"].items()) {

@@ -58,14 +58,6 @@ void check_rl(const TrainConfig& c, const std::string& path) {
                                             "needs at least 2 completions per prompt (PPO's critic works with 1)",
                                             path, r.group));
   }
-  if (r.group < 1 || r.max_new < 1 || r.epochs < 1 || r.eval_examples < 1 || r.temperature < 0 || r.epsilon < 0 ||
-      r.epsilon_high < 0 || c.grpo.beta < 0) {
-    throw std::invalid_argument(fmt::format("{}: rl.group ({}), max_new ({}), epochs ({}) and eval_examples ({}) must "
-                                            "be >= 1; rl.temperature ({}), epsilon ({}), epsilon_high ({}) and "
-                                            "grpo.beta ({}) >= 0",
-                                            path, r.group, r.max_new, r.epochs, r.eval_examples, r.temperature,
-                                            r.epsilon, r.epsilon_high, c.grpo.beta));
-  }
   if (!r.reward_command.empty() && !r.reward_model.empty()) {
     throw std::invalid_argument(fmt::format("{}: rl.reward_command and rl.reward_model both set: the reward comes from "
                                             "one of them (or, with neither, from the task)",
@@ -94,12 +86,6 @@ void check_rl(const TrainConfig& c, const std::string& path) {
     throw std::invalid_argument(fmt::format("{}: grpo.loss: {}", path, e.what()));
   }
   const auto& p = c.ppo;
-  if (p.kl_coef < 0 || p.gamma < 0 || p.gamma > 1 || p.lambda < 0 || p.lambda > 1 || p.value_clip <= 0 ||
-      p.vf_coef <= 0 || p.critic_lr < 0) {
-    throw std::invalid_argument(fmt::format("{}: ppo.kl_coef ({}) and critic_lr ({}) must be >= 0, gamma ({}) and "
-                                            "lambda ({}) in [0, 1], value_clip ({}) and vf_coef ({}) > 0",
-                                            path, p.kl_coef, p.critic_lr, p.gamma, p.lambda, p.value_clip, p.vf_coef));
-  }
   try {
     parse_kl_estimator(p.kl_estimator);
   } catch (const std::invalid_argument& e) {
@@ -147,9 +133,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
   }
   // Types and ranges of single keys were checked as they were set (config_keys.cpp); what follows relates keys.
-  if (c.dp_shard < 0 || (c.dp_shard > 0 && c.zero == 0)) {
+  if (c.dp_shard > 0 && c.zero == 0) {
     throw std::invalid_argument(fmt::format("{}: parallel.dp_shard = {} shards ZeRO's state within groups of that many "
-                                            "data-parallel ranks: it needs parallel.zero >= 1 and a positive size",
+                                            "data-parallel ranks: it needs parallel.zero >= 1",
                                             path, c.dp_shard));
   }
   try {
@@ -202,7 +188,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                               "parallel.pp = {} and parallel.cp = {} must be 1 (tp, dp and ZeRO work)",
                                               path, c.pp, c.cp));
     }
-    if (!(c.dpo_beta > 0)) throw std::invalid_argument(fmt::format("{}: dpo.beta = {} must be positive", path, c.dpo_beta));
     try {
       parse_dpo_loss(c.dpo_loss);
     } catch (const std::invalid_argument& e) {
@@ -224,7 +209,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "parallel.cp = 1 (it is {}) and parallel.pp = 1 (it is {})",
                                             path, plan::attention_name(c.model.attention), c.cp, c.pp));
   }
-  if (c.lora.rank < 0) throw std::invalid_argument(fmt::format("{}: lora.rank = {} (0 = off)", path, c.lora.rank));
   if (c.lora.rank > 0) {
     try {
       check_lora(c.model, c.lora);
@@ -238,8 +222,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "parallel.zero = {} must be at most 2 and parallel.pp = {} must be 1",
                                             path, c.lora.rank, c.zero, c.pp));
   }
-  if (c.adapters.bottleneck < 0 || (c.adapters.bottleneck > 0 && (c.zero > 2 || c.pp > 1 || c.lora.rank > 0))) {
-    throw std::invalid_argument(fmt::format("{}: adapters.bottleneck = {} (0 = off) trains with DDP or ZeRO-1/2 "
+  if (c.adapters.bottleneck > 0 && (c.zero > 2 || c.pp > 1 || c.lora.rank > 0)) {
+    throw std::invalid_argument(fmt::format("{}: adapters.bottleneck = {} trains with DDP or ZeRO-1/2 "
                                             "and without LoRA for now: parallel.zero = {} (at most 2), parallel.pp = "
                                             "{} (1), lora.rank = {} (0)",
                                             path, c.adapters.bottleneck, c.zero, c.pp, c.lora.rank));
