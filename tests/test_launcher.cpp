@@ -112,6 +112,53 @@ TEST(Launcher, ASignalledRankIsNamed) {
   EXPECT_NE(r.output.find("rank 0 failed with signal 9"), std::string::npos) << r.output;
 }
 
+// A memory cgroup of `bytes` below this process's own (cgroup v1 or v2), or ""
+// when this machine does not let us make one (not root, no memory controller).
+std::string make_memory_cgroup(const std::string& name, int64_t bytes) {
+  namespace fs = std::filesystem;
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, v1, v2;
+  while (std::getline(self, line)) {
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (controllers == "memory") v1 = "/sys/fs/cgroup/memory" + path;
+    if (controllers.empty()) v2 = "/sys/fs/cgroup" + path;
+  }
+  for (const auto& [parent, limit] : {std::pair{v1, "memory.limit_in_bytes"}, std::pair{v2, "memory.max"}}) {
+    if (parent.empty()) continue;
+    const fs::path dir = fs::path(parent) / name;
+    std::error_code ec;
+    if (!fs::create_directory(dir, ec) || ec) continue;
+    if (std::ofstream(dir / limit) << bytes << std::flush) {
+      std::ofstream(dir / "memory.memsw.limit_in_bytes") << bytes;  // v1 with swap accounting: no swapping out of it
+      std::ofstream(dir / "memory.swap.max") << 0;                  // v2
+      return dir.string();
+    }
+    fs::remove(dir, ec);
+  }
+  return "";
+}
+
+// A rank the kernel's OOM killer stops (a real one: the rank's memory cgroup is
+// 64 MiB and it allocates without end) is named as likely out of memory, not
+// only as "signal 9".
+TEST(Launcher, ARankKilledByTheOomKillerIsSaidToBeOutOfMemory) {
+  const std::string cg = make_memory_cgroup("meshtrain_oom_" + std::to_string(getpid()), 64 << 20);
+  if (cg.empty()) GTEST_SKIP() << "cannot make a memory cgroup here (needs root and a memory controller)";
+  // `tail /dev/zero` keeps one ever-growing line in memory.
+  Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --grace 2 sh -c "
+                        "'if [ $RANK = 1 ]; then echo $$ > " + cg + "/cgroup.procs && exec tail /dev/zero; fi; sleep 60'");
+  ::rmdir(cg.c_str());
+  EXPECT_EQ(r.code, 128 + SIGKILL) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed with signal 9"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("out-of-memory killer stopped"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("most likely ran out of memory"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 30) << r.output;
+  // A SIGKILL that is not the OOM killer's is not called one.
+  r = run(kBin + " launch --nproc-per-node 1 --master-port 0 sh -c 'kill -9 $$'");
+  EXPECT_EQ(r.output.find("out-of-memory"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, RestartsTheGroup) {
   Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --max-restarts 2 sh -c "
                         "'echo attempt $MESHTRAIN_RESTART_COUNT; [ $MESHTRAIN_RESTART_COUNT -ge 1 ]'");

@@ -245,7 +245,9 @@ TEST(TrainCli, InitFromStartsFromTheWeights) {
     const std::string m = (d.path / tag).string();
     run = test::run_command(bin + " train " + cfg + from + mesh + " --set train.metrics='\"" + m + "\"'");
     ASSERT_EQ(run.code, 0) << run.output;
-    if (tag != "fresh") EXPECT_NE(run.output.find("weights from " + ck + "/step_00000006 (step 6"), std::string::npos) << run.output;
+    if (tag != "fresh") {
+      EXPECT_NE(run.output.find("weights from " + ck + "/step_00000006 (step 6"), std::string::npos) << run.output;
+    }
     first[tag] = std::stod(losses(m).at(1));
   }
   EXPECT_NEAR(first["tp2"], first["dp2"], 1e-5 * first["dp2"]);
@@ -455,6 +457,93 @@ TEST(TrainCli, ElasticRestartAfterAKillMatchesAnUninterruptedRunBitwise) {
   ASSERT_TRUE(killed) << run.output;
   EXPECT_EQ(run.code, 128 + SIGKILL) << run.output;
   EXPECT_NE(run.output.find("rank 1 failed with signal 9"), std::string::npos) << run.output;
+}
+
+// Crash consistency: the run is killed (SIGKILL, by MESHTRAIN_CRASH_AT) at each
+// point of a save where a crash leaves something behind: the ranks' files
+// written by the async writers, the manifest written before the rename, the
+// old copy of a step saved again renamed away, a retired checkpoint renamed
+// before its deletion. Each time the next run resumes from the newest complete
+// checkpoint (the old copy is restored: it was the only one), nothing else
+// stays in the directory, and the losses equal the uninterrupted run's bitwise.
+TEST(TrainCli, KilledMidSaveResumesFromTheNewestCompleteCheckpoint) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string ck = (d.path / "ck").string();
+  const std::string cfg = tiny_config(d, "c.toml", "[checkpoint]\nevery = 2\nkeep = 1\ndir = \"" + ck + "\"\n");
+  const std::string metrics = " --set train.metrics='\"" + (d.path / "m").string() + "\"'";
+  auto run = test::run_command(bin + " train " + tiny_config(d, "ref.toml", "") + " --set train.metrics='\"" +
+                               (d.path / "ref").string() + "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto ref = test::losses((d.path / "ref").string());
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  struct Case {
+    std::string crash, args, resumed_step;
+  };
+  const std::vector<Case> cases = {
+      {"ckpt.rank_file_written@2", " --set checkpoint.async=true", "2"},
+      {"ckpt.manifest_written@2", "", "2"},
+      {"ckpt.retire_renamed", "", "4"},
+      // Step 4 saved again after resuming from step 2 (keep 2: both stay); killed between the renames.
+      {"ckpt.old_renamed", " --set checkpoint.keep=2 --set checkpoint.resume='\"" + ck + "/step_00000002\"'", "4"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.crash);
+    fs::remove_all(ck);
+    fs::remove(d.path / "m");
+    if (c.crash == "ckpt.old_renamed") {  // first: steps 2 and 4 saved
+      run = test::run_command(bin + " train " + cfg + metrics + " --set checkpoint.keep=2 --set train.stop_after=4");
+      ASSERT_EQ(run.code, 0) << run.output;
+    }
+    run = test::run_command("MESHTRAIN_CRASH_AT=" + c.crash + " " + bin + " train " + cfg + metrics + c.args);
+    ASSERT_EQ(run.code, 128 + SIGKILL) << run.output;
+    EXPECT_NE(run.output.find("crash point " + c.crash.substr(0, c.crash.find('@')) + " reached"), std::string::npos)
+        << run.output;
+    run = test::run_command(bin + " train " + cfg + metrics + (c.crash == "ckpt.old_renamed" ? " --set checkpoint.keep=2" : ""));
+    ASSERT_EQ(run.code, 0) << run.output;
+    EXPECT_NE(run.output.find("resumed from " + ck + "/step_0000000" + c.resumed_step + " (step " + c.resumed_step),
+              std::string::npos)
+        << run.output;
+    const std::vector<std::string> kept =
+        c.crash == "ckpt.old_renamed" ? std::vector<std::string>{".lock", "step_00000004", "step_00000006"}
+                                      : std::vector<std::string>{".lock", "step_00000006"};
+    EXPECT_EQ(listing(), kept);
+    const auto got = test::losses((d.path / "m").string());
+    ASSERT_EQ(got.size(), 6u);
+    for (const auto& [step, v] : ref) EXPECT_EQ(got.at(step), v) << "step " << step;
+  }
+}
+
+// A rank that hangs while writing its part of a checkpoint (SIGSTOP, as a
+// stalled disk or a paused machine would) ends the run after the checkpoint's
+// own timeout (checkpoint.timeout = 3 s), not the training collectives' 300 s,
+// with an error naming the checkpoint group; the step saved before stays, and
+// the next run resumes from it.
+TEST(TrainCli, AHangDuringASaveEndsAfterTheCheckpointTimeout) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string ck = (d.path / "ck").string();
+  const std::string cfg = tiny_config(d, "h.toml", "[checkpoint]\nevery = 2\nkeep = 2\ntimeout = 3\ndir = \"" + ck + "\"\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto run = test::run_command("MESHTRAIN_CRASH_AT='ckpt.rank_file_written@2 rank=1 signal=STOP' " + bin + " train " +
+                               cfg);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("crash point ckpt.rank_file_written reached (MESHTRAIN_CRASH_AT): stopping"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("rank 0 failed with exit code 1 (its error: all_gather on group 'checkpoint' (global ranks "
+                            "[0, 1], this is group rank 0 of 2; timeout 3 s)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_LT(seconds, 60) << run.output;
+  run = test::run_command(bin + " train " + cfg);
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("resumed from " + ck + "/step_00000002 (step 2"), std::string::npos) << run.output;
 }
 
 // Per-stage checkpoints: a run on pp 2 saves each stage's layers under their

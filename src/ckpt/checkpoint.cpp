@@ -21,6 +21,7 @@
 #include "ckpt/files.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/runtime/crash_point.h"
 
 namespace fs = std::filesystem;
 
@@ -59,11 +60,25 @@ void retire(const fs::path& dir) {
   const fs::path doomed = dir.parent_path() / fmt::format(".del-{}-{}", dir.filename().string(), ::getpid());
   fs::rename(dir, doomed);
   fsync_dir(dir.parent_path().string());
+  crash_point("ckpt.retire_renamed");
   remove_quietly(doomed);
 }
 
 // Leftovers of crashed or failed saves and retentions (only while holding the lock).
+// A `.old-step_N` without a `step_N` is the only copy of step N (a crash
+// between finalize's two renames): it is restored, not swept.
 int sweep(const std::string& dir) {
+  std::vector<fs::path> olds;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind(".old-step_", 0) == 0) olds.push_back(e.path());
+  }
+  for (const fs::path& old : olds) {
+    const fs::path step_dir = fs::path(dir) / old.filename().string().substr(5);
+    if (fs::exists(old / "manifest.json") && !fs::exists(step_dir)) {
+      fs::rename(old, step_dir);
+      fsync_dir(dir);
+    }
+  }
   int swept = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string n = e.path().filename().string();
@@ -238,6 +253,7 @@ void Checkpointer::write(Pending& p, std::vector<Piece> pieces, nlohmann::json r
       if (k > 0) part["pieces"].back()["key"] = key;
     }
     const auto sums = write_safetensors((fs::path(p.tmp) / rank_file(rank)).string(), owned);
+    crash_point("ckpt.rank_file_written");
     for (size_t i = 0; i < sums.size(); ++i) part["pieces"][i]["xxh64"] = sums[i];
     write_file_atomic((fs::path(p.tmp) / part_file(rank)).string(), part.dump());
   } catch (const std::exception& e) {
@@ -314,12 +330,14 @@ void Checkpointer::finalize(const Pending& p) {
   write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
   for (int r = 0; r < world; ++r) fs::remove(fs::path(tmp) / part_file(r));
   fsync_dir(tmp);
+  crash_point("ckpt.manifest_written");
   const fs::path final_dir = fs::path(o_.dir) / step_dir_name(p.step);
   fs::path old;
   if (fs::exists(final_dir)) {  // saving a step again (after a resume): replace it only once ours is whole
     old = fs::path(o_.dir) / fmt::format(".old-{}", step_dir_name(p.step));
     remove_quietly(old);
     fs::rename(final_dir, old);
+    crash_point("ckpt.old_renamed");
   }
   fs::rename(tmp, final_dir);
   fsync_dir(o_.dir);

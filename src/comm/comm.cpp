@@ -201,10 +201,10 @@ at::Tensor Comm::workspace(int64_t numel, at::ScalarType dtype) {
 bool Comm::native_bf16() const { return kind_ == BackendKind::Nccl || kGlooHasBf16; }
 
 std::string Comm::describe(const char* op, const at::Tensor& t) const {
-  return fmt::format("{} on group '{}' (global ranks [{}], this is group rank {} of {}) at sequence {}, "
-                     "tensor shape [{}] dtype {}",
-                     op, name_, fmt::join(ranks_, ", "), index_, size(), seq_, fmt::join(t.sizes(), ", "),
-                     c10::toString(t.scalar_type()));
+  return fmt::format("{} on group '{}' (global ranks [{}], this is group rank {} of {}; timeout {:g} s) at "
+                     "sequence {}, tensor shape [{}] dtype {}",
+                     op, name_, fmt::join(ranks_, ", "), index_, size(), timeout_.count() / 1000.0, seq_,
+                     fmt::join(t.sizes(), ", "), c10::toString(t.scalar_type()));
 }
 
 void Comm::count(const char* op, const at::Tensor& sized, double bus_factor) {

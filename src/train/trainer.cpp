@@ -470,6 +470,9 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   // The starting weights, then QLoRA's quantisation of them, then the
   // checkpoint (a QLoRA checkpoint holds no base linears: they are the [init]
   // weights quantised again, so a resumed run loads them first too).
+  // The saver first: it takes the directory's lock and recovers what a crash left (an interrupted
+  // re-save's only copy) before the newest checkpoint is looked for.
+  std::unique_ptr<ckpt::Checkpointer> saver = checkpoint_saver(c, *rt);
   const std::string resumed = resume_path(c, mesh.world(), rt->env().restart);
   if (!c.init_from.empty() && (resumed.empty() || adapter_checkpoints(c))) {
     ckpt::Reader r(ckpt::resolve(c.init_from));
@@ -486,7 +489,6 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     }
   }
   const int64_t start = resume(c, resumed, engine, loader, data.size(), mesh.world(), lead);
-  std::unique_ptr<ckpt::Checkpointer> saver = checkpoint_saver(c, *rt);
   const int64_t last = c.stop_after > 0 ? std::min(c.stop_after, c.steps) : c.steps;
   auto save = [&](int64_t s) {
     if (!saver) return;

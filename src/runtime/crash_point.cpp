@@ -1,0 +1,52 @@
+#include "meshtrain/runtime/crash_point.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+namespace meshtrain {
+namespace {
+
+struct Armed {
+  std::string name;  // "" = no crash point armed (or not on this rank)
+  int nth = 1;
+  int signal = SIGKILL;
+};
+
+Armed parse(const char* v) {
+  Armed a;
+  if (v == nullptr) return a;
+  std::istringstream words(v);
+  words >> a.name;
+  if (const auto at = a.name.find('@'); at != std::string::npos) {
+    a.nth = std::atoi(a.name.c_str() + at + 1);
+    a.name.resize(at);
+  }
+  for (std::string w; words >> w;) {
+    if (w.rfind("rank=", 0) == 0) {
+      const char* rank = std::getenv("RANK");
+      if (std::string(rank ? rank : "0") != w.substr(5)) a.name.clear();
+    } else if (w == "signal=STOP") {
+      a.signal = SIGSTOP;
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+void crash_point(const char* name) {
+  static const Armed armed = parse(std::getenv("MESHTRAIN_CRASH_AT"));
+  static std::atomic<int> reached{0};
+  if (armed.name.empty() || armed.name != name || ++reached != armed.nth) return;
+  std::fprintf(stderr, "meshtrain: crash point %s reached (MESHTRAIN_CRASH_AT): %s this process\n", name,
+               armed.signal == SIGSTOP ? "stopping" : "killing");
+  std::fflush(stderr);
+  ::raise(armed.signal);
+}
+
+}  // namespace meshtrain
