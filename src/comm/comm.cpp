@@ -201,14 +201,56 @@ at::Tensor Comm::workspace(int64_t numel, at::ScalarType dtype) {
 bool Comm::native_bf16() const { return kind_ == BackendKind::Nccl || kGlooHasBf16; }
 
 std::string Comm::describe(const char* op, const at::Tensor& t) const {
+  const bool p2p = call_.kind == CallKind::Send || call_.kind == CallKind::Recv;
   return fmt::format("{} on group '{}' (global ranks [{}], this is group rank {} of {}; timeout {:g} s) at "
-                     "sequence {}, tensor shape [{}] dtype {}",
-                     op, name_, fmt::join(ranks_, ", "), index_, size(), timeout_.count() / 1000.0, seq_,
-                     fmt::join(t.sizes(), ", "), c10::toString(t.scalar_type()));
+                     "{}sequence {}, tensor shape [{}] dtype {}",
+                     op, name_, fmt::join(ranks_, ", "), index_, size(), timeout_.count() / 1000.0,
+                     p2p ? "point-to-point " : "", call_.seq, fmt::join(t.sizes(), ", "),
+                     c10::toString(t.scalar_type()));
+}
+
+void Comm::begin(CallKind kind, const at::Tensor& t, int root, ReduceOp* reduce) {
+  const bool p2p = kind == CallKind::Send || kind == CallKind::Recv;
+  call_.seq = p2p ? ++p2p_seq_ : ++seq_;
+  call_.kind = kind;
+  call_.dtype = t.defined() ? static_cast<int32_t>(t.scalar_type()) : -1;
+  call_.numel = t.defined() ? t.numel() : 0;
+  call_.root = root;
+  call_.reduce = reduce ? static_cast<int32_t>(*reduce) : -1;
+}
+
+void Comm::agree_native(const std::string& what) {
+  if (kind_ != BackendKind::Gloo || size() < 2 || check_every_ <= 0 || call_.seq % check_every_ != 0) return;
+  const CallDesc& c = call_;
+  // Row r holds rank r's call, zeros elsewhere: one small sum gathers them (Gloo has no all_gather_base).
+  at::Tensor all = at::zeros({size(), 6}, at::kLong);
+  auto mine = all.accessor<int64_t, 2>()[index_];
+  mine[0] = static_cast<int64_t>(c.seq);
+  mine[1] = static_cast<int64_t>(c.kind);
+  mine[2] = c.dtype;
+  mine[3] = c.numel;
+  mine[4] = c.root;
+  mine[5] = c.reduce;
+  std::vector<at::Tensor> v{all};
+  try {
+    pg_->allreduce(v)->wait();
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} (its agreement check) did not complete: {}", what, e.what()));
+  }
+  auto a = all.accessor<int64_t, 2>();
+  for (int r = 0; r < size(); ++r) {
+    CallDesc theirs;
+    theirs.seq = static_cast<uint64_t>(a[r][0]);
+    theirs.kind = static_cast<CallKind>(a[r][1]);
+    theirs.dtype = static_cast<int32_t>(a[r][2]);
+    theirs.numel = a[r][3];
+    theirs.root = static_cast<int32_t>(a[r][4]);
+    theirs.reduce = static_cast<int32_t>(a[r][5]);
+    if (theirs != c) throw CommError(disagreement(what, name_, index_, c, r, theirs));
+  }
 }
 
 void Comm::count(const char* op, const at::Tensor& sized, double bus_factor) {
-  ++seq_;
   OpStats& s = stats_[op];
   const uint64_t bytes = sized.numel() * sized.element_size();
   s.calls += 1;
@@ -231,6 +273,7 @@ CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo
   }
   const int n = size();
   count("all_reduce", t, 2.0 * (n - 1) / n);
+  begin(CallKind::AllReduce, t, -1, &op);
   CommWork w = make_work("all_reduce", t);
   if (n == 1) { w.done_ = true; return w; }
   if (resolve(algo, t) == Transport::Shm) {
@@ -238,6 +281,7 @@ CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo
     w.done_ = true;
     return w;
   }
+  agree_native(w.what_);
   at::Tensor buf = t;
   if (!native_bf16() && t.scalar_type() == at::kBFloat16) buf = t.to(at::kFloat);  // sum in fp32
   std::vector<at::Tensor> v{buf};
@@ -262,6 +306,7 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
                                             name_, out.numel(), n, m, n * m));
   }
   count("all_gather", out, (n - 1.0) / n);
+  begin(CallKind::AllGather, in);
   CommWork w = make_work("all_gather", in);
   if (n == 1) {
     out.view(-1).copy_(in.view(-1));
@@ -277,6 +322,7 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
   }
   at::Tensor o = as_transport(out, native_bf16()).view(-1);
   at::Tensor i = as_transport(in, native_bf16()).view(-1);
+  if (algo != GatherAlgo::Shm) agree_native(w.what_);
   switch (algo) {
     case GatherAlgo::Native:
       w.works_.push_back(backend_all_gather_base(*pg_, o, i));
@@ -350,6 +396,7 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
     throw std::invalid_argument("reduce_scatter avg needs a floating tensor; use sum");
   }
   count("reduce_scatter", in, (n - 1.0) / n);
+  begin(CallKind::ReduceScatter, in, -1, &op);
   CommWork w = make_work("reduce_scatter", in);
   if (n == 1) {
     out.view(-1).copy_(in.view(-1));
@@ -362,6 +409,7 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
            : bytes >= kRingScatterMinBytes  ? ScatterAlgo::Ring
                                             : ScatterAlgo::AllToAll;
   }
+  if (algo != ScatterAlgo::Shm) agree_native(w.what_);
   switch (algo) {
     case ScatterAlgo::Native: {
       at::Tensor o = out.view(-1), i = in.view(-1);
@@ -481,6 +529,7 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
     throw std::invalid_argument(fmt::format("broadcast on group '{}': root {} outside 0..{}", name_, root, size() - 1));
   }
   count("broadcast", t, 1.0);
+  begin(CallKind::Broadcast, t, root);
   CommWork w = make_work("broadcast", t);
   if (size() == 1) { w.done_ = true; return w; }
   if (resolve(algo, t) == Transport::Shm) {
@@ -488,6 +537,7 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
     w.done_ = true;
     return w;
   }
+  agree_native(w.what_);
   std::vector<at::Tensor> v{as_transport(t, native_bf16())};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -523,11 +573,13 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
   const double own = in_splits.empty() ? 1.0 / n
                                        : (in.size(0) ? static_cast<double>(in_splits[index_]) / in.size(0) : 0.0);
   count("all_to_all", in, 1.0 - own);
+  begin(CallKind::AllToAll, in);
   CommWork w = make_work("all_to_all", in);
   if (n == 1) {
     out.copy_(in);
     return;
   }
+  agree_native(w.what_);
   at::Tensor o = as_transport(out, native_bf16()), i = as_transport(in, native_bf16());
   w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
   w.wait();
@@ -541,6 +593,7 @@ CommWork Comm::isend(const at::Tensor& t, int dst, int tag) {
   }
   if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("send: tag {} outside [0, 2^20)", tag));
   count("send", t, 1.0);
+  begin(CallKind::Send, t, dst);
   CommWork w = make_work("send", t);
   std::vector<at::Tensor> v{as_transport(t, native_bf16())};
   w.works_.push_back(pg_->send(v, dst, tag));
@@ -555,6 +608,7 @@ CommWork Comm::irecv(const at::Tensor& t, int src, int tag) {
   }
   if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("recv: tag {} outside [0, 2^20)", tag));
   count("recv", t, 1.0);
+  begin(CallKind::Recv, t, src);
   CommWork w = make_work("recv", t);
   std::vector<at::Tensor> v{as_transport(t, native_bf16())};
   w.works_.push_back(pg_->recv(v, src, tag));
@@ -562,12 +616,13 @@ CommWork Comm::irecv(const at::Tensor& t, int src, int tag) {
 }
 
 void Comm::barrier() {
-  ++seq_;
   stats_["barrier"].calls += 1;
+  begin(CallKind::Barrier, at::Tensor());
   if (size() == 1) return;
   CommWork w;
   w.what_ = fmt::format("barrier on group '{}' at sequence {}", name_, seq_);
   w.done_ = false;
+  agree_native(w.what_);
   w.works_.push_back(pg_->barrier());
   w.wait();
 }

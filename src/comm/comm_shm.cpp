@@ -18,6 +18,32 @@ namespace {
 // ops run in pieces. Measured: 64 MiB ops in 32 MiB pieces are as fast as whole.
 constexpr int64_t kShmPieceBytes = int64_t{32} << 20;
 
+
+// Elements per piece of a shared-memory op whose buffer holds `per_element`
+// bytes for each element of the piece: ops larger than one buffer run piece by
+// piece, so the segments stay bounded (kShmPieceBytes per buffer).
+int64_t piece_elements(const ShmGroup& g, int64_t per_element) {
+  return std::max<int64_t>(1, g.capacity() / per_element);
+}
+
+// The barrier of the current operation, then the agreement check: every rank
+// compares every other rank's call with its own `mine` (so all throw alike).
+void shm_barrier(ShmGroup& g, const std::string& what, const std::string& group, int me, const CallDesc& mine) {
+  try {
+    g.barrier();
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} (shm) did not complete: {}", what, e.what()));
+  }
+  CallDesc theirs;
+  if (const int r = g.disagreeing(&theirs); r >= 0) {
+    throw CommError(disagreement(what + " (shm)", group, me, mine, r, theirs));
+  }
+}
+
+at::Tensor peer_tensor(const uint8_t* p, int64_t numel, const at::Tensor& like) {
+  return at::from_blob(const_cast<uint8_t*>(p), {numel}, like.options());
+}
+
 }  // namespace
 
 bool Comm::shm_available() { return shm(1) != nullptr; }
@@ -26,6 +52,13 @@ ShmGroup* Comm::shm(int64_t bytes) {
   if (shm_off_ || kind_ != BackendKind::Gloo || size() < 2) return nullptr;
   bytes = std::min(bytes, kShmPieceBytes);
   if (shm_ && shm_->capacity() >= bytes) return shm_.get();
+  if (shm_ && call_.kind != CallKind::None) {
+    // Growing is collective over Gloo: first agree on the call through the
+    // segments we have, so a rank whose call needs no growth (it disagrees)
+    // fails with the others here instead of all waiting in different places.
+    shm_->next(call_);
+    shm_barrier(*shm_, fmt::format("{} on group '{}'", describe_call(call_), name_), name_, index_, call_);
+  }
   // Grow to a power of two (at least 1 MiB), so a run's few sizes settle fast.
   int64_t capacity = int64_t{1} << 20;
   while (capacity < bytes) capacity *= 2;
@@ -62,28 +95,6 @@ ShmGroup& Comm::shm_or_throw(const at::Tensor& t, int64_t bytes, const char* op)
   return *g;
 }
 
-namespace {
-
-// Elements per piece of a shared-memory op whose buffer holds `per_element`
-// bytes for each element of the piece: ops larger than one buffer run piece by
-// piece, so the segments stay bounded (kShmPieceBytes per buffer).
-int64_t piece_elements(const ShmGroup& g, int64_t per_element) {
-  return std::max<int64_t>(1, g.capacity() / per_element);
-}
-
-void shm_barrier(ShmGroup& g, const std::string& what) {
-  try {
-    g.barrier();
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("{} (shm) did not complete: {}", what, e.what()));
-  }
-}
-
-at::Tensor peer_tensor(const uint8_t* p, int64_t numel, const at::Tensor& like) {
-  return at::from_blob(const_cast<uint8_t*>(p), {numel}, like.options());
-}
-
-}  // namespace
 
 // Per piece: each rank copies its piece into its segment; after the barrier
 // it reduces part `me` (1/n of the piece) over every segment, in rank order,
@@ -99,15 +110,15 @@ void Comm::shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& w
   for (int64_t lo = 0; lo < numel; lo += step) {
     const int64_t len = std::min(step, numel - lo);
     const int64_t a = len * me / n, b = len * (me + 1) / n;  // part `me` of the piece
-    g.next();
+    g.next(call_);
     std::memcpy(g.mine(), data + lo * elem, len * elem);
-    shm_barrier(g, what);
+    shm_barrier(g, what, name_, index_, call_);
     if (b > a) {
       std::vector<at::Tensor> rows;
       for (int r = 0; r < n; ++r) rows.push_back(peer_tensor(g.peer(r) + a * elem, b - a, t));
       reduce_rows(peer_tensor(g.mine() + a * elem, b - a, t), rows, op);
     }
-    shm_barrier(g, what);
+    shm_barrier(g, what, name_, index_, call_);
     for (int r = 0; r < n; ++r) {
       const int64_t ra = len * r / n, rb = len * (r + 1) / n;
       std::memcpy(data + (lo + ra) * elem, g.peer(r) + ra * elem, (rb - ra) * elem);
@@ -124,9 +135,9 @@ void Comm::shm_broadcast(const at::Tensor& t, int root, const std::string& what)
   auto* data = static_cast<uint8_t*>(t.data_ptr());
   for (int64_t lo = 0; lo < numel; lo += step) {
     const int64_t bytes = std::min(step, numel - lo) * elem;
-    g.next();
+    g.next(call_);
     if (index_ == root) std::memcpy(g.mine(), data + lo * elem, bytes);
-    shm_barrier(g, what);
+    shm_barrier(g, what, name_, index_, call_);
     if (index_ != root) std::memcpy(data + lo * elem, g.peer(root), bytes);
   }
 }
@@ -143,9 +154,9 @@ void Comm::shm_all_gather(const at::Tensor& o, const at::Tensor& i, const std::s
   auto* dst = static_cast<uint8_t*>(o.data_ptr());
   for (int64_t lo = 0; lo < m; lo += step) {
     const int64_t bytes = std::min(step, m - lo) * elem;
-    g.next();
+    g.next(call_);
     std::memcpy(g.mine(), src + lo * elem, bytes);
-    shm_barrier(g, what);
+    shm_barrier(g, what, name_, index_, call_);
     for (int r = 0; r < n; ++r) {
       const uint8_t* from = r == me ? src + lo * elem : g.peer(r);
       uint8_t* to = dst + (r * m + lo) * elem;
@@ -168,11 +179,11 @@ void Comm::shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, Reduc
   at::Tensor o = out.view(-1), chunk = in.view(-1).narrow(0, me * m, m);
   for (int64_t lo = 0; lo < m; lo += step) {
     const int64_t len = std::min(step, m - lo), bytes = len * elem;
-    g.next();
+    g.next(call_);
     for (int r = 0; r < n; ++r) {
       if (r != me) std::memcpy(g.mine() + r * bytes, src + (r * m + lo) * elem, bytes);
     }
-    shm_barrier(g, what);
+    shm_barrier(g, what, name_, index_, call_);
     std::vector<at::Tensor> rows;
     for (int r = 0; r < n; ++r) {
       rows.push_back(r == me ? chunk.narrow(0, lo, len) : peer_tensor(g.peer(r) + me * bytes, len, in));

@@ -38,6 +38,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "the barrier needs add
 namespace {
 
 constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kCallSlotOffset = 1024;  // two CallDesc slots in every segment's header
 
 // What identifies this host (and its /dev/shm) to the other ranks: the host name
 // and the kernel's boot id. Ranks in separate mount namespaces share both; the
@@ -112,6 +113,29 @@ ShmGroup::~ShmGroup() {
 
 uint8_t* ShmGroup::buffer(int r) const { return maps_[r] + kHeaderBytes + (op_ % 2) * capacity_; }
 
+CallDesc* ShmGroup::slot(int r) const {
+  static_assert(kCallSlotOffset >= sizeof(Header) && kCallSlotOffset + 2 * sizeof(CallDesc) <= kHeaderBytes);
+  return reinterpret_cast<CallDesc*>(maps_[r] + kCallSlotOffset) + op_ % 2;
+}
+
+void ShmGroup::next(const CallDesc& d) {
+  ++op_;
+  *slot(index_) = d;  // published by the barrier's release
+}
+
+int ShmGroup::disagreeing(CallDesc* theirs) const {
+  const CallDesc& mine = *slot(index_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == index_) continue;
+    const CallDesc peer = *slot(r);
+    if (peer != mine) {
+      *theirs = peer;
+      return r;
+    }
+  }
+  return -1;
+}
+
 #ifdef __linux__
 
 std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, int64_t capacity,
@@ -121,11 +145,12 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
   const bool wanted = shm_wanted();
   const int64_t my_serial = serial++;
   // [host, -host] agree iff every rank has the same host; rank 0 names the
-  // segments; slot 5 + r holds rank r's pid.
+  // segments; the largest capacity asked for is every rank's (ranks that
+  // disagree on a call may ask for different ones); slot 6 + r holds rank r's pid.
   std::vector<int64_t> mine_in{host, -host, wanted ? 0 : 1, index == 0 ? getpid() : 0,
-                               index == 0 ? my_serial : 0};
-  mine_in.resize(5 + size, 0);
-  mine_in[5 + index] = getpid();
+                               index == 0 ? my_serial : 0, capacity};
+  mine_in.resize(6 + size, 0);
+  mine_in[6 + index] = getpid();
   at::Tensor agreed = all_max(pg, mine_in);
   auto a = agreed.accessor<int64_t, 1>();
   if (a[0] != -a[1]) {
@@ -136,8 +161,9 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
     *why = "MESHTRAIN_SHM=0";
     return nullptr;
   }
+  capacity = a[5];
   std::unique_ptr<ShmGroup> g(new ShmGroup(index, size, capacity, timeout));
-  for (int r = 0; r < size; ++r) g->pids_.push_back(a[5 + r]);
+  for (int r = 0; r < size; ++r) g->pids_.push_back(a[6 + r]);
   g->map_bytes_ = kHeaderBytes + 2 * static_cast<size_t>(capacity);
   const std::string mine = segment_path(a[3], a[4], index);
 
@@ -166,7 +192,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(PGBackend& pg, int index, int size, i
   // Whether this rank sees every other rank's process (not so across pid
   // namespaces): only then does the barrier watch for ranks that are gone.
   bool sees_all = true;
-  for (int r = 0; r < size; ++r) sees_all = sees_all && kill(static_cast<pid_t>(a[5 + r]), 0) == 0;
+  for (int r = 0; r < size; ++r) sees_all = sees_all && kill(static_cast<pid_t>(a[6 + r]), 0) == 0;
   auto fail_if_any = [&](const char* stage, bool* blind = nullptr) {
     at::Tensor bad = all_max(pg, {error.empty() ? 0 : 1, sees_all ? 0 : 1});
     if (blind) *blind = bad[1].item<int64_t>() != 0;

@@ -7,13 +7,16 @@
 // rank owns a segment in /dev/shm that every other rank of the group maps.
 //
 // Layout of a segment: one page of header (in group rank 0's segment: the
-// barrier), then two buffers of `capacity` bytes. Operation k writes buffer k%2.
+// barrier; in every segment: two slots for the rank's call description), then
+// two buffers of `capacity` bytes. Operation k writes buffer k%2 and slot k%2.
 //
 // Invariant (why one barrier per operation suffices): a rank reads peers'
 // buffers of operation k only after the barrier of k, and arrives at the barrier
 // of k+1 only after those reads. So when any rank passes the barrier of k+1,
 // every rank has finished reading operation k's buffers, and operation k+2 may
-// overwrite them.
+// overwrite them. The same holds for the call descriptions: every rank writes
+// its own before the barrier and reads the others' after it (the agreement
+// check), so ranks that disagree on a call learn it at its first barrier.
 #pragma once
 
 #include <atomic>
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/call.h"
 #include "meshtrain/compat.h"
 
 namespace meshtrain {
@@ -51,8 +55,12 @@ class ShmGroup {
 
   int64_t capacity() const { return capacity_; }
 
-  // Starts the next operation: selects its buffer in every segment.
-  void next() { ++op_; }
+  // Starts the next operation, the call `d`: selects its buffer in every
+  // segment and publishes `d` to the other ranks (read after the barrier).
+  void next(const CallDesc& d);
+  // After a barrier: the first group rank whose call differs from this rank's
+  // (its description in `theirs`), or -1 when every rank made the same call.
+  int disagreeing(CallDesc* theirs) const;
   // This rank's buffer for the current operation (written before the barrier).
   uint8_t* mine() const { return buffer(index_); }
   // Rank r's buffer for the current operation (read after the barrier).
@@ -68,6 +76,7 @@ class ShmGroup {
   struct Header;
   ShmGroup(int index, int size, int64_t capacity, std::chrono::milliseconds timeout);
   uint8_t* buffer(int r) const;
+  CallDesc* slot(int r) const;
 
   int index_, size_;
   int64_t capacity_;

@@ -6,11 +6,19 @@
 //   - counts calls and bytes per op (the planner checks its predictions on them),
 //   - numbers every call (a per-group sequence number) and turns a failure or a
 //     timeout into one error naming the op, the group, the sequence number and
-//     the tensor's shape and dtype.
+//     the tensor's shape and dtype,
+//   - checks that the ranks agree on each call (call.h: sequence number, op,
+//     dtype, element count, root, reduction): over shared memory on every call
+//     (each rank's description sits in its segment, compared after the
+//     barrier), over Gloo every `check_every` calls (one small all-gather;
+//     1 = every call, 0 = never), so ranks that disagree get one error naming
+//     both calls instead of reading each other's bytes wrongly.
 //
 // Invariants:
 //   - Every rank of a group makes the same calls in the same order (as with any
 //     collective library); the sequence number is how a desync is diagnosed.
+//     Collectives and point-to-point calls are numbered apart (the ranks of a
+//     pipeline group send and receive different numbers of times).
 //   - bf16 data is moved as raw 16-bit words; bf16 sums are accumulated in fp32
 //     and rounded once.
 //   - A group of size 1 needs no process group: every op is a local copy or no-op.
@@ -32,6 +40,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include "meshtrain/comm/call.h"
 #include "meshtrain/compat.h"
 
 namespace c10d {
@@ -134,7 +143,9 @@ class Comm {
   int size() const { return static_cast<int>(ranks_.size()); }
   const std::vector<int>& ranks() const { return ranks_; }
   BackendKind backend_kind() const { return kind_; }
-  uint64_t seq() const { return seq_; }
+  uint64_t seq() const { return seq_; }  // collectives so far
+  // The agreement check over Gloo runs on every n-th collective (0: never).
+  void set_check_every(int n) { check_every_ = n; }
   PGBackend* backend() const { return pg_.get(); }  // raw group, for baselines only
   // How long a shared-memory barrier waits for the other ranks (the process
   // group has its own, set when it is made).
@@ -188,6 +199,11 @@ class Comm {
  private:
   std::string describe(const char* op, const at::Tensor& t) const;
   void count(const char* op, const at::Tensor& sized, double bus_factor);
+  // Numbers the call `kind` on tensor `t` and makes it the current call.
+  void begin(CallKind kind, const at::Tensor& t, int root = -1, ReduceOp* reduce = nullptr);
+  // Over Gloo, every check_every-th collective: the ranks exchange their
+  // current call and throw the same CommError on every rank when they differ.
+  void agree_native(const std::string& what);
   CommWork make_work(const char* op, const at::Tensor& t) const;
   void ring_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
@@ -211,7 +227,10 @@ class Comm {
   std::string name_;
   std::vector<int> ranks_;
   int index_;
-  uint64_t seq_ = 0;
+  uint64_t seq_ = 0;      // collectives
+  uint64_t p2p_seq_ = 0;  // sends and receives
+  CallDesc call_;         // the call in progress (or the last)
+  int check_every_ = 64;
   std::map<std::string, OpStats> stats_;
   at::Tensor workspace_;  // bytes
   std::chrono::milliseconds timeout_{300000};
