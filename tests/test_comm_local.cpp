@@ -6,6 +6,7 @@
 
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/comm/hang_report.h"
 #include "src/comm/local_reduce.h"
 
 namespace meshtrain {
@@ -72,3 +73,52 @@ TEST(CommLocal, OnePassSumOfRows) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace {
+meshtrain::FlightEntry entry(int group, uint64_t seq, meshtrain::CallKind kind, int64_t numel, double start,
+                             meshtrain::CallState state) {
+  meshtrain::FlightEntry e;
+  e.group = group;
+  e.call.seq = seq;
+  e.call.kind = kind;
+  e.call.dtype = 6;  // Float
+  e.call.numel = numel;
+  e.start = start;
+  e.end = state == meshtrain::CallState::Started ? 0 : start + 1;
+  e.state = state;
+  return e;
+}
+}  // namespace
+
+// The report's logic on records as three ranks would write them: rank 2
+// diverged at sequence 2 of 'dp' (another size) and never reached sequence 3,
+// where rank 0 failed; rank 1 got there.
+TEST(HangReport, NamesTheFirstDivergenceAndTheRankBehind) {
+  using meshtrain::CallKind;
+  using meshtrain::CallState;
+  std::vector<meshtrain::RankRecord> records(3);
+  for (int r = 0; r < 3; ++r) {
+    records[r].rank = r;
+    records[r].groups = {{"dp", {0, 1, 2}}};
+    records[r].calls.push_back(entry(0, 1, CallKind::AllReduce, 8, 10, CallState::Completed));
+    records[r].calls.push_back(entry(0, 2, CallKind::AllReduce, r == 2 ? 9 : 8, 11, CallState::Completed));
+  }
+  records[0].calls.push_back(entry(0, 3, CallKind::Broadcast, 4, 12, CallState::Failed));
+  records[1].calls.push_back(entry(0, 3, CallKind::Broadcast, 4, 12, CallState::Started));
+  const auto rep = meshtrain::hang_report(records, 3, {{2, "running"}});
+  EXPECT_EQ(rep.behind, std::vector<int>{2}) << rep.text;
+  EXPECT_NE(rep.text.find("first divergence: group 'dp' sequence 2: rank 0 called all_reduce at sequence 2 of 8 Float "
+                          "elements, rank 2 called all_reduce at sequence 2 of 9 Float elements"),
+            std::string::npos)
+      << rep.text;
+  EXPECT_NE(rep.blame.find("rank 2 (process running; its last call on that group: sequence 2 (completed)"),
+            std::string::npos)
+      << rep.blame;
+  EXPECT_NE(rep.blame.find("never arrived at broadcast (root -1) at sequence 3 of 4 Float elements on group 'dp' "
+                           "(rank 0 failed there)"),
+            std::string::npos)
+      << rep.blame;
+  // Nobody behind: said so.
+  records[2].calls.push_back(entry(0, 3, CallKind::Broadcast, 4, 12, CallState::Started));
+  EXPECT_TRUE(meshtrain::hang_report(records, 3).behind.empty());
+}

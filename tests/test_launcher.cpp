@@ -159,6 +159,40 @@ TEST(Launcher, ARankKilledByTheOomKillerIsSaidToBeOutOfMemory) {
   EXPECT_EQ(r.output.find("out-of-memory"), std::string::npos) << r.output;
 }
 
+// A rank that stops making calls (its thread sleeps before its 3rd collective;
+// the process still answers) makes the others time out: the launcher asks
+// every live rank for its flight record and names the rank that never arrived,
+// with its last call, not only the rank whose timeout fired. The records stay
+// for `meshtrain diagnose hang DIR`. A rank killed at that point is named as
+// the failure itself.
+TEST(Launcher, TheRankThatNeverArrivedIsNamedFromTheFlightRecords) {
+  const std::string bench = kBin + " bench comm --nproc 2 --timeout 3 --ops all_reduce --min 1K --max 1K --iters 4 "
+                                   "--warmup 1";
+  Result r = run("MESHTRAIN_CRASH_AT='comm.call@3 rank=1 signal=SLEEP' " + bench);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_LT(r.seconds, 30) << r.output;
+  // (The sequence numbers depend on the bench's own calls before the timed ones.)
+  for (const char* part : {"meshtrain launch: rank 1 (process sleeping; its last call on that group: sequence ",
+                           "(completed)) never arrived at all_reduce (sum) at sequence ",
+                           " of 256 Float elements on group 'world' (rank 0 failed there); rank 0 failed with exit "
+                           "code 1 (its error: all_reduce on group 'world'"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  const std::string marker = "flight records in ";
+  const size_t at = r.output.find(marker);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string dir = r.output.substr(at + marker.size(), r.output.find(';', at) - at - marker.size());
+  Result d = run(kBin + " diagnose hang " + dir);
+  EXPECT_EQ(d.code, 0) << d.output;
+  EXPECT_NE(d.output.find("behind: rank 1 (its last call on that group: sequence "), std::string::npos) << d.output;
+  EXPECT_NE(d.output.find("flight records of 2 of 2 ranks"), std::string::npos) << d.output;
+  std::filesystem::remove_all(dir);
+
+  r = run("MESHTRAIN_CRASH_AT='comm.call@3 rank=1' " + bench);
+  EXPECT_EQ(r.code, 128 + SIGKILL) << r.output;
+  EXPECT_NE(r.output.find("meshtrain launch: rank 1 failed with signal 9"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, RestartsTheGroup) {
   Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --max-restarts 2 sh -c "
                         "'echo attempt $MESHTRAIN_RESTART_COUNT; [ $MESHTRAIN_RESTART_COUNT -ge 1 ]'");

@@ -17,6 +17,7 @@ Run add_bench(CLI::App& app) {
   struct Opts {
     int nproc = 2;
     double timeout = 300;
+    int check_every = 64;
     std::string mesh, axis = "world", min = "1K", max = "64M", transport = "auto", gather = "auto", scatter = "auto",
                 out;
     std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"};
@@ -38,6 +39,8 @@ Run add_bench(CLI::App& app) {
   auto cmd = bench->add_subcommand("comm", "collective bandwidth, nccl-tests style");
   cmd->add_option("--nproc", o->nproc, "ranks to start when not under a launcher");
   cmd->add_option("--timeout", o->timeout, "collective timeout in seconds");
+  cmd->add_option("--check-every", o->check_every, "Gloo agreement check every N-th call (0: never)")
+      ->capture_default_str();
   cmd->add_option("--mesh", o->mesh, "mesh axis sizes (e.g. tp=2); dp is inferred");
   cmd->add_option("--axis", o->axis, "group to measure: world or a mesh axis");
   cmd->add_option("--ops", o->ops, "all_reduce all_gather reduce_scatter all_to_all broadcast")->delimiter(',');
@@ -64,7 +67,10 @@ Run add_bench(CLI::App& app) {
     o->bench.gather_algo = parse_gather_algo(o->gather);
     o->bench.scatter_algo = parse_scatter_algo(o->scatter);
     for (const auto& d : o->dtypes) parse_dtype(d);  // fail before any traffic
-    auto rt = start_runtime(o->timeout);
+    if (o->check_every < 0) {
+      throw std::invalid_argument(fmt::format("--check-every {} must be >= 0 (0: never)", o->check_every));
+    }
+    auto rt = start_runtime(o->timeout, o->check_every);
     auto layout = MeshLayout::create(rt->world_size(), MeshLayout::parse(o->mesh));
     std::unique_ptr<DeviceMesh> mesh;
     Comm* comm = &rt->world();

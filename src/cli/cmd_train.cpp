@@ -58,7 +58,7 @@ Run add_train(CLI::App& app) {
       if (!c.ckpt_dir.empty()) ckpt::check_directory(c.ckpt_dir);
     }
     if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) return rc;
-    auto rt = start_runtime(300);
+    auto rt = start_runtime(c.comm_timeout, c.comm_check_every);
     return train(c, *rt, o->check_plan);
   };
 }

@@ -32,6 +32,7 @@ void add_bench_attention(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>
 void add_bench_context(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_rollout(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 Run add_ckpt(CLI::App& app);
+Run add_diagnose(CLI::App& app);
 Run add_lab(CLI::App& app);
 Run add_mesh(CLI::App& app);
 Run add_plan(CLI::App& app);
@@ -73,6 +74,6 @@ void check_train_bench_options(const TrainBenchOptions& o);
 double median(std::vector<double> samples);
 
 // Joins the job the environment describes, with a collective timeout in seconds.
-std::unique_ptr<Runtime> start_runtime(double timeout_s);
+std::unique_ptr<Runtime> start_runtime(double timeout_s, int check_every = 64);
 
 }  // namespace meshtrain::cli

@@ -50,12 +50,13 @@ int relaunch_if_needed(int nproc, int max_restarts) {
   return launch(o);
 }
 
-std::unique_ptr<Runtime> start_runtime(double timeout_s) {
+std::unique_ptr<Runtime> start_runtime(double timeout_s, int check_every) {
   if (!(timeout_s > 0)) {
     throw std::invalid_argument(fmt::format("--timeout {} must be a positive number of seconds", timeout_s));
   }
   RuntimeOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  opts.check_every = check_every;
   return Runtime::init(DistEnv::from_environment(), opts);
 }
 

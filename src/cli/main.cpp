@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_sample);
   add(meshtrain::cli::add_eval);
   add(meshtrain::cli::add_ckpt);
+  add(meshtrain::cli::add_diagnose);
   // A word that is no command: name it and the nearest command (CLI11 would only say one is required).
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;

@@ -13,6 +13,8 @@
 #include "comm/backend.h"
 #include "comm/local_reduce.h"
 #include "comm/shm_group.h"
+#include "meshtrain/comm/flight_recorder.h"
+#include "meshtrain/runtime/crash_point.h"
 
 namespace meshtrain {
 namespace {
@@ -132,8 +134,13 @@ ScatterAlgo parse_scatter_algo(const std::string& s) {
 CommWork::CommWork() = default;
 
 CommWork::CommWork(CommWork&& o) noexcept
-    : works_(std::move(o.works_)), finish_(std::move(o.finish_)), what_(std::move(o.what_)), done_(o.done_) {
+    : works_(std::move(o.works_)),
+      finish_(std::move(o.finish_)),
+      what_(std::move(o.what_)),
+      done_(o.done_),
+      flight_(o.flight_) {
   o.done_ = true;
+  o.flight_ = 0;
 }
 
 CommWork& CommWork::operator=(CommWork&& o) noexcept {
@@ -145,13 +152,18 @@ CommWork& CommWork::operator=(CommWork&& o) noexcept {
     finish_ = std::move(o.finish_);
     what_ = std::move(o.what_);
     done_ = o.done_;
+    flight_ = o.flight_;
     o.done_ = true;
+    o.flight_ = 0;
   }
   return *this;
 }
 
 CommWork::~CommWork() {
-  if (done_) return;
+  if (done_) {
+    settle(CallState::Completed);
+    return;
+  }
   try {
     wait();
   } catch (const std::exception& e) {
@@ -160,18 +172,47 @@ CommWork::~CommWork() {
 }
 
 void CommWork::wait() {
-  if (done_) return;
+  if (done_) {
+    settle(CallState::Completed);
+    return;
+  }
   done_ = true;  // a failed group is poisoned (PLATFORM.md): never wait twice
   try {
     for (auto& w : works_) w->wait();
     works_.clear();
     if (finish_) finish_();
   } catch (const std::exception& e) {
-    throw CommError(fmt::format(
+    const std::string msg = fmt::format(
         "{} did not complete: {}\n  A timeout usually means another rank of this group did not make "
         "the same call; compare the sequence numbers the ranks report.",
-        what_, e.what()));
+        what_, e.what());
+    fail(msg);
+    throw CommError(msg);
   }
+  settle(CallState::Completed);
+}
+
+void CommWork::settle(CallState state) {
+  if (flight_ == 0) return;
+  FlightRecorder::instance().end(flight_, state);
+  flight_ = 0;
+}
+
+void CommWork::fail(const std::string& why) {
+  done_ = true;
+  settle(CallState::Failed);
+  FlightRecorder::instance().dump("failure: " + why);
+}
+
+void Comm::run_sync(CommWork& w, const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    w.fail(e.what());
+    throw;
+  }
+  w.done_ = true;
+  w.settle(CallState::Completed);
 }
 
 // -------------------------------------------------------------------- Comm
@@ -185,6 +226,7 @@ Comm::Comm(c10::intrusive_ptr<PGBackend> pg, BackendKind kind, std::string name,
   if (!pg_ && size() > 1) {
     throw std::invalid_argument(fmt::format("group '{}' of {} ranks needs a process group", name_, size()));
   }
+  if (size() > 1) flight_group_ = FlightRecorder::instance().group(name_, ranks_);
 }
 
 Comm::Comm(std::string name, int global_rank, BackendKind kind)
@@ -219,7 +261,7 @@ void Comm::begin(CallKind kind, const at::Tensor& t, int root, ReduceOp* reduce)
   call_.reduce = reduce ? static_cast<int32_t>(*reduce) : -1;
 }
 
-void Comm::agree_native(const std::string& what) {
+void Comm::agree_native(CommWork& w) {
   if (kind_ != BackendKind::Gloo || size() < 2 || check_every_ <= 0 || call_.seq % check_every_ != 0) return;
   const CallDesc& c = call_;
   // Row r holds rank r's call, zeros elsewhere: one small sum gathers them (Gloo has no all_gather_base).
@@ -235,7 +277,9 @@ void Comm::agree_native(const std::string& what) {
   try {
     pg_->allreduce(v)->wait();
   } catch (const std::exception& e) {
-    throw CommError(fmt::format("{} (its agreement check) did not complete: {}", what, e.what()));
+    const std::string msg = fmt::format("{} (its agreement check) did not complete: {}", w.what_, e.what());
+    w.fail(msg);
+    throw CommError(msg);
   }
   auto a = all.accessor<int64_t, 2>();
   for (int r = 0; r < size(); ++r) {
@@ -246,7 +290,11 @@ void Comm::agree_native(const std::string& what) {
     theirs.numel = a[r][3];
     theirs.root = static_cast<int32_t>(a[r][4]);
     theirs.reduce = static_cast<int32_t>(a[r][5]);
-    if (theirs != c) throw CommError(disagreement(what, name_, index_, c, r, theirs));
+    if (theirs != c) {
+      const std::string msg = disagreement(w.what_, name_, index_, c, r, theirs);
+      w.fail(msg);
+      throw CommError(msg);
+    }
   }
 }
 
@@ -262,6 +310,10 @@ CommWork Comm::make_work(const char* op, const at::Tensor& t) const {
   CommWork w;
   w.what_ = describe(op, t);
   w.done_ = false;
+  if (size() > 1) {
+    crash_point("comm.call");  // tests: a rank that stops or dies before its k-th call
+    w.flight_ = FlightRecorder::instance().start(flight_group_, call_);
+  }
   return w;
 }
 
@@ -277,11 +329,10 @@ CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo
   CommWork w = make_work("all_reduce", t);
   if (n == 1) { w.done_ = true; return w; }
   if (resolve(algo, t) == Transport::Shm) {
-    shm_all_reduce(t, op, w.what_);
-    w.done_ = true;
+    run_sync(w, [&] { shm_all_reduce(t, op, w.what_); });
     return w;
   }
-  agree_native(w.what_);
+  agree_native(w);
   at::Tensor buf = t;
   if (!native_bf16() && t.scalar_type() == at::kBFloat16) buf = t.to(at::kFloat);  // sum in fp32
   std::vector<at::Tensor> v{buf};
@@ -322,14 +373,13 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
   }
   at::Tensor o = as_transport(out, native_bf16()).view(-1);
   at::Tensor i = as_transport(in, native_bf16()).view(-1);
-  if (algo != GatherAlgo::Shm) agree_native(w.what_);
+  if (algo != GatherAlgo::Shm) agree_native(w);
   switch (algo) {
     case GatherAlgo::Native:
       w.works_.push_back(backend_all_gather_base(*pg_, o, i));
       break;
     case GatherAlgo::Shm:
-      shm_all_gather(o, i, w.what_);
-      w.done_ = true;
+      run_sync(w, [&] { shm_all_gather(o, i, w.what_); });
       break;
     case GatherAlgo::Broadcast:
       // Each rank's slice of the output is broadcast from its owner (PLATFORM.md:
@@ -344,8 +394,7 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
       }
       break;
     case GatherAlgo::Ring:
-      ring_all_gather(o, i, w.what_);
-      w.done_ = true;
+      run_sync(w, [&] { ring_all_gather(o, i, w.what_); });
       break;
     case GatherAlgo::List: {
       std::vector<std::vector<at::Tensor>> outs(1);
@@ -409,7 +458,7 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
            : bytes >= kRingScatterMinBytes  ? ScatterAlgo::Ring
                                             : ScatterAlgo::AllToAll;
   }
-  if (algo != ScatterAlgo::Shm) agree_native(w.what_);
+  if (algo != ScatterAlgo::Shm) agree_native(w);
   switch (algo) {
     case ScatterAlgo::Native: {
       at::Tensor o = out.view(-1), i = in.view(-1);
@@ -428,12 +477,10 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
       break;
     }
     case ScatterAlgo::Shm:
-      shm_reduce_scatter(out, in, op, w.what_);
-      w.done_ = true;
+      run_sync(w, [&] { shm_reduce_scatter(out, in, op, w.what_); });
       break;
     case ScatterAlgo::Ring:
-      ring_reduce_scatter(out, in, op, w.what_);
-      w.done_ = true;
+      run_sync(w, [&] { ring_reduce_scatter(out, in, op, w.what_); });
       break;
     case ScatterAlgo::AllReduce: {
       at::Tensor full = in.to(in.scalar_type() == at::kBFloat16 ? at::kFloat : in.scalar_type(), false, true);
@@ -533,11 +580,10 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
   CommWork w = make_work("broadcast", t);
   if (size() == 1) { w.done_ = true; return w; }
   if (resolve(algo, t) == Transport::Shm) {
-    shm_broadcast(t, root, w.what_);
-    w.done_ = true;
+    run_sync(w, [&] { shm_broadcast(t, root, w.what_); });
     return w;
   }
-  agree_native(w.what_);
+  agree_native(w);
   std::vector<at::Tensor> v{as_transport(t, native_bf16())};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -579,7 +625,7 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
     out.copy_(in);
     return;
   }
-  agree_native(w.what_);
+  agree_native(w);
   at::Tensor o = as_transport(out, native_bf16()), i = as_transport(in, native_bf16());
   w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
   w.wait();
@@ -622,7 +668,8 @@ void Comm::barrier() {
   CommWork w;
   w.what_ = fmt::format("barrier on group '{}' at sequence {}", name_, seq_);
   w.done_ = false;
-  agree_native(w.what_);
+  w.flight_ = FlightRecorder::instance().start(flight_group_, call_);
+  agree_native(w);
   w.works_.push_back(pg_->barrier());
   w.wait();
 }

@@ -3,6 +3,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -32,6 +34,8 @@ Armed parse(const char* v) {
       if (std::string(rank ? rank : "0") != w.substr(5)) a.name.clear();
     } else if (w == "signal=STOP") {
       a.signal = SIGSTOP;
+    } else if (w == "signal=SLEEP") {
+      a.signal = 0;  // this thread sleeps for ever; the process still answers signals
     }
   }
   return a;
@@ -43,9 +47,14 @@ void crash_point(const char* name) {
   static const Armed armed = parse(std::getenv("MESHTRAIN_CRASH_AT"));
   static std::atomic<int> reached{0};
   if (armed.name.empty() || armed.name != name || ++reached != armed.nth) return;
-  std::fprintf(stderr, "meshtrain: crash point %s reached (MESHTRAIN_CRASH_AT): %s this process\n", name,
-               armed.signal == SIGSTOP ? "stopping" : "killing");
+  std::fprintf(stderr, "meshtrain: crash point %s reached (MESHTRAIN_CRASH_AT): %s\n", name,
+               armed.signal == SIGSTOP ? "stopping this process"
+               : armed.signal == 0     ? "this thread sleeps for ever"
+                                       : "killing this process");
   std::fflush(stderr);
+  if (armed.signal == 0) {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   ::raise(armed.signal);
 }
 

@@ -10,11 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,8 @@
 #include <fstream>
 
 #include "comm/shm_group.h"
+#include "meshtrain/comm/hang_report.h"
+#include "runtime/flight_collect.h"
 #include "meshtrain/runtime/threads.h"
 
 namespace meshtrain {
@@ -118,7 +123,7 @@ int exit_code_of(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart) {
+void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart, const std::string& flight_dir) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
     throw std::runtime_error(fmt::format("launch: pipe() failed: {}", strerror(errno)));
@@ -137,6 +142,7 @@ void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart) 
       {"MESHTRAIN_RESTART_COUNT", std::to_string(restart)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
       {"MESHTRAIN_JOB", std::to_string(parent)},  // names the ranks' shared-memory segments (comm/shm_group.h)
+      {"MESHTRAIN_FLIGHT_DIR", flight_dir},       // where ranks dump their last calls (comm/flight_recorder.h)
   };
   for (auto& kv : missing_rank_environment(o.nproc_per_node)) env.push_back(kv);
   env.emplace_back("MESHTRAIN_NO_REEXEC", "1");  // the launcher already set them
@@ -188,6 +194,7 @@ struct Outcome {
   int user_signal = 0;
   std::string error;  // the failed rank's own error line, if it printed one
   int held = 0;       // the other ranks' error lines after the failure, not printed
+  std::map<int, std::string> states;  // the live ranks' processes when it failed
 };
 
 // The kernel's count of processes its out-of-memory killer has stopped
@@ -203,7 +210,7 @@ int64_t oom_kills() {
 }
 
 // Watches the children until all have exited and their output is drained.
-Outcome supervise(std::vector<Child>& children, double grace_seconds) {
+Outcome supervise(std::vector<Child>& children, double grace_seconds, const std::string& flight_dir) {
   Outcome res;
   bool stopping = false;
   Clock::time_point kill_at{}, all_exited_at{};
@@ -254,6 +261,12 @@ Outcome supervise(std::vector<Child>& children, double grace_seconds) {
       if (!std::getenv("MESHTRAIN_LAUNCH_ALL_ERRORS")) {
         for (auto& c : children) c.err.quiet = c.out.quiet = c.rank != res.failed_rank;
       }
+      // Before stopping them: the live ranks' flight records, and what their processes are doing.
+      std::vector<std::pair<int, pid_t>> alive;
+      for (const auto& c : children) {
+        if (!c.exited) alive.emplace_back(c.rank, c.pid);
+      }
+      res.states = collect_flight_records(alive, flight_dir, 2.0);
       signal_alive(children, SIGTERM, true);
       stopping = true;
       kill_at = now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_seconds));
@@ -357,12 +370,23 @@ int launch(LaunchOptions o) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   g_signal = 0;
+  bool owned = false;
+  const std::string flight_dir = flight_directory(&owned);
+  struct Cleanup {  // the flight records go with the job, unless a report points at them
+    std::string dir;
+    bool remove;
+    ~Cleanup() {
+      std::error_code ec;
+      if (remove) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{flight_dir, owned};
 
   for (int attempt = 0;; ++attempt) {
     std::vector<Child> children(o.nproc_per_node);
     const int64_t oom_before = oom_kills();
-    for (int i = 0; i < o.nproc_per_node; ++i) start_child(children[i], o, i, attempt);
-    Outcome res = supervise(children, o.grace_seconds);
+    clear_flight_records(flight_dir);
+    for (int i = 0; i < o.nproc_per_node; ++i) start_child(children[i], o, i, attempt, flight_dir);
+    Outcome res = supervise(children, o.grace_seconds, flight_dir);
     // Segments a rank killed during start-up left behind (the others unlink theirs once mapped).
     if (const int left = remove_job_segments(std::to_string(getpid())); left > 0 && res.failed_rank < 0) {
       fmt::print(stderr, "meshtrain launch: removed {} shared-memory segment(s) the ranks left in {}\n", left,
@@ -388,6 +412,16 @@ int launch(LaunchOptions o) {
                           "oom_kill {} -> {}), so this rank most likely ran out of memory (a smaller micro_batch, "
                           "ZeRO, recomputation or tiled attention lower it; `meshtrain plan` estimates it)",
                           oom_after - oom_before, oom_before, oom_after);
+    }
+    // Who the others waited for, from the ranks' flight records (comm/hang_report.h).
+    if (const auto records = read_flight_records(flight_dir); !records.empty()) {
+      const HangReport rep = hang_report(records, o.nnodes * o.nproc_per_node, res.states);
+      fmt::print(stderr, "meshtrain launch: the ranks' last calls (flight records in {}; `meshtrain diagnose hang "
+                         "{}` prints this again):\n{}", flight_dir, flight_dir, rep.text);
+      const bool failed_is_behind =
+          std::find(rep.behind.begin(), rep.behind.end(), res.failed_rank) != rep.behind.end();
+      if (!rep.blame.empty() && !failed_is_behind) what = rep.blame + "; " + what;  // the cause first
+      cleanup.remove = false;
     }
     if (attempt < o.max_restarts) {
       fmt::print(stderr, "meshtrain launch: {}; restarting all local ranks ({} of {} restarts)\n", what,

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/backend.h"
+#include "meshtrain/comm/flight_recorder.h"
 #include "meshtrain/runtime/threads.h"
 
 namespace meshtrain {
@@ -60,6 +61,7 @@ std::unique_ptr<Runtime> Runtime::init(const DistEnv& env, const RuntimeOptions&
     throw std::invalid_argument(fmt::format("this build has no {} backend",
                                             opts.backend == BackendKind::Gloo ? "gloo" : "nccl"));
   }
+  FlightRecorder::install_signal_handler();  // SIGUSR1: dump the last calls (flight_recorder.h)
   rt->store_ = connect_store(env, opts.timeout);
   rt->world_ = rt->new_group(all, "world");
   return rt;
@@ -87,6 +89,7 @@ std::unique_ptr<Comm> Runtime::new_group(const std::vector<int>& ranks, const st
   auto pg = make_backend(prefixed, index, static_cast<int>(ranks.size()), bo);
   auto comm = std::make_unique<Comm>(std::move(pg), opts_.backend, name, ranks, index);
   comm->set_timeout(bo.timeout);
+  comm->set_check_every(opts_.check_every);
   return comm;
 }
 

@@ -203,6 +203,11 @@ std::vector<ConfigKey> make_keys() {
       integer("ddp.bucket_mb", FIELD(ddp_bucket_mb), 1, kMaxInt, "gradient bucket size"),
       boolean("ddp.overlap", FIELD(ddp_overlap), "all-reduce buckets during backward"),
       boolean("ddp.find_unused", FIELD(ddp_find_unused), "parameters without a gradient count as zero"),
+      // [comm]
+      number("comm.timeout", FIELD(comm_timeout), 0, true, kInf, false,
+             "seconds a collective waits for a slow rank before the run fails (names the call)"),
+      integer("comm.check_every", FIELD(comm_check_every), 0, kMaxInt,
+              "Gloo: the ranks compare their calls every N-th collective (1: every call, 0: never; shared memory: always)"),
       // [checkpoint]
       text("checkpoint.dir", FIELD(ckpt_dir), "", "directory of step_N checkpoints (\"\": none)"),
       integer("checkpoint.every", FIELD(ckpt_every), 0, kMaxInt, "steps between saves (0: at the end only)"),

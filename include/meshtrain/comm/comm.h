@@ -41,6 +41,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include "meshtrain/comm/call.h"
+#include "meshtrain/comm/flight_recorder.h"
 #include "meshtrain/compat.h"
 
 namespace c10d {
@@ -122,8 +123,13 @@ class CommWork {
   friend class Comm;
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::function<void()> finish_;
+  // Records the call's end in the flight recorder (once).
+  void settle(CallState state);
+  // The call failed with `why`: recorded, and this rank's flight record dumped.
+  void fail(const std::string& why);
   std::string what_;  // "all_reduce on group 'tp' ... seq 7 shape [4, 8] float"
   bool done_ = true;
+  uint64_t flight_ = 0;  // its flight recorder entry (0: none)
 };
 
 class Comm {
@@ -203,7 +209,10 @@ class Comm {
   void begin(CallKind kind, const at::Tensor& t, int root = -1, ReduceOp* reduce = nullptr);
   // Over Gloo, every check_every-th collective: the ranks exchange their
   // current call and throw the same CommError on every rank when they differ.
-  void agree_native(const std::string& what);
+  void agree_native(CommWork& w);
+  // Runs a call's synchronous algorithm `f`; the call completes, or fails
+  // (recorded, the flight record dumped) and rethrows.
+  void run_sync(CommWork& w, const std::function<void()>& f);
   CommWork make_work(const char* op, const at::Tensor& t) const;
   void ring_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
@@ -231,6 +240,7 @@ class Comm {
   uint64_t p2p_seq_ = 0;  // sends and receives
   CallDesc call_;         // the call in progress (or the last)
   int check_every_ = 64;
+  int flight_group_ = -1;  // this group in the flight recorder
   std::map<std::string, OpStats> stats_;
   at::Tensor workspace_;  // bytes
   std::chrono::milliseconds timeout_{300000};

@@ -2,10 +2,12 @@
 // once, as a kill -9, a power cut or a stalled device would stop it there. The
 // crash-consistency tests set
 //
-//   MESHTRAIN_CRASH_AT="<point>[@<k>] [rank=<r>] [signal=KILL|STOP]"
+//   MESHTRAIN_CRASH_AT="<point>[@<k>] [rank=<r>] [signal=KILL|STOP|SLEEP]"
 //
 // (the k-th time the point is reached, default the first; on rank r only, by
-// the RANK variable, default every rank; SIGKILL by default, SIGSTOP to hang)
+// the RANK variable, default every rank; SIGKILL by default, SIGSTOP to stop
+// the process, SLEEP to stop only the calling thread: the process still
+// answers signals, as a rank stuck in a long computation would)
 // and check that what the process left behind is recovered, or that the hang
 // is found. RocksDB's TEST_KILL_RANDOM and LevelDB's fault-injection tests are
 // the model. Unset, a crash point costs one comparison.

@@ -23,6 +23,8 @@ struct RuntimeOptions {
   // Collective and rendezvous timeout. Short enough that a hang becomes a clear
   // error in minutes, long enough for first-step compilation and checkpoint I/O.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The Gloo agreement check's period (comm.h): every n-th collective of a group.
+  int check_every = 64;
   bool configure_threads = true;  // apply per-rank thread counts (runtime/threads.h)
 };
 

@@ -100,6 +100,8 @@ struct TrainConfig {
   int ckpt_keep = 2;              // keep: newest checkpoints kept
   bool ckpt_async = false;        // async: write in a background thread
   int64_t ckpt_staging_mb = 64;   // staging_mb: bound on the memory a load streams shards through
+  double comm_timeout = 300;      // [comm] timeout: seconds a training collective waits for a slow rank
+  int comm_check_every = 64;      // [comm] check_every: Gloo agreement check period (1 every call, 0 never)
   double ckpt_timeout = 600;      // timeout: seconds the checkpoint's collectives wait for a slow rank
   std::string resume = "auto";    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
   // [init] from: start from these weights (a checkpoint directory, any mesh):
