@@ -13,7 +13,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <iterator>
+#include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/run_command.h"
 
@@ -191,6 +196,82 @@ TEST(Launcher, TheRankThatNeverArrivedIsNamedFromTheFlightRecords) {
   r = run("MESHTRAIN_CRASH_AT='comm.call@3 rank=1' " + bench);
   EXPECT_EQ(r.code, 128 + SIGKILL) << r.output;
   EXPECT_NE(r.output.find("meshtrain launch: rank 1 failed with signal 9"), std::string::npos) << r.output;
+}
+
+// The TCP sockets (of /proc/net/tcp and tcp6) that the processes whose
+// environment holds `marker` own: {local "ADDRESS:PORT" in hex as the kernel
+// writes it, state ("0A" = LISTEN)}.
+std::vector<std::pair<std::string, std::string>> tcp_sockets(const std::string& marker) {
+  namespace fs = std::filesystem;
+  std::set<std::string> inodes;
+  for (const auto& p : fs::directory_iterator("/proc")) {
+    const std::string pid = p.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream env(p.path() / "environ");
+    const std::string text((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (text.find(marker) == std::string::npos) continue;
+    std::error_code ec;
+    for (const auto& fd : fs::directory_iterator(p.path() / "fd", ec)) {
+      const std::string target = fs::read_symlink(fd.path(), ec).string();
+      if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(table);
+    std::string line;
+    std::getline(f, line);  // header
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      in >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (inodes.count(inode)) out.emplace_back(local, state);
+    }
+  }
+  return out;
+}
+
+// A job on one host listens on no wildcard address: its ranks meet through a
+// store file (no TCP store, which listened on every interface for the whole
+// job) and Gloo binds the loopback address. Checked in the socket table while
+// the ranks of a real job wait (each rank's thread sleeps before its 3rd
+// collective, after Gloo connected them).
+TEST(Launcher, AJobOnOneHostListensOnNoWildcardAddress) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("meshtrain_sockets_" + std::to_string(getpid())))
+                              .string();
+  std::filesystem::create_directories(dir);
+  const std::string cmd = "MESHTRAIN_FLIGHT_DIR=" + dir + " MESHTRAIN_CRASH_AT='comm.call@3 signal=SLEEP' " + kBin +
+                          " bench comm --nproc 2 --ops all_reduce --min 1K --max 1K --iters 4 --warmup 1 "
+                          "--transport native > " + dir + "/log 2>&1";
+  auto job = std::async(std::launch::async, [&] { return run(cmd); });
+  // Wait until both ranks have reached their crash point (then their sockets are what they keep).
+  for (int i = 0; i < 600; ++i) {
+    std::ifstream log(dir + "/log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    size_t n = 0;
+    for (size_t at = 0; (at = text.find("sleeps for ever", at)) != std::string::npos; ++at) ++n;
+    if (n == 2) break;
+    usleep(50000);
+  }
+  // Every TCP socket of the job (Gloo's connections; a TCP store would listen for the whole job) is on loopback.
+  const auto sockets = tcp_sockets("MESHTRAIN_FLIGHT_DIR=" + dir);
+  EXPECT_FALSE(sockets.empty()) << "the ranks hold no TCP socket: the check saw nothing";
+  for (const auto& [local, state] : sockets) {
+    const std::string addr = local.substr(0, local.find(':'));
+    EXPECT_NE(addr.find_first_not_of('0'), std::string::npos) << "bound to a wildcard address: " << local << " state "
+                                                              << state;
+    EXPECT_NE(addr.find("0100007F"), std::string::npos) << "not loopback: " << local;
+  }
+  // Stop the job: its ranks sleep for ever.
+  for (const auto& p : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = p.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream env(p.path() / "environ");
+    const std::string text((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (text.find("MESHTRAIN_FLIGHT_DIR=" + dir) != std::string::npos) ::kill(std::stoi(pid), SIGKILL);
+  }
+  job.get();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Launcher, RestartsTheGroup) {

@@ -133,6 +133,7 @@ DistEnv DistEnv::from_environment(const Getenv& getenv_fn) {
     if (e.world_size > 1) e.master_addr = require(get, "MASTER_ADDR", why);
     else if (auto a = get("MASTER_ADDR")) e.master_addr = *a;
     e.master_port = master_port_or_default(get);
+    if (auto f = get("MESHTRAIN_STORE_FILE")) e.store_file = *f;
     if (auto r = get("MESHTRAIN_RESTART_COUNT")) {
       e.restart = parse_int("MESHTRAIN_RESTART_COUNT", *r, 0);
     } else if (auto t = get("TORCHELASTIC_RESTART_COUNT")) {

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -123,7 +124,27 @@ int exit_code_of(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart, const std::string& flight_dir) {
+// `host` (a dotted quad or a name) and `port` as an IPv4 socket address: what
+// the port probes bind, so they ask about the address the job will use.
+sockaddr_in ipv4_address(const std::string& host, int port) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &sa.sin_addr) == 1) return sa;
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
+    throw std::invalid_argument(fmt::format("--master-addr {} is neither an IPv4 address nor a host name this machine "
+                                            "resolves",
+                                            host));
+  }
+  sa.sin_addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr;
+  freeaddrinfo(found);
+  return sa;
+}
+
+void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart, const std::string& flight_dir,
+                 const std::string& store_file) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
     throw std::runtime_error(fmt::format("launch: pipe() failed: {}", strerror(errno)));
@@ -144,6 +165,7 @@ void start_child(Child& c, const LaunchOptions& o, int local_rank, int restart, 
       {"MESHTRAIN_JOB", std::to_string(parent)},  // names the ranks' shared-memory segments (comm/shm_group.h)
       {"MESHTRAIN_FLIGHT_DIR", flight_dir},       // where ranks dump their last calls (comm/flight_recorder.h)
   };
+  if (!store_file.empty()) env.emplace_back("MESHTRAIN_STORE_FILE", store_file);  // runtime/env.h
   for (auto& kv : missing_rank_environment(o.nproc_per_node)) env.push_back(kv);
   env.emplace_back("MESHTRAIN_NO_REEXEC", "1");  // the launcher already set them
 
@@ -305,18 +327,14 @@ Outcome supervise(std::vector<Child>& children, double grace_seconds, const std:
 int pick_free_port(const std::string& addr) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error(fmt::format("socket() failed: {}", strerror(errno)));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = 0;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sockaddr_in sa = ipv4_address(addr, 0);
   if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
     close(fd);
-    throw std::runtime_error(fmt::format("could not bind a free port: {}", strerror(errno)));
+    throw std::runtime_error(fmt::format("could not bind a free port on {}: {}", addr, strerror(errno)));
   }
   socklen_t len = sizeof sa;
   getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   close(fd);
-  (void)addr;
   return ntohs(sa.sin_port);
 }
 
@@ -349,10 +367,7 @@ void validate(LaunchOptions& o) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // ignore TIME_WAIT leftovers
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(o.master_port));
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sockaddr_in sa = ipv4_address(o.master_addr, o.master_port);
   const bool in_use = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 && errno == EADDRINUSE;
   close(fd);
   if (in_use) {
@@ -385,8 +400,11 @@ int launch(LaunchOptions o) {
     std::vector<Child> children(o.nproc_per_node);
     const int64_t oom_before = oom_kills();
     clear_flight_records(flight_dir);
-    for (int i = 0; i < o.nproc_per_node; ++i) start_child(children[i], o, i, attempt, flight_dir);
+    // One host: the ranks meet through a file in the job's directory (no TCP listener); several: the TCP store.
+    const std::string store_file = o.nnodes == 1 ? fmt::format("{}/store-{}", flight_dir, attempt) : "";
+    for (int i = 0; i < o.nproc_per_node; ++i) start_child(children[i], o, i, attempt, flight_dir, store_file);
     Outcome res = supervise(children, o.grace_seconds, flight_dir);
+    if (!store_file.empty()) std::remove(store_file.c_str());
     // Segments a rank killed during start-up left behind (the others unlink theirs once mapped).
     if (const int left = remove_job_segments(std::to_string(getpid())); left > 0 && res.failed_rank < 0) {
       fmt::print(stderr, "meshtrain launch: removed {} shared-memory segment(s) the ranks left in {}\n", left,

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -20,6 +21,12 @@ bool is_loopback(const std::string& host) {
 }
 
 c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
+  if (!env.store_file.empty()) {  // one host: a file the ranks share, no socket to listen on
+    auto store = c10::make_intrusive<c10d::FileStore>(env.store_file, env.world_size);
+    store->setTimeout(timeout);
+    return store;
+  }
+  // Across hosts: libtorch 1.13's TCPStore listens on every interface (it takes no bind address).
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(env.master_port);
   o.isServer = env.rank == 0;

@@ -25,6 +25,10 @@ struct DistEnv {
   int master_port = 29500;
   std::string source = "single";  // "launch", "slurm", "openmpi" or "single"
   int restart = 0;                 // MESHTRAIN_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT: restarts so far
+  // MESHTRAIN_STORE_FILE: the rendezvous store is this file (a job on one host,
+  // started by meshtrain launch): no TCP listener at all. "" = the TCP store on
+  // MASTER_ADDR:MASTER_PORT.
+  std::string store_file;
 
   bool distributed() const { return source != "single"; }
 
