@@ -201,17 +201,25 @@ TEST(Launcher, TheRankThatNeverArrivedIsNamedFromTheFlightRecords) {
 // The TCP sockets (of /proc/net/tcp and tcp6) that the processes whose
 // environment holds `marker` own: {local "ADDRESS:PORT" in hex as the kernel
 // writes it, state ("0A" = LISTEN)}.
-std::vector<std::pair<std::string, std::string>> tcp_sockets(const std::string& marker) {
-  namespace fs = std::filesystem;
-  std::set<std::string> inodes;
-  for (const auto& p : fs::directory_iterator("/proc")) {
+// The processes whose environment holds `marker`.
+std::vector<pid_t> pids_with_env(const std::string& marker) {
+  std::vector<pid_t> out;
+  for (const auto& p : std::filesystem::directory_iterator("/proc")) {
     const std::string pid = p.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream env(p.path() / "environ");
     const std::string text((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-    if (text.find(marker) == std::string::npos) continue;
+    if (text.find(marker) != std::string::npos) out.push_back(static_cast<pid_t>(std::stoi(pid)));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> tcp_sockets(const std::string& marker) {
+  namespace fs = std::filesystem;
+  std::set<std::string> inodes;
+  for (const pid_t pid : pids_with_env(marker)) {
     std::error_code ec;
-    for (const auto& fd : fs::directory_iterator(p.path() / "fd", ec)) {
+    for (const auto& fd : fs::directory_iterator(fs::path("/proc") / std::to_string(pid) / "fd", ec)) {
       const std::string target = fs::read_symlink(fd.path(), ec).string();
       if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
     }
@@ -263,13 +271,7 @@ TEST(Launcher, AJobOnOneHostListensOnNoWildcardAddress) {
     EXPECT_NE(addr.find("0100007F"), std::string::npos) << "not loopback: " << local;
   }
   // Stop the job: its ranks sleep for ever.
-  for (const auto& p : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = p.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream env(p.path() / "environ");
-    const std::string text((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-    if (text.find("MESHTRAIN_FLIGHT_DIR=" + dir) != std::string::npos) ::kill(std::stoi(pid), SIGKILL);
-  }
+  for (const pid_t pid : pids_with_env("MESHTRAIN_FLIGHT_DIR=" + dir)) ::kill(pid, SIGKILL);
   job.get();
   std::filesystem::remove_all(dir);
 }
