@@ -276,6 +276,15 @@ TEST(Launcher, AJobOnOneHostListensOnNoWildcardAddress) {
   std::filesystem::remove_all(dir);
 }
 
+// A benchmark prints the transport variables it ran with (sorted), so its
+// numbers can be read with them.
+TEST(Launcher, BenchCommPrintsTheTransportVariablesInEffect) {
+  Result r = run("env -u NCCL_DEBUG -u GLOO_SOCKET_IFNAME NCCL_DEBUG=WARN GLOO_SOCKET_IFNAME=lo " + kBin +
+                 " bench comm --nproc 2 --ops all_reduce --min 1K --max 1K --iters 2 --warmup 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("transport variables: GLOO_SOCKET_IFNAME=lo NCCL_DEBUG=WARN"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, RestartsTheGroup) {
   Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --max-restarts 2 sh -c "
                         "'echo attempt $MESHTRAIN_RESTART_COUNT; [ $MESHTRAIN_RESTART_COUNT -ge 1 ]'");

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/runtime/mesh.h"
+#include "meshtrain/comm/transport_env.h"
 #include "meshtrain/runtime/runtime.h"
 
 namespace meshtrain::cli {
@@ -84,7 +85,7 @@ Run add_bench(CLI::App& app) {
     for (const auto& r : rows) wrong += r.wrong > 0;
     if (rt->rank() == 0) {
       std::string table = format_bench_table(rows, *comm);
-      fmt::print("{}", table);
+      fmt::print("{}{}\n", table, transport_variables());
       if (!o->out.empty()) {
         std::ofstream f(o->out);
         f << table;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 
+#include "meshtrain/comm/transport_env.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/loader.h"
@@ -444,7 +445,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   const ZigZag chunks(c.seq, c.cp, mesh.coord("cp"));
   const bool lead = rt->rank() == 0;
   const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
-  if (lead) fmt::print("{}", layout.table(rt->env().local_world_size));
+  if (lead) fmt::print("{}{}\n", layout.table(rt->env().local_world_size), transport_variables());
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
