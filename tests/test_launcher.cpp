@@ -285,6 +285,22 @@ TEST(Launcher, BenchCommPrintsTheTransportVariablesInEffect) {
   EXPECT_NE(r.output.find("transport variables: GLOO_SOCKET_IFNAME=lo NCCL_DEBUG=WARN"), std::string::npos) << r.output;
 }
 
+// Malformed diagnosis variables are one clear error naming the value and the syntax.
+TEST(Launcher, MalformedDiagnosisVariablesAreClearErrors) {
+  const std::string bench = " " + kBin + " bench comm --nproc 2 --ops all_reduce --min 1K --max 1K --iters 2";
+  Result r = run("MESHTRAIN_FLIGHT_RECORDER=lots" + bench);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("MESHTRAIN_FLIGHT_RECORDER='lots' is not a count of calls"), std::string::npos) << r.output;
+  r = run("MESHTRAIN_CRASH_AT='comm.call@x'" + bench);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("MESHTRAIN_CRASH_AT='comm.call@x': '@x' is not a count >= 1"), std::string::npos)
+      << r.output;
+  r = run("MESHTRAIN_CRASH_AT='comm.call signal=TERM'" + bench);
+  EXPECT_NE(r.output.find("unknown word 'signal=TERM'; use \"POINT[@K] [rank=R] [signal=KILL|STOP|SLEEP]\""),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Launcher, RestartsTheGroup) {
   Result r = run(kBin + " launch --nproc-per-node 2 --master-port 0 --max-restarts 2 sh -c "
                         "'echo attempt $MESHTRAIN_RESTART_COUNT; [ $MESHTRAIN_RESTART_COUNT -ge 1 ]'");

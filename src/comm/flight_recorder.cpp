@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <stdexcept>
 #include <thread>
 
 namespace meshtrain {
@@ -24,8 +25,9 @@ size_t capacity_from_env() {
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
   if (*end != '\0' || n < 0) {
-    std::fprintf(stderr, "meshtrain: MESHTRAIN_FLIGHT_RECORDER='%s' is not a count of calls; using 2000\n", v);
-    return 2000;
+    throw std::invalid_argument(fmt::format(
+        "MESHTRAIN_FLIGHT_RECORDER='{}' is not a count of calls; give how many calls each rank keeps (0: none), or "
+        "unset it (2000)", v));
   }
   return static_cast<size_t>(n);
 }

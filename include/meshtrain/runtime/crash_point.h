@@ -16,7 +16,8 @@
 namespace meshtrain {
 
 // Sends this process MESHTRAIN_CRASH_AT's signal when it names `name`, this
-// rank, and this is the k-th time the point is reached (thread-safe).
+// rank, and this is the k-th time the point is reached (thread-safe). A
+// malformed MESHTRAIN_CRASH_AT is std::invalid_argument naming it and the syntax.
 void crash_point(const char* name);
 
 }  // namespace meshtrain
