@@ -73,7 +73,16 @@ AdamW::AdamW(std::vector<Param>& params, AdamWOptions o) : params_(params), o_(o
 }
 
 double AdamW::step(Comm* tp, const std::vector<Comm*>& sum_over) {
-  const double norm = global_grad_norm(params_, tp, sum_over);
+  const double norm = grad_norm(tp, sum_over);
+  update(norm);
+  return norm;
+}
+
+double AdamW::grad_norm(Comm* tp, const std::vector<Comm*>& sum_over) const {
+  return global_grad_norm(params_, tp, sum_over);
+}
+
+void AdamW::update(double norm) {
   const double clip = o_.clip_norm > 0 && norm > o_.clip_norm ? o_.clip_norm / (norm + 1e-6) : 1.0;
   ++step_;
   lr_ = learning_rate(o_, step_);
@@ -92,7 +101,6 @@ double AdamW::step(Comm* tp, const std::vector<Comm*>& sum_over) {
     at::Tensor denom = (v_[i] / bc2).sqrt_().add_(o_.eps);
     w.addcdiv_(m_[i], denom, -lr_ / bc1);
   }
-  return norm;
 }
 
 }  // namespace meshtrain

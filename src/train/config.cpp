@@ -149,6 +149,24 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "parallel.zero = 1 (or 0) with pipeline parallelism",
                                             path, c.zero, c.pp));
   }
+  if (c.spike.warmup > c.spike.window) {
+    throw std::invalid_argument(fmt::format("{}: spike.warmup = {} exceeds spike.window = {}: the detector keeps only "
+                                            "the last window steps, so it would never arm; lower warmup or widen the "
+                                            "window",
+                                            path, c.spike.warmup, c.spike.window));
+  }
+  if (c.spike.policy == SpikePolicy::Rollback && (c.ckpt_dir.empty() || c.ckpt_every == 0)) {
+    throw std::invalid_argument(fmt::format("{}: spike.policy = \"rollback\" reloads the newest checkpoint: set "
+                                            "checkpoint.dir and checkpoint.every (they are \"{}\" and {})",
+                                            path, c.ckpt_dir, c.ckpt_every));
+  }
+  if ((c.method == "grpo" || c.method == "ppo") &&
+      (c.spike.policy == SpikePolicy::Skip || c.spike.policy == SpikePolicy::Rollback)) {
+    throw std::invalid_argument(fmt::format("{}: spike.policy = \"{}\": the spike defence watches training on data "
+                                            "(pretrain, sft, dpo, reward); train.method = \"{}\" runs without it: "
+                                            "set spike.policy = \"off\"",
+                                            path, spike_policy_name(c.spike.policy), c.method));
+  }
   if (c.offload) {
     throw std::invalid_argument(fmt::format("{}: parallel.offload moves fp32 master weights and Adam states to pinned "
                                             "host memory with a CPU AdamW step; it applies to CUDA builds only, and "

@@ -217,6 +217,18 @@ std::vector<ConfigKey> make_keys() {
       number("checkpoint.timeout", FIELD(ckpt_timeout), 0, true, kInf, false,
              "seconds the checkpoint's collectives wait for a slow rank"),
       text("checkpoint.resume", FIELD(resume), "auto | none | PATH", "auto: the newest in dir, if any"),
+      // [spike]
+      choice("spike.policy", FIELD(spike.policy), parse_spike_policy, spike_policy_name, "off | log | skip | rollback",
+             "what a loss spike does: report it, drop the update, or reload the newest checkpoint and drop the batches"),
+      integer("spike.window", FIELD(spike.window), 2, kMaxInt, "steps the detector's median and MAD are taken over"),
+      integer("spike.warmup", FIELD(spike.warmup), 1, kMaxInt, "steps seen before a finite value can be a spike"),
+      number("spike.loss_z", FIELD(spike.loss_z), 0, true, kInf, false, "robust z-score of the loss that is a spike"),
+      number("spike.grad_z", FIELD(spike.grad_z), 0, true, kInf, false,
+             "robust z-score of the gradient norm that is a spike"),
+      integer("spike.skip_batches", FIELD(spike.skip_batches), 1, kMaxInt,
+              "rollback: global batches dropped, ending with the spike's"),
+      integer("spike.max_rollbacks", FIELD(spike.max_rollbacks), 1, kMaxInt,
+              "rollback: rollbacks to one checkpoint before the run stops"),
       // [init]
       text("init.from", FIELD(init_from), "", "start from this checkpoint's weights (new optimizer, step 0)"),
       // [lora], [adapters]

@@ -170,8 +170,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   }
 }
 
-StepResult TrainEngine::step(const std::vector<Batch>& micro) {
-  return pipeline_step_ ? pipeline_step_->run(micro) : step_->run(micro);
+StepResult TrainEngine::step(const std::vector<Batch>& micro, const UpdateGate& gate) {
+  return pipeline_step_ ? pipeline_step_->run(micro, gate) : step_->run(micro, gate);
 }
 
 std::vector<double> TrainEngine::evaluate(const Batch& b) {

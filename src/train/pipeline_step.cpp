@@ -42,7 +42,7 @@ PipelineTrainStep::PipelineTrainStep(std::vector<Transformer*> chunks, PipelineE
   if (precision_ == Precision::Fp16) throw std::invalid_argument("fp16 pipeline training needs a GPU; use bf16");
 }
 
-StepResult PipelineTrainStep::run(const std::vector<Batch>& micro) {
+StepResult PipelineTrainStep::run(const std::vector<Batch>& micro, const UpdateGate& gate) {
   if (micro.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
   if (zero_.empty()) {
     for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
@@ -63,13 +63,17 @@ StepResult PipelineTrainStep::run(const std::vector<Batch>& micro) {
     sum_over.push_back(&zero_[0]->shard_group());
   }
   StepResult r;
-  r.grad_norm = opt_.step(&tp_, sum_over);
-  for (ShardedDataParallel* z : zero_) z->after_step();
-  r.lr = opt_.last_lr();
   at::Tensor l = at::tensor({loss}, at::kDouble);
   dp_.all_reduce(l);
   r.loss = l.item<double>();
   r.tokens = static_cast<int64_t>(tokens);
+  r.grad_norm = opt_.grad_norm(&tp_, sum_over);
+  r.dropped = gate && !gate(r.loss, r.grad_norm);
+  if (!r.dropped) {
+    opt_.update(r.grad_norm);
+    for (ShardedDataParallel* z : zero_) z->after_step();
+  }
+  r.lr = opt_.last_lr();
   return r;
 }
 

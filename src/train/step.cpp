@@ -26,7 +26,7 @@ TrainStep::TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOpt
   }
 }
 
-StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
+StepResult TrainStep::run(const std::vector<Batch>& micro_batches, const UpdateGate& gate) {
   if (micro_batches.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
   NextTokenObjective next_token;
   Objective& objective = o_.objective ? *o_.objective : next_token;
@@ -73,17 +73,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   StepResult r;
   r.loss_scale = scale;
   auto& updated = o_.zero ? o_.zero->shard_params() : model_.params().params();
-  const bool finite = !o_.scaler || o_.scaler->unscale(updated, {&tp_, &dp_});
-  if (o_.scaler) o_.scaler->update(finite);
-  if (finite) {
-    r.grad_norm = opt_.step(&tp_, {o_.zero ? &o_.zero->shard_group() : nullptr});
-    if (o_.zero) o_.zero->after_step();
-  } else {
-    r.skipped = true;
-    r.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  }
-  r.lr = opt_.last_lr();
-  // The loss and the metric sums in one all-reduce.
+  // The loss and the metric sums in one all-reduce, before the update: the gate judges them.
   std::vector<double> sums{loss_sum};
   sums.insert(sums.end(), metric_sums.begin(), metric_sums.end());
   at::Tensor l = at::tensor(sums, at::kDouble);
@@ -92,6 +82,20 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches) {
   const auto names = objective.metrics();
   for (size_t i = 0; i < names.size(); ++i) r.metrics.emplace_back(names[i], l[1 + i].item<double>() / tokens);
   r.tokens = static_cast<int64_t>(tokens);
+  const bool finite = !o_.scaler || o_.scaler->unscale(updated, {&tp_, &dp_});
+  if (o_.scaler) o_.scaler->update(finite);
+  if (finite) {
+    r.grad_norm = opt_.grad_norm(&tp_, {o_.zero ? &o_.zero->shard_group() : nullptr});
+    r.dropped = gate && !gate(r.loss, r.grad_norm);
+    if (!r.dropped) {
+      opt_.update(r.grad_norm);
+      if (o_.zero) o_.zero->after_step();
+    }
+  } else {
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  }
+  r.lr = opt_.last_lr();
   return r;
 }
 

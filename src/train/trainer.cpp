@@ -41,6 +41,7 @@
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/rl/rl_trainer.h"
 #include "meshtrain/train/step.h"
+#include "train/spike_defence.h"
 
 namespace meshtrain {
 namespace {
@@ -93,7 +94,7 @@ uint32_t max_token(const std::vector<std::string>& shards) {
 
 // Manifest fields besides the tensors (train/state.h).
 nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int dp,
-                                 const LossScaler* scaler) {
+                                 const LossScaler* scaler, const SpikeDefence& spike) {
   const LoaderState ls = loader.state();
   nlohmann::json scaler_state = nullptr;
   if (scaler) {
@@ -101,6 +102,7 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
                     {"skipped", scaler->state().skipped}};
   }
   return {{"scaler", scaler_state},
+          {"spike", spike.state()},
           {"precision", c.precision},
           {"config",
            {{"model", spec_to_json(c.model)},
@@ -222,8 +224,10 @@ double max_over(Comm& group, double x) {
   return t.item<double>();
 }
 
+// Loads the checkpoint at `path` (none: returns 0) into the engine, the loader
+// and the spike defence; `rollback`: a spike's rollback within the run.
 int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engine, TokenLoader& loader, int dp,
-               Comm& world, bool lead) {
+               Comm& world, bool lead, SpikeDefence& spike, bool rollback) {
   if (path.empty()) return 0;
   const int world_rank = world.rank(), world_size = world.size();
   ckpt::Reader r(path, c.ckpt_staging_mb << 20);
@@ -258,11 +262,13 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
     scaler->restore({m["scaler"].at("scale").get<double>(), m["scaler"].at("good_steps").get<int64_t>(),
                      m["scaler"].at("skipped").get<int64_t>()});
   }
+  spike.restore(m.value("spike", nlohmann::json()), rollback);
   const int64_t step = m.at("step").get<int64_t>();
   if (lead) {
-    fmt::print("resumed from {} (step {}, saved on tp={} cp={} dp={} pp={}{}; loaded in {:.2f} s, peak extra memory "
+    fmt::print("{}{} {} (step {}, saved on tp={} cp={} dp={} pp={}{}; loaded in {:.2f} s, peak extra memory "
                "{} per rank)\n",
-               path, step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
+               rollback ? fmt::format("step {:>5} | ", step) : "", rollback ? "rolled back to" : "resumed from", path,
+               step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
                same_mesh ? "" : "; another mesh: dropout streams start afresh", seconds, plan::human_bytes(extra));
   }
   return step;
@@ -489,15 +495,20 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                  c.lora_double_quant ? ", double-quantised scales" : "", plan::human_bytes(static_cast<double>(bytes)));
     }
   }
-  const int64_t start = resume(c, resumed, engine, loader, data.size(), mesh.world(), lead);
+  SpikeDefence spike(c.spike, accumulation, static_cast<uint64_t>(c.micro_batch * data.size()));
+  const int64_t start = resume(c, resumed, engine, loader, data.size(), mesh.world(), lead, spike, false);
   const int64_t last = c.stop_after > 0 ? std::min(c.stop_after, c.steps) : c.steps;
+  int64_t newest = resumed.empty() ? -1 : start;  // the newest checkpoint's step: where a rollback goes
   auto save = [&](int64_t s) {
     if (!saver) return;
     const auto t0 = std::chrono::steady_clock::now();
     const PeakProbe probe;
     // Every pipeline stage writes its own layers under their global names.
     saver->save(s, engine.pieces(dp.rank(), rt->rank(), adapter_checkpoints(c)),
-                checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler()), nlohmann::json::object());
+                checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler(), spike),
+                nlohmann::json::object());
+    newest = s;
+    spike.saved(s);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double extra = max_over(mesh.world(), probe.extra_bytes());
     if (lead) {
@@ -514,6 +525,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     if (!metrics) throw std::runtime_error(fmt::format("cannot write metrics file {}", c.metrics));
   }
   for (int64_t s = start + 1; s <= last; ++s) {
+    spike.begin_step(s, loader);
     std::vector<Batch> micro;
     for (int64_t i = 0; i < accumulation; ++i) micro.push_back(context_shard(loader.next(), chunks));
     const bool checked = plan_check && s == start + 1;
@@ -523,7 +535,26 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    StepResult r = engine.step(micro);
+    StepResult r = engine.step(micro, spike.gate());
+    nlohmann::json event;  // a loss spike's (train/spike.h)
+    if (spike.spiked() && c.spike.policy == SpikePolicy::Rollback && newest >= 0) {
+      event = spike.roll_back(s, r, newest);
+      if (lead) {
+        fmt::print("step {:>5} | {}\n", s, spike_line(event));
+        if (metrics.is_open()) metrics << nlohmann::json{{"step", s}, {"spike", event}}.dump() << "\n" << std::flush;
+      }
+      if (saver) saver->finish();
+      const std::string to = (std::filesystem::path(c.ckpt_dir) / ckpt::step_dir_name(newest)).string();
+      s = resume(c, to, engine, loader, data.size(), mesh.world(), lead, spike, true);
+      continue;
+    }
+    if (spike.spiked()) {
+      const bool no_checkpoint = c.spike.policy == SpikePolicy::Rollback;
+      event = spike.note(s, r, c.spike.policy == SpikePolicy::Log ? "trained on (policy log)"
+                               : no_checkpoint ? "update dropped (no checkpoint yet to roll back to)"
+                                               : "update dropped");
+      if (lead) fmt::print("step {:>5} | {}\n", s, spike_line(event));
+    }
     if (checked) {
       std::map<std::string, double> sent;
       for (auto& [axis, groups] : engine.groups()) {
@@ -579,6 +610,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
           j["skipped"] = r.skipped;
         }
         if (c.pp > 1) j["bubble_measured"] = wait / dt;
+        if (r.dropped) j["update_dropped"] = true;
+        if (!event.is_null()) j["spike"] = event;
         metrics << j.dump() << "\n" << std::flush;
       }
     }

@@ -51,7 +51,11 @@ class AdamW {
   AdamW(std::vector<Param>& params, AdamWOptions o);
   // Clips (when configured), then updates every parameter with a gradient.
   // Returns the gradient norm before clipping. `sum_over`: as in global_grad_norm.
+  // The same as update(grad_norm(tp, sum_over)).
   double step(Comm* tp, const std::vector<Comm*>& sum_over = {});
+  // The two halves, for a step that may be dropped between them (train/spike.h).
+  double grad_norm(Comm* tp, const std::vector<Comm*>& sum_over = {}) const;
+  void update(double grad_norm);
   int64_t steps() const { return step_; }
   double last_lr() const { return lr_; }
   // State for checkpoints: exp_avg and exp_avg_sq per parameter, in order.

@@ -12,6 +12,7 @@
 #include "meshtrain/peft/adapter.h"
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/plan/spec.h"
+#include "meshtrain/train/spike.h"
 
 namespace meshtrain {
 
@@ -103,7 +104,8 @@ struct TrainConfig {
   double comm_timeout = 300;      // [comm] timeout: seconds a training collective waits for a slow rank
   int comm_check_every = 64;      // [comm] check_every: Gloo agreement check period (1 every call, 0 never)
   double ckpt_timeout = 600;      // timeout: seconds the checkpoint's collectives wait for a slow rank
-  std::string resume = "auto";    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
+  std::string resume = "auto";
+  SpikeOptions spike;             // [spike] the loss-spike detector and what a spike does (train/spike.h)    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
   // [init] from: start from these weights (a checkpoint directory, any mesh):
   // new optimizer, step 0, data from the start. Ignored when resuming.
   std::string init_from;

@@ -38,7 +38,8 @@ class TrainEngine {
   TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, int64_t accumulation, bool lead,
               EngineRole role = EngineRole::Method);
 
-  StepResult step(const std::vector<Batch>& micro);
+  // `gate`: asked before the update (train/step.h).
+  StepResult step(const std::vector<Batch>& micro, const UpdateGate& gate = {});
   // One batch evaluated (forward only, no dropout), on every rank: {summed
   // loss, units, then each of the objective's metrics summed over the units}.
   std::vector<double> evaluate(const Batch& b);

@@ -38,7 +38,7 @@ class PipelineTrainStep {
   PipelineTrainStep(std::vector<Transformer*> chunks, PipelineExecutor& exec, AdamW& opt, Comm& dp, Comm& tp,
                     Comm& pp, std::vector<ShardedDataParallel*> zero = {}, Precision precision = Precision::Fp32);
   // This dp rank's micro-batches of the step (the same list on every pp and tp rank).
-  StepResult run(const std::vector<Batch>& micro);
+  StepResult run(const std::vector<Batch>& micro, const UpdateGate& gate = {});
 
  private:
   std::vector<Transformer*> chunks_;

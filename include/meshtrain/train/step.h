@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +38,14 @@ struct StepResult {
   int64_t tokens = 0;    // target tokens in the global batch (the objective's units)
   std::vector<std::pair<std::string, double>> metrics;  // the objective's, means over the global batch
   bool skipped = false;  // the loss scaler found inf/NaN gradients: no update
+  bool dropped = false;  // the update gate refused the update (train/spike.h): no update
   double loss_scale = 1;
 };
+
+// Asked with the step's global loss and gradient norm (the same on every
+// rank) before the optimizer updates anything: false drops the update. Empty:
+// always update.
+using UpdateGate = std::function<bool(double loss, double grad_norm)>;
 
 struct StepOptions {
   Precision precision = Precision::Fp32;  // forward under autocast for bf16/fp16
@@ -62,7 +69,7 @@ class TrainStep {
   // parallel); `tp`: the model's tensor-parallel group.
   TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOptions o = {});
   // This rank's micro-batches of the step.
-  StepResult run(const std::vector<Batch>& micro_batches);
+  StepResult run(const std::vector<Batch>& micro_batches, const UpdateGate& gate = {});
 
  private:
   Transformer& model_;
