@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "meshtrain/comm/comm.h"
@@ -16,6 +17,7 @@
 #include "meshtrain/parallel/context/attention.h"
 #include "meshtrain/parallel/context/zigzag.h"
 #include "meshtrain/peft/adapter.h"
+#include "meshtrain/runtime/fault.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 
 namespace meshtrain {
@@ -290,6 +292,11 @@ at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, con
       x = nn::checkpoint(blk, {x}, {&rng_replicated_, &rng_split_})[0];
     } else {
       x = run_block(i, x, train, cache, docs);
+    }
+    if (train && fault_nan_in_layer(unit - 1)) {  // a test's injected fault (runtime/fault.h)
+      at::Tensor poison = at::zeros_like(x);
+      poison.view({-1}).select(0, 0).fill_(std::numeric_limits<double>::quiet_NaN());
+      x = x + poison;
     }
     if (hooks_) x = hooks_->after_unit(unit, x);
   }

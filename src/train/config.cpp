@@ -167,6 +167,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "set spike.policy = \"off\"",
                                             path, spike_policy_name(c.spike.policy), c.method));
   }
+  if (c.check_replicas_every > 0 && c.zero == 3) {
+    throw std::invalid_argument(fmt::format("{}: check.replicas_every = {} compares data-parallel replicas of the "
+                                            "parameters, and ZeRO-3 keeps none (each rank holds its own slice): set "
+                                            "parallel.zero <= 2 or check.replicas_every = 0",
+                                            path, c.check_replicas_every));
+  }
   if (c.offload) {
     throw std::invalid_argument(fmt::format("{}: parallel.offload moves fp32 master weights and Adam states to pinned "
                                             "host memory with a CPU AdamW step; it applies to CUDA builds only, and "

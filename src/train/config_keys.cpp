@@ -229,6 +229,9 @@ std::vector<ConfigKey> make_keys() {
               "rollback: global batches dropped, ending with the spike's"),
       integer("spike.max_rollbacks", FIELD(spike.max_rollbacks), 1, kMaxInt,
               "rollback: rollbacks to one checkpoint before the run stops"),
+      // [check]
+      integer("check.replicas_every", FIELD(check_replicas_every), 0, kMaxInt,
+              "every N steps the data-parallel replicas compare their parameters' hashes (0: never)"),
       // [init]
       text("init.from", FIELD(init_from), "", "start from this checkpoint's weights (new optimizer, step 0)"),
       // [lora], [adapters]

@@ -170,6 +170,14 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   }
 }
 
+// What the method's data needs from the loader: documents for the mask, loss
+// masks for SFT and DPO, pairs kept together for DPO.
+LoaderOptions loader_options(const TrainConfig& c) {
+  LoaderOptions o{c.document_mask, c.method == "sft" || pairwise(c.method), pairwise(c.method) ? 2 : 1};
+  o.repack = c.method == "sft" && c.repack;  // SFT: conversations shuffled and packed afresh each epoch
+  return o;
+}
+
 StepResult TrainEngine::step(const std::vector<Batch>& micro, const UpdateGate& gate) {
   return pipeline_step_ ? pipeline_step_->run(micro, gate) : step_->run(micro, gate);
 }
@@ -271,6 +279,12 @@ int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
   const int64_t steps = r.manifest().at("optimizer").at("steps").get<int64_t>();
   opt_->set_steps(steps);
   return steps;
+}
+
+std::vector<Param> TrainEngine::model_params() {
+  std::vector<Transformer*> chunks;
+  for (auto& m : chunks_) chunks.push_back(m.get());
+  return pipeline_params(chunks);
 }
 
 int64_t TrainEngine::local_params() const {

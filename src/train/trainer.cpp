@@ -41,20 +41,14 @@
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/rl/rl_trainer.h"
 #include "meshtrain/train/step.h"
+#include "meshtrain/train/replica_check.h"
+#include "meshtrain/runtime/fault.h"
 #include "train/spike_defence.h"
 
 namespace meshtrain {
 namespace {
 
 
-
-// What the method's data needs from the loader: documents for the mask, loss
-// masks for SFT and DPO, pairs kept together for DPO.
-LoaderOptions loader_options(const TrainConfig& c) {
-  LoaderOptions o{c.document_mask, c.method == "sft" || pairwise(c.method), pairwise(c.method) ? 2 : 1};
-  o.repack = c.method == "sft" && c.repack;  // SFT: conversations shuffled and packed afresh each epoch
-  return o;
-}
 
 // Validation over `dp` (the data-parallel x cp group): the loader reads
 // windows by data-parallel replica (`data`), each cp rank takes its chunks.
@@ -103,6 +97,8 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
   }
   return {{"scaler", scaler_state},
           {"spike", spike.state()},
+          // The whole config, as `--print-config` writes it: what `meshtrain diagnose step` replays with.
+          {"config_toml", print_config(c)},
           {"precision", c.precision},
           {"config",
            {{"model", spec_to_json(c.model)},
@@ -526,6 +522,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   }
   for (int64_t s = start + 1; s <= last; ++s) {
     spike.begin_step(s, loader);
+    set_fault_step(s);
     std::vector<Batch> micro;
     for (int64_t i = 0; i < accumulation; ++i) micro.push_back(context_shard(loader.next(), chunks));
     const bool checked = plan_check && s == start + 1;
@@ -536,6 +533,18 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     StepResult r = engine.step(micro, spike.gate());
+    if (fault_perturb_after(s)) {  // a test's silent corruption (runtime/fault.h)
+      at::NoGradGuard no_grad;
+      engine.model_params().at(0).tensor.view({-1})[0].add_(1e-3);
+    }
+    if (c.check_replicas_every > 0 && s % c.check_replicas_every == 0) {
+      if (const auto bad = compare_replicas(engine.model_params(), dp); !bad.empty()) {
+        throw std::runtime_error(fmt::format("after step {} the data-parallel replicas' parameters differ (silent "
+                                             "data corruption: a faulty device or memory; resume from the newest "
+                                             "checkpoint without the named ranks' hosts):\n{}",
+                                             s, replica_report(bad)));
+      }
+    }
     nlohmann::json event;  // a loss spike's (train/spike.h)
     if (spike.spiked() && c.spike.policy == SpikePolicy::Rollback && newest >= 0) {
       event = spike.roll_back(s, r, newest);

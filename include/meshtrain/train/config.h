@@ -105,7 +105,10 @@ struct TrainConfig {
   int comm_check_every = 64;      // [comm] check_every: Gloo agreement check period (1 every call, 0 never)
   double ckpt_timeout = 600;      // timeout: seconds the checkpoint's collectives wait for a slow rank
   std::string resume = "auto";
-  SpikeOptions spike;             // [spike] the loss-spike detector and what a spike does (train/spike.h)    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
+  SpikeOptions spike;
+  // [check] replicas_every: every N steps (0: never) the data-parallel
+  // replicas compare their parameters' hashes (train/replica_check.h).
+  int64_t check_replicas_every = 0;             // [spike] the loss-spike detector and what a spike does (train/spike.h)    // resume: "auto" (newest in dir, if any) | "none" | a checkpoint path
   // [init] from: start from these weights (a checkpoint directory, any mesh):
   // new optimizer, step 0, data from the start. Ignored when resuming.
   std::string init_from;

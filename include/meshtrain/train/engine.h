@@ -27,6 +27,10 @@
 
 namespace meshtrain {
 
+// What the method's data needs from the loader: documents for the mask, loss
+// masks for SFT and DPO, pairs kept together for DPO.
+LoaderOptions loader_options(const TrainConfig& c);
+
 // What the engine trains: the config's method on its model, or (PPO) a
 // critic: the model with a value head (rl/critic.h) and the value objective.
 enum class EngineRole { Method, Critic };
@@ -57,6 +61,8 @@ class TrainEngine {
   int64_t quantize_base();
 
   AdamW& optimizer() { return *opt_; }
+  // The parameters of this rank's chunks, in model order (whole under DDP and ZeRO-1/2).
+  std::vector<Param> model_params();
   // The model (without pipeline parallelism): what rollouts generate with.
   Transformer& model() { return *chunks_.at(0); }
   // The frozen copy of the starting weights (DPO's and GRPO's reference,
