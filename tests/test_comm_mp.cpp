@@ -414,6 +414,49 @@ TEST(Comm, CountersFollowNcclTestsSizes) {
   EXPECT_EQ(s.at("reduce_scatter").wire_bytes, static_cast<uint64_t>((n - 1) * 40));
 }
 
+// moved_bytes counts what the algorithm that ran moved, where it moves it, not
+// a formula: a shared-memory broadcast is read by the others from the root
+// (the root moves nothing); the ring all-gather sends only to the right
+// neighbour; an all-reduce of 1001 elements reads exactly the parts it needs;
+// uneven all-to-all chunks go to their peers; and a reduce-scatter done as a
+// Gloo all-reduce moves twice and more what the bandwidth-optimal formula says.
+TEST(Comm, MovedBytesAreCountedWhereTheAlgorithmMovesThem) {
+  Comm& c = runtime().world();
+  const int n = c.size(), me = c.rank(), right = (me + 1) % n;
+  auto sum = [](const OpStats& s) {
+    uint64_t t = 0;
+    for (const auto& [peer, b] : s.peers) t += b;
+    return t;
+  };
+  if (c.shm_available()) {
+    c.reset_stats();
+    at::Tensor t = at::zeros({1000});
+    c.broadcast(t, 1, Transport::Shm);
+    const OpStats& b = c.stats().at("broadcast");
+    EXPECT_EQ(b.moved_bytes, me == 1 ? 0u : 4000u);
+    if (me != 1) EXPECT_EQ(b.peers, (std::map<int, uint64_t>{{1, 4000}}));
+    c.all_reduce(t = at::zeros({1001}), ReduceOp::Sum, Transport::Shm);
+    const int64_t mine = 1001 * (me + 1) / n - 1001 * me / n;  // the part this rank reduces
+    EXPECT_EQ(c.stats().at("all_reduce").moved_bytes, static_cast<uint64_t>(((n - 1) * mine + 1001 - mine) * 4));
+    EXPECT_EQ(sum(c.stats().at("all_reduce")), c.stats().at("all_reduce").moved_bytes);
+  }
+  c.reset_stats();
+  at::Tensor out = at::zeros({n * 10}), in = at::zeros({10});
+  c.all_gather(out, in, GatherAlgo::Ring);
+  EXPECT_EQ(c.stats().at("all_gather").peers, (std::map<int, uint64_t>{{right, static_cast<uint64_t>((n - 1) * 40)}}));
+  // Rank r sends r + 1 rows of 3 floats to each peer.
+  std::vector<int64_t> in_splits(n, me + 1), out_splits;
+  for (int r = 0; r < n; ++r) out_splits.push_back(r + 1);
+  at::Tensor a2a_in = at::zeros({n * (me + 1), 3}), a2a_out = at::zeros({n * (n + 1) / 2, 3});
+  c.all_to_all(a2a_out, a2a_in, out_splits, in_splits);
+  for (const auto& [peer, b] : c.stats().at("all_to_all").peers) EXPECT_EQ(b, static_cast<uint64_t>((me + 1) * 12));
+  EXPECT_EQ(c.stats().at("all_to_all").moved_bytes, static_cast<uint64_t>((n - 1) * (me + 1) * 12));
+  c.reduce_scatter(in, out, ReduceOp::Sum, ScatterAlgo::AllReduce);
+  const OpStats& rs = c.stats().at("reduce_scatter");
+  EXPECT_EQ(rs.wire_bytes, static_cast<uint64_t>((n - 1) * 40));
+  EXPECT_EQ(rs.moved_bytes, static_cast<uint64_t>(2 * (n - 1) * n * 40 / n));
+}
+
 TEST(Comm, AsyncAllReducesOverlap) {
   Comm& c = runtime().world();
   const int n = c.size();

@@ -608,7 +608,7 @@ TEST(TrainCli, CheckPlanAgreesWithTheRuntime) {
     const auto run = test::run_command(bin + " train " + cfg + mesh);
     ASSERT_EQ(run.code, 0) << run.output;
     EXPECT_NE(run.output.find("check-plan, pipeline stage 0"), std::string::npos) << run.output;
-    EXPECT_NE(run.output.find("dp bytes sent"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("dp bytes moved"), std::string::npos) << run.output;
   }
   const auto run = test::run_command(bin + " train " + cfg + " --set train.precision=bf16");
   EXPECT_NE(run.code, 0);

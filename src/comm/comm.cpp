@@ -188,6 +188,7 @@ CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   w.works_.push_back(pg_->allreduce(v, opts));
+  moved_by_gloo_ring("all_reduce", buf);
   w.finish_ = [t, buf, op, n]() {
     if (op == ReduceOp::Avg) buf.div_(n);
     if (!buf.is_same(t)) t.copy_(buf);
@@ -226,6 +227,7 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
   switch (algo) {
     case GatherAlgo::Native:
       w.works_.push_back(backend_all_gather_base(*pg_, o, i));
+      moved("all_gather", -1, (n - 1) * i.numel() * i.element_size());  // NCCL's ring
       break;
     case GatherAlgo::Shm:
       run_sync(w, [&] { shm_all_gather(o, i, w.what_); });
@@ -241,6 +243,7 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
         opts.rootRank = r;
         w.works_.push_back(pg_->broadcast(v, opts));
       }
+      moved("all_gather", -1, (n - 1) * i.numel() * i.element_size());  // received, over Gloo's broadcasts
       break;
     case GatherAlgo::Ring:
       run_sync(w, [&] { ring_all_gather(o, i, w.what_); });
@@ -250,6 +253,7 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
       for (int r = 0; r < n; ++r) outs[0].push_back(o.narrow(0, r * m, m));
       std::vector<at::Tensor> ins{i};
       w.works_.push_back(pg_->allgather(outs, ins));
+      moved("all_gather", -1, (n - 1) * i.numel() * i.element_size());  // received, inside Gloo
       break;
     }
     case GatherAlgo::Auto:
@@ -271,6 +275,7 @@ void Comm::ring_all_gather(const at::Tensor& o, const at::Tensor& i, const std::
       std::vector<at::Tensor> sv{o.narrow(0, ((me - s + n) % n) * m, m)};
       std::vector<at::Tensor> rv{o.narrow(0, ((me - s - 1 + 2 * n) % n) * m, m)};
       auto sw = pg_->send(sv, right, kRingTagBase + s);
+      moved("all_gather", right, m * i.element_size());
       auto rw = pg_->recv(rv, left, kRingTagBase + s);
       sw->wait();
       rw->wait();
@@ -312,6 +317,7 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
     case ScatterAlgo::Native: {
       at::Tensor o = out.view(-1), i = in.view(-1);
       w.works_.push_back(backend_reduce_scatter_base(*pg_, o, i, op == ReduceOp::Max));
+      moved("reduce_scatter", -1, (n - 1) * o.numel() * o.element_size());  // NCCL's ring
       if (op == ReduceOp::Avg) w.finish_ = [o, n]() { o.div_(n); };
       break;
     }
@@ -322,6 +328,9 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
       at::Tensor ro = as_transport(recv, native_bf16()), ri = as_transport(in, native_bf16()).view(-1);
       std::vector<int64_t> splits;  // empty = equal
       w.works_.push_back(pg_->alltoall_base(ro, ri, splits, splits));
+      for (int r = 0; r < n; ++r) {
+        if (r != index_) moved("reduce_scatter", r, m * ri.element_size());
+      }
       w.finish_ = [out, recv, op, n, m]() { reduce_rows(out, unbind_rows(recv.view({n, m})), op); };
       break;
     }
@@ -337,6 +346,7 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
       c10d::AllreduceOptions opts;
       opts.reduceOp = to_c10d(op);
       w.works_.push_back(pg_->allreduce(v, opts));
+      moved_by_gloo_ring("reduce_scatter", full);
       const int me = index_;
       w.finish_ = [out, full, op, n, m, me]() {
         at::Tensor mine = full.view(-1).narrow(0, me * m, m);
@@ -379,6 +389,7 @@ void Comm::ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, Redu
   auto post_send = [&](const at::Tensor& t, int s, int k) {
     std::vector<at::Tensor> v{piece(t, k)};
     sends[k] = pg_->send(v, right, tag(s, k));
+    moved("reduce_scatter", right, v[0].numel() * v[0].element_size());
   };
   auto post_recv = [&](const at::Tensor& t, int s, int k) {
     std::vector<at::Tensor> v{piece(t, k)};
@@ -437,6 +448,7 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   w.works_.push_back(pg_->broadcast(v, opts));
+  if (index_ != root) moved("broadcast", -1, t.numel() * t.element_size());  // received, inside Gloo
   return w;
 }
 
@@ -477,6 +489,10 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
   agree_native(w);
   at::Tensor o = as_transport(out, native_bf16()), i = as_transport(in, native_bf16());
   w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
+  const int64_t row = in.dim() ? in.numel() / std::max<int64_t>(in.size(0), 1) * in.element_size() : 0;
+  for (int r = 0; r < n; ++r) {
+    if (r != index_) moved("all_to_all", r, (in_splits.empty() ? in.size(0) / n : in_splits[r]) * row);
+  }
   w.wait();
 }
 
@@ -492,6 +508,7 @@ CommWork Comm::isend(const at::Tensor& t, int dst, int tag) {
   CommWork w = make_work("send", t);
   std::vector<at::Tensor> v{as_transport(t, native_bf16())};
   w.works_.push_back(pg_->send(v, dst, tag));
+  moved("send", dst, t.numel() * t.element_size());
   return w;
 }
 

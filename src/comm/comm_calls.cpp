@@ -126,6 +126,7 @@ void Comm::agree_native(CommWork& w) {
   std::vector<at::Tensor> v{all};
   try {
     pg_->allreduce(v)->wait();
+    moved_by_gloo_ring("agreement check", v[0]);
   } catch (const std::exception& e) {
     const std::string msg = fmt::format("{} (its agreement check) did not complete: {}", w.what_, e.what());
     w.fail(msg);
@@ -154,6 +155,17 @@ void Comm::count(const char* op, const at::Tensor& sized, double bus_factor) {
   s.calls += 1;
   s.bytes += bytes;
   s.wire_bytes += static_cast<uint64_t>(bytes * bus_factor + 0.5);
+}
+
+void Comm::moved(const char* op, int peer, int64_t bytes) {
+  OpStats& s = stats_[op];
+  s.moved_bytes += static_cast<uint64_t>(bytes);
+  s.peers[peer] += static_cast<uint64_t>(bytes);
+}
+
+void Comm::moved_by_gloo_ring(const char* op, const at::Tensor& t) {
+  const int n = size();
+  if (n > 1) moved(op, (index_ + 1) % n, 2 * (n - 1) * (t.numel() * t.element_size()) / n);
 }
 
 CommWork Comm::make_work(const char* op, const at::Tensor& t) const {

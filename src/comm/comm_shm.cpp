@@ -116,12 +116,16 @@ void Comm::shm_all_reduce(const at::Tensor& t, ReduceOp op, const std::string& w
     if (b > a) {
       std::vector<at::Tensor> rows;
       for (int r = 0; r < n; ++r) rows.push_back(peer_tensor(g.peer(r) + a * elem, b - a, t));
+      for (int r = 0; r < n; ++r) {
+        if (r != me) moved("all_reduce", r, (b - a) * elem);
+      }
       reduce_rows(peer_tensor(g.mine() + a * elem, b - a, t), rows, op);
     }
     shm_barrier(g, what, name_, index_, call_);
     for (int r = 0; r < n; ++r) {
       const int64_t ra = len * r / n, rb = len * (r + 1) / n;
       std::memcpy(data + (lo + ra) * elem, g.peer(r) + ra * elem, (rb - ra) * elem);
+      if (r != me) moved("all_reduce", r, (rb - ra) * elem);
     }
   }
 }
@@ -138,7 +142,10 @@ void Comm::shm_broadcast(const at::Tensor& t, int root, const std::string& what)
     g.next(call_);
     if (index_ == root) std::memcpy(g.mine(), data + lo * elem, bytes);
     shm_barrier(g, what, name_, index_, call_);
-    if (index_ != root) std::memcpy(data + lo * elem, g.peer(root), bytes);
+    if (index_ != root) {
+      std::memcpy(data + lo * elem, g.peer(root), bytes);
+      moved("broadcast", root, bytes);
+    }
   }
 }
 
@@ -161,6 +168,7 @@ void Comm::shm_all_gather(const at::Tensor& o, const at::Tensor& i, const std::s
       const uint8_t* from = r == me ? src + lo * elem : g.peer(r);
       uint8_t* to = dst + (r * m + lo) * elem;
       if (from != to) std::memmove(to, from, bytes);
+      if (r != me) moved("all_gather", r, bytes);
     }
   }
 }
@@ -187,6 +195,7 @@ void Comm::shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, Reduc
     std::vector<at::Tensor> rows;
     for (int r = 0; r < n; ++r) {
       rows.push_back(r == me ? chunk.narrow(0, lo, len) : peer_tensor(g.peer(r) + me * bytes, len, in));
+      if (r != me) moved("reduce_scatter", r, bytes);
     }
     reduce_rows(o.narrow(0, lo, len), rows, op);
   }

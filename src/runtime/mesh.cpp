@@ -248,10 +248,12 @@ Comm& DeviceMesh::world() { return rt_.world(); }
 
 std::string DeviceMesh::stats_table() const {
   std::ostringstream os;
-  os << fmt::format("{:<10} {:<15} {:>8} {:>14} {:>14}\n", "group", "op", "calls", "bytes", "wire_bytes");
+  os << fmt::format("{:<10} {:<15} {:>8} {:>14} {:>14} {:>14}\n", "group", "op", "calls", "bytes", "wire_bytes",
+                    "moved_bytes");
   auto dump = [&](const Comm& c) {
     for (const auto& [op, s] : c.stats())
-      os << fmt::format("{:<10} {:<15} {:>8} {:>14} {:>14}\n", c.name(), op, s.calls, s.bytes, s.wire_bytes);
+      os << fmt::format("{:<10} {:<15} {:>8} {:>14} {:>14} {:>14}\n", c.name(), op, s.calls, s.bytes, s.wire_bytes,
+                        s.moved_bytes);
   };
   dump(rt_.world());
   for (const auto& [k, c] : groups_) dump(*c);

@@ -130,7 +130,8 @@ std::string plan_lora_targets(const LoraOptions& o) {
 
 // --check-plan: the planner's bytes for this rank (plan/traffic.h, and the
 // fp32 model states of plan/memory.h) beside what the runtime measured in the
-// first step; throws when one differs by more than 5%.
+// first step (traffic: the bytes the algorithms that ran moved, counted where
+// they move them: comm.h's moved_bytes); throws when one differs by more than 5%.
 void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::string, double>& comm, int dp,
                 int pp_rank, bool print) {
   const plan::Strategy s = strategy_of(c, dp);
@@ -157,11 +158,11 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
             {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}}};
   }
   const std::pair<const char*, std::pair<double, double>> traffic[] = {
-      {"tp bytes sent", {t.tp, comm.at("tp")}},
-      {"cp bytes sent", {t.cp, comm.at("cp")}},
-      {"dp bytes sent", {dp_bytes, comm.at("dp")}},
-      {"pp bytes sent", {t.pp, comm.at("pp")}},
-      {"tied-embedding bytes sent", {t.embedding, comm.at("embedding")}}};
+      {"tp bytes moved", {t.tp, comm.at("tp")}},
+      {"cp bytes moved", {t.cp, comm.at("cp")}},
+      {"dp bytes moved", {dp_bytes, comm.at("dp")}},
+      {"pp bytes moved", {t.pp, comm.at("pp")}},
+      {"tied-embedding bytes moved", {t.embedding, comm.at("embedding")}}};
   for (const auto& [name, v] : traffic) rows.push_back({name, v});
   std::string table = fmt::format("check-plan, pipeline stage {} ({} parameters on this rank by the plan, {} measured):\n",
                                   pp_rank, t.params, engine.local_params());
@@ -569,7 +570,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       for (auto& [axis, groups] : engine.groups()) {
         sent[axis] = 0;
         for (Comm* g : groups) {
-          for (const auto& [op, st] : g->stats()) sent[axis] += op == "recv" ? 0 : static_cast<double>(st.wire_bytes);
+          for (const auto& [op, st] : g->stats()) sent[axis] += static_cast<double>(st.moved_bytes);
         }
       }
       const auto coords = layout.coords(rt->rank());

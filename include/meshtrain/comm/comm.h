@@ -26,6 +26,14 @@
 //     the tensor, all_gather the output, reduce_scatter the input, all_to_all the
 //     input. `wire_bytes` is what a bandwidth-optimal algorithm sends per rank
 //     (size x nccl-tests' bus factor: 2(n-1)/n all_reduce, (n-1)/n gather/scatter).
+//     `moved_bytes` is what the algorithm that ran actually moved between this
+//     rank and the others, counted where it moves them: each Gloo send of the
+//     ring algorithms and of point-to-point calls (to that peer), each read of
+//     a peer's shared-memory segment (from that peer), each all-to-all chunk
+//     (to its peer). Inside Gloo's own collectives the bytes are its
+//     algorithm's, by its source: the ring all-reduce sends 2(n-1)/n of the
+//     (fp32-widened) buffer to the right neighbour; a broadcast's and a list
+//     all-gather's split over peers is not observed (peer -1).
 #pragma once
 
 #include <chrono>
@@ -98,8 +106,10 @@ ScatterAlgo parse_scatter_algo(const std::string& s);
 
 struct OpStats {
   uint64_t calls = 0;
-  uint64_t bytes = 0;       // nccl-tests "size" (see above)
-  uint64_t wire_bytes = 0;  // bytes a bandwidth-optimal algorithm sends per rank
+  uint64_t bytes = 0;        // nccl-tests "size" (see above)
+  uint64_t wire_bytes = 0;   // bytes a bandwidth-optimal algorithm sends per rank
+  uint64_t moved_bytes = 0;  // bytes the algorithm that ran moved (see above)
+  std::map<int, uint64_t> peers;  // moved_bytes by peer (group index; -1: inside Gloo, not observed)
 };
 
 // A collective failed or timed out. The message names op, group, sequence and shape.
@@ -205,6 +215,10 @@ class Comm {
  private:
   std::string describe(const char* op, const at::Tensor& t) const;
   void count(const char* op, const at::Tensor& sized, double bus_factor);
+  // `bytes` of `op` moved between this rank and `peer` (OpStats::moved_bytes).
+  void moved(const char* op, int peer, int64_t bytes);
+  // Gloo's ring all-reduce of `t` (the buffer handed to it): 2(n-1)/n of it to the right neighbour.
+  void moved_by_gloo_ring(const char* op, const at::Tensor& t);
   // Numbers the call `kind` on tensor `t` and makes it the current call.
   void begin(CallKind kind, const at::Tensor& t, int root = -1, ReduceOp* reduce = nullptr);
   // Over Gloo, every check_every-th collective: the ranks exchange their
