@@ -5,6 +5,7 @@
 #include <ATen/Functions.h>
 
 #include "meshtrain/comm/autograd.h"
+#include "meshtrain/comm/axis_bench.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/comm/hang_report.h"
 #include "src/comm/local_reduce.h"
@@ -88,6 +89,38 @@ meshtrain::FlightEntry entry(int group, uint64_t seq, meshtrain::CallKind kind, 
   e.state = state;
   return e;
 }
+// The report's arithmetic on given rows: the half-peak size is the smallest
+// reaching half the peak busbw, the latency the shortest call, and a group
+// below half its link class's median is flagged slow (one slow link or rank).
+TEST(AxisBench, HalfPeakLatencyAndSlowGroups) {
+  using namespace meshtrain;
+  std::vector<CommBenchRow> sizes;
+  for (auto [bytes, us, busbw] : std::vector<std::tuple<int64_t, double, double>>{
+           {1024, 30, 0.03}, {4096, 25, 0.16}, {65536, 40, 1.6}, {262144, 80, 3.3}, {1 << 20, 300, 3.5}}) {
+    sizes.push_back({"all_reduce", "float", bytes, bytes / 4, us, busbw, busbw, 0});
+  }
+  AxisBenchRow g{"tp", "all_reduce", {0, 1}};
+  summarize_sizes(sizes, g);
+  EXPECT_EQ(g.latency_us, 25);
+  EXPECT_EQ(g.half_peak_bytes, 262144);  // 3.3 >= 3.5 / 2; 1.6 is not
+  EXPECT_EQ(g.peak_bytes, 1 << 20);
+  std::vector<AxisBenchRow> rows;
+  for (int i = 0; i < 4; ++i) {
+    AxisBenchRow r{"dp", "all_reduce", {i, i + 4}, true, 20, 65536, i == 2 ? 1.0 : 3.0, 1 << 20};
+    rows.push_back(r);
+  }
+  rows.push_back({"pp", "all_reduce", {0, 8}, false, 90, 1 << 20, 0.9, 1 << 22});
+  const std::string t = format_axis_table(rows);
+  EXPECT_NE(t.find("all_reduce inside a node: 4 group(s), peak busbw 1.000..3.000 GB/s, median 3.000; slow (below "
+                   "half the median): dp [2,6]"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("all_reduce across nodes: 1 group(s), peak busbw 0.900..0.900 GB/s, median 0.900; slow (below half "
+                   "the median): none"),
+            std::string::npos)
+      << t;
+}
+
 }  // namespace
 
 // The report's logic on records as three ranks would write them: rank 2

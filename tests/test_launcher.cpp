@@ -285,6 +285,21 @@ TEST(Launcher, BenchCommPrintsTheTransportVariablesInEffect) {
   EXPECT_NE(r.output.find("transport variables: GLOO_SOCKET_IFNAME=lo NCCL_DEBUG=WARN"), std::string::npos) << r.output;
 }
 
+// --axis each measures every group of every axis of the mesh: on tp=2 x dp=2
+// the tp groups {0,1}, {2,3} and the dp groups {0,2}, {1,3}, all inside the
+// one node of this job, each with a latency, a half-peak size and a peak busbw.
+TEST(Launcher, BenchCommMeasuresEveryGroupOfEveryAxis) {
+  Result r = run(kBin + " bench comm --nproc 4 --mesh tp=2 --axis each --min 1K --max 64K --iters 2 --warmup 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  for (const char* group : {"tp    all_reduce      0,1              inside node",
+                            "tp    all_reduce      2,3              inside node",
+                            "dp    all_reduce      0,2              inside node",
+                            "dp    all_reduce      1,3              inside node",
+                            "all_reduce inside a node: 4 group(s)", "all_reduce across nodes: no group of this job"}) {
+    EXPECT_NE(r.output.find(group), std::string::npos) << group << "\n" << r.output;
+  }
+}
+
 // Malformed diagnosis variables are one clear error naming the value and the syntax.
 TEST(Launcher, MalformedDiagnosisVariablesAreClearErrors) {
   const std::string bench = " " + kBin + " bench comm --nproc 2 --ops all_reduce --min 1K --max 1K --iters 2";

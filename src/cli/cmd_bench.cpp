@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "meshtrain/comm/axis_bench.h"
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/comm/transport_env.h"
@@ -43,7 +44,9 @@ Run add_bench(CLI::App& app) {
   cmd->add_option("--check-every", o->check_every, "Gloo agreement check every N-th call (0: never)")
       ->capture_default_str();
   cmd->add_option("--mesh", o->mesh, "mesh axis sizes (e.g. tp=2); dp is inferred");
-  cmd->add_option("--axis", o->axis, "group to measure: world or a mesh axis");
+  cmd->add_option("--axis", o->axis,
+                  "group to measure: world, a mesh axis, or each (every group of every axis alone: latency, "
+                  "half-peak size, peak busbw and link class per group; default op all_reduce)");
   cmd->add_option("--ops", o->ops, "all_reduce all_gather reduce_scatter all_to_all broadcast")->delimiter(',');
   cmd->add_option("--dtypes", o->dtypes, "float bfloat16 half double int32 int64")->delimiter(',');
   cmd->add_option("--min", o->min, "smallest size in bytes (K, M, G suffixes)");
@@ -73,6 +76,26 @@ Run add_bench(CLI::App& app) {
     }
     auto rt = start_runtime(o->timeout, o->check_every);
     auto layout = MeshLayout::create(rt->world_size(), MeshLayout::parse(o->mesh));
+    if (o->axis == "each") {
+      if (cmd->count("--ops") == 0) o->bench.ops = {"all_reduce"};
+      DeviceMesh mesh(*rt, layout);
+      const int per_node = rt->env().local_world_size;
+      const auto rows = run_axis_bench(mesh, per_node, o->bench);
+      if (rt->rank() == 0) {
+        const std::string table = fmt::format(
+            "{}# every group of every axis measured alone ({} ranks per node; {}..{} bytes, {} timed calls per "
+            "size)\n{}",
+            layout.table(per_node), per_node, o->bench.min_bytes, o->bench.max_bytes, o->bench.iters,
+            format_axis_table(rows));
+        fmt::print("{}{}\n", table, transport_variables());
+        if (!o->out.empty()) {
+          std::ofstream f(o->out);
+          f << table;
+          if (!f) throw std::runtime_error(fmt::format("could not write {}", o->out));
+        }
+      }
+      return 0;
+    }
     std::unique_ptr<DeviceMesh> mesh;
     Comm* comm = &rt->world();
     if (o->axis != "world") {
