@@ -76,6 +76,8 @@ labs: build
 bench: build
 	./bench/demo.sh $(BUILD)
 	./bench/comm.sh $(BUILD)
+	./bench/comm_axes.sh $(BUILD)
+	./bench/symptoms.sh $(BUILD)
 	./bench/tp_block.sh $(BUILD)
 	./bench/train.sh $(BUILD)
 	./bench/dp.sh $(BUILD)

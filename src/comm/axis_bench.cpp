@@ -14,8 +14,8 @@ namespace meshtrain {
 
 void summarize_sizes(const std::vector<CommBenchRow>& rows, AxisBenchRow& out) {
   std::vector<const CommBenchRow*> mine;
-  for (const auto& r : rows) {
-    if (r.op == out.op) mine.push_back(&r);
+  for (const auto& r : rows) {  // "all_gather[auto]": the op's one variant (no --compare)
+    if (r.op == out.op || r.op.rfind(out.op + "[", 0) == 0) mine.push_back(&r);
   }
   if (mine.empty()) return;
   std::sort(mine.begin(), mine.end(), [](auto* a, auto* b) { return a->bytes < b->bytes; });

@@ -175,7 +175,7 @@ Replay replay(const TrainConfig& c, const std::string& path, int64_t step, Runti
       if (!std::isfinite(g) && first_grad.empty()) first_grad = "gradient of " + p.name;
       s[0] += g;
     }
-    s[1] += w.pow(2).sum().item<double>();
+    s[1] += before[i].to(at::kDouble).pow(2).sum().item<double>();  // the weights the step started from
     s[2] += (w - before[i].to(at::kDouble)).pow(2).sum().item<double>();
     out.after.emplace_back(p.name, p.tensor.detach().clone());
   }
@@ -326,7 +326,7 @@ std::string diagnosis_text(const StepDiagnosis& d) {
     const bool block = l.name.rfind("layers.", 0) == 0;
     out += fmt::format("{:<12} {:>12} {:>14} {:>12.4g} {:>12.4g} {:>12.4g} {:>14.3g}\n", l.name,
                        block ? fmt::format("{:.4g}", l.act_rms) : "-", block ? fmt::format("{:.4g}", l.act_grad_rms) : "-",
-                       l.grad, l.weight, l.update, l.weight > 0 ? l.update / l.weight : 0.0);
+                       l.grad, l.weight, l.update, l.update / l.weight);
   }
   out += "\n";
   out += d.first_nonfinite.empty() ? "first non-finite tensor: none (every output, gradient and the loss is finite)\n"

@@ -14,9 +14,10 @@
 //             windows repeated within the batch, repeated 8-grams, the
 //             document pieces' lengths;
 //   numerics: per layer the RMS of its output and of that output's gradient,
-//             and its parameters' gradient, weight and update norms; the first
-//             non-finite tensor (layer outputs in forward order, then their
-//             gradients in backward order, then parameter gradients), or the
+//             and its parameters' gradient, weight (before the step) and update
+//             norms; the first non-finite tensor (layer outputs in forward
+//             order, then their gradients in backward order, then parameter
+//             gradients), or the
 //             first layer whose output RMS grows more than 100x over the
 //             layer before (exploding);
 //   determinism: the step replayed twice from the checkpoint, compared
@@ -37,7 +38,7 @@ class Runtime;
 struct LayerDiagnosis {
   std::string name;  // "embed", "layers.3", "final_norm", "head"
   double act_rms = 0, act_grad_rms = 0;  // the layer's output (blocks only; 0 elsewhere)
-  double grad = 0, weight = 0, update = 0;  // L2 norms over the layer's parameters
+  double grad = 0, weight = 0, update = 0;  // L2 norms over the layer's parameters (weight: before the update)
 };
 
 struct StepDiagnosis {
