@@ -77,6 +77,7 @@ bench: build
 	./bench/demo.sh $(BUILD)
 	./bench/comm.sh $(BUILD)
 	./bench/comm_axes.sh $(BUILD)
+	./bench/all_to_all.sh $(BUILD)
 	./bench/symptoms.sh $(BUILD)
 	./bench/tp_block.sh $(BUILD)
 	./bench/train.sh $(BUILD)

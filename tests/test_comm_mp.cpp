@@ -6,6 +6,8 @@
 
 #include <filesystem>
 
+#include <functional>
+
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
@@ -447,14 +449,74 @@ TEST(Comm, MovedBytesAreCountedWhereTheAlgorithmMovesThem) {
   // Rank r sends r + 1 rows of 3 floats to each peer.
   std::vector<int64_t> in_splits(n, me + 1), out_splits;
   for (int r = 0; r < n; ++r) out_splits.push_back(r + 1);
+  // Over Gloo counted as sent (to each peer); over shared memory as read (from each peer).
   at::Tensor a2a_in = at::zeros({n * (me + 1), 3}), a2a_out = at::zeros({n * (n + 1) / 2, 3});
-  c.all_to_all(a2a_out, a2a_in, out_splits, in_splits);
+  c.all_to_all(a2a_out, a2a_in, out_splits, in_splits, Transport::Native);
   for (const auto& [peer, b] : c.stats().at("all_to_all").peers) EXPECT_EQ(b, static_cast<uint64_t>((me + 1) * 12));
   EXPECT_EQ(c.stats().at("all_to_all").moved_bytes, static_cast<uint64_t>((n - 1) * (me + 1) * 12));
+  if (c.shm_available()) {
+    c.reset_stats();
+    c.all_to_all(a2a_out, a2a_in, out_splits, in_splits, Transport::Shm);
+    uint64_t from_peers = 0;
+    for (const auto& [peer, b] : c.stats().at("all_to_all").peers) {
+      EXPECT_EQ(b, static_cast<uint64_t>((peer + 1) * 12)) << "from " << peer;
+      from_peers += b;
+    }
+    EXPECT_EQ(c.stats().at("all_to_all").moved_bytes, from_peers);
+    EXPECT_EQ(c.stats().at("all_to_all").peers.size(), static_cast<size_t>(n - 1));
+  }
   c.reduce_scatter(in, out, ReduceOp::Sum, ScatterAlgo::AllReduce);
   const OpStats& rs = c.stats().at("reduce_scatter");
   EXPECT_EQ(rs.wire_bytes, static_cast<uint64_t>((n - 1) * 40));
   EXPECT_EQ(rs.moved_bytes, static_cast<uint64_t>(2 * (n - 1) * n * 40 / n));
+}
+
+// The shared-memory all-to-all gives Gloo's result bitwise: uneven splits
+// (some chunks empty), a rank that sends and receives nothing, an exchange
+// larger than the segment (several rounds), in every dtype; rows hold (sender,
+// receiver, row) so a chunk put in the wrong place is also caught.
+TEST(Comm, SharedMemoryAllToAllEqualsGloos) {
+  Comm& c = runtime().world();
+  if (!c.shm_available()) GTEST_SKIP() << "no shared memory for this group";
+  const int n = c.size(), me = c.rank();
+  struct Case {
+    const char* name;
+    std::function<int64_t(int, int)> rows;  // rows rank s sends to rank q
+    int64_t width;
+  };
+  const std::vector<Case> cases = {
+      {"uneven", [](int s, int q) { return static_cast<int64_t>((s + 2 * q) % 3); }, 5},
+      {"a silent rank", [n](int s, int q) { return s == n - 1 || q == n - 1 ? int64_t{0} : int64_t{2}; }, 3},
+      {"several rounds", [](int, int) { return int64_t{800}; }, 1024},  // 3.1 MiB per peer in fp32
+  };
+  for (const auto& cs : cases) {
+    for (auto dt : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kInt, at::kLong}) {
+      SCOPED_TRACE(std::string(cs.name) + " " + c10::toString(dt));
+      std::vector<int64_t> in_splits, out_splits;
+      std::vector<at::Tensor> chunks;
+      for (int q = 0; q < n; ++q) {
+        in_splits.push_back(cs.rows(me, q));
+        out_splits.push_back(cs.rows(q, me));
+        chunks.push_back((at::arange(in_splits.back() * cs.width, at::kLong).remainder(61) + 64 * q + 16 * me)
+                             .view({in_splits.back(), cs.width}));
+      }
+      const at::Tensor in = at::cat(chunks).to(dt);
+      int64_t total = 0;
+      for (auto r : out_splits) total += r;
+      at::Tensor shm_out = at::full({total, cs.width}, -1, dt), gloo_out = at::full({total, cs.width}, -2, dt);
+      c.all_to_all(shm_out, in, out_splits, in_splits, Transport::Shm);
+      c.all_to_all(gloo_out, in, out_splits, in_splits, Transport::Native);
+      EXPECT_TRUE(at::equal(shm_out, gloo_out));
+      int64_t at_row = 0;  // chunk from rank s: its rows' values as s built them
+      for (int s = 0; s < n; ++s) {
+        const at::Tensor want = (at::arange(out_splits[s] * cs.width, at::kLong).remainder(61) + 64 * me + 16 * s)
+                                    .view({out_splits[s], cs.width})
+                                    .to(dt);
+        EXPECT_TRUE(at::equal(shm_out.narrow(0, at_row, out_splits[s]), want)) << "from rank " << s;
+        at_row += out_splits[s];
+      }
+    }
+  }
 }
 
 TEST(Comm, AsyncAllReducesOverlap) {

@@ -53,7 +53,7 @@ Run add_bench(CLI::App& app) {
   cmd->add_option("--max", o->max, "largest size in bytes");
   cmd->add_option("--iters", o->bench.iters, "timed calls per size");
   cmd->add_option("--warmup", o->bench.warmup, "untimed calls per size");
-  cmd->add_option("--transport", o->transport, "all_reduce and broadcast: auto native shm");
+  cmd->add_option("--transport", o->transport, "all_reduce, broadcast and all_to_all: auto native shm");
   cmd->add_option("--gather-algo", o->gather, "auto native shm broadcast ring list");
   cmd->add_option("--scatter-algo", o->scatter, "auto native shm alltoall ring allreduce");
   cmd->add_flag("--compare", o->bench.compare, "time every algorithm and the raw backend side by side");

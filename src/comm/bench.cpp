@@ -126,13 +126,16 @@ std::vector<Variant> variants_for(Comm& comm, const std::string& op, at::ScalarT
   } else if (op == "all_to_all") {
     const int64_t m = count / n;
     at::Tensor in = at::zeros({m * n}, opt), out = at::zeros({m * n}, opt);
-    vs.push_back({"all_to_all", [&comm, in, out]() { comm.all_to_all(out, in); },
-                  [&comm, in, out, m, n, me, dt]() {
-                    // chunk d of rank r holds r*n + d; chunk s received here must hold s*n + me
-                    in.copy_((at::arange(n, at::kLong).repeat_interleave(m) + me * n).to(dt));
-                    comm.all_to_all(out, in);
-                    return count_wrong(out, at::arange(n, at::kLong).repeat_interleave(m) * n + me);
-                  }});
+    for (auto a : transports(comm, o)) {
+      const std::string label = a == Transport::Auto ? "all_to_all" : fmt::format("all_to_all[{}]", to_string(a));
+      vs.push_back({label, [&comm, in, out, a]() { comm.all_to_all(out, in, {}, {}, a); },
+                    [&comm, in, out, m, n, me, dt, a]() {
+                      // chunk d of rank r holds r*n + d; chunk s received here must hold s*n + me
+                      in.copy_((at::arange(n, at::kLong).repeat_interleave(m) + me * n).to(dt));
+                      comm.all_to_all(out, in, {}, {}, a);
+                      return count_wrong(out, at::arange(n, at::kLong).repeat_interleave(m) * n + me);
+                    }});
+    }
   } else if (op == "broadcast") {
     at::Tensor t = at::zeros({count}, opt);
     const std::vector<Transport> algos = transports(comm, o);

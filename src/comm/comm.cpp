@@ -27,6 +27,10 @@ constexpr int kRingTagBase = 1 << 20;
 // broadcast per rank or one all_to_all beats n-1 sequential ring steps.
 constexpr int64_t kRingGatherMinBytes = int64_t{16} << 20;  // output; always ring on 2 ranks
 constexpr int64_t kRingScatterMinBytes = int64_t{4} << 20;  // input
+// The shared-memory segment an all-to-all asks for: the same on every rank (its
+// ranks send different amounts, and growing a segment is collective); larger
+// exchanges run in rounds of it.
+constexpr int64_t kAllToAllShmBytes = int64_t{8} << 20;
 
 
 bool is_floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
@@ -453,7 +457,7 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
 }
 
 void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<int64_t> out_splits,
-                      std::vector<int64_t> in_splits) {
+                      std::vector<int64_t> in_splits, Transport algo) {
   check_contiguous("all_to_all", out);
   check_contiguous("all_to_all", in);
   check_same_dtype("all_to_all", out, in);
@@ -481,17 +485,34 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
                                        : (in.size(0) ? static_cast<double>(in_splits[index_]) / in.size(0) : 0.0);
   count("all_to_all", in, 1.0 - own);
   begin(CallKind::AllToAll, in);
+  int64_t row = 1;  // elements of one row (from the shape: a rank may send no rows)
+  for (int64_t d = 1; d < in.dim(); ++d) row *= in.size(d);
+  if (!in_splits.empty()) call_.numel = row;  // ranks send different numbers of rows (call.h)
   CommWork w = make_work("all_to_all", in);
   if (n == 1) {
     out.copy_(in);
     return;
   }
+  // Every rank asks for the same segment size (its need differs with uneven splits, and growing is collective).
+  if (algo == Transport::Shm || (algo == Transport::Auto && kind_ == BackendKind::Gloo && in.is_cpu() &&
+                                 shm(kAllToAllShmBytes))) {
+    if (algo == Transport::Shm) shm_or_throw(in, kAllToAllShmBytes, "all_to_all");
+    auto bytes = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+      std::vector<int64_t> b;
+      for (int r = 0; r < n; ++r) b.push_back((splits.empty() ? t.size(0) / n : splits[r]) * row * t.element_size());
+      return b;
+    };
+    run_sync(w, [&] {
+      shm_all_to_all(static_cast<uint8_t*>(out.data_ptr()), bytes(out_splits, out),
+                     static_cast<const uint8_t*>(in.data_ptr()), bytes(in_splits, in), w.what_);
+    });
+    return;
+  }
   agree_native(w);
   at::Tensor o = as_transport(out, native_bf16()), i = as_transport(in, native_bf16());
   w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
-  const int64_t row = in.dim() ? in.numel() / std::max<int64_t>(in.size(0), 1) * in.element_size() : 0;
   for (int r = 0; r < n; ++r) {
-    if (r != index_) moved("all_to_all", r, (in_splits.empty() ? in.size(0) / n : in_splits[r]) * row);
+    if (r != index_) moved("all_to_all", r, (in_splits.empty() ? in.size(0) / n : in_splits[r]) * row * in.element_size());
   }
   w.wait();
 }

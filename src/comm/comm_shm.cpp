@@ -1,6 +1,6 @@
 // Comm's collectives over the shared memory of ranks on one host
 // (comm/shm_group.h): set-up on first use, and all_reduce, broadcast,
-// all_gather and reduce_scatter piece by piece.
+// all_gather, reduce_scatter and all_to_all piece by piece.
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 
@@ -198,6 +198,64 @@ void Comm::shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, Reduc
       if (r != me) moved("reduce_scatter", r, bytes);
     }
     reduce_rows(o.narrow(0, lo, len), rows, op);
+  }
+}
+
+// In rounds: each rank writes its chunk offsets (n + 1 byte offsets into its
+// input, the last its total) and the bytes it expects from each rank at the
+// head of its segment, and the round's piece of its input after them; after
+// the barrier every rank copies, from each peer, the part of that piece that
+// is its chunk. The first round's headers tell every rank every total, hence
+// the number of rounds (the same on all), and every pair's sent and expected
+// sizes (so a mismatch is the same error on every rank). A rank's own chunk is
+// copied locally. Ranks may send and receive nothing.
+void Comm::shm_all_to_all(uint8_t* out, const std::vector<int64_t>& out_bytes, const uint8_t* in,
+                          const std::vector<int64_t>& in_bytes, const std::string& what) {
+  const int n = size(), me = index_;
+  ShmGroup& g = *shm(1);  // sized by the caller (every rank alike)
+  std::vector<int64_t> header(2 * n + 1, 0), out_off(n + 1, 0);  // input offsets, then bytes expected
+  for (int r = 0; r < n; ++r) {
+    header[r + 1] = header[r] + in_bytes[r];
+    header[n + 1 + r] = out_bytes[r];
+    out_off[r + 1] = out_off[r] + out_bytes[r];
+  }
+  const int64_t head = static_cast<int64_t>(header.size() * sizeof(int64_t));
+  const int64_t room = g.capacity() - head;  // input bytes per round
+  auto peer_header = [&](int r, int i) {
+    int64_t v;
+    std::memcpy(&v, g.peer(r) + i * sizeof(int64_t), sizeof v);
+    return v;
+  };
+  std::memcpy(out + out_off[me], in + header[me], in_bytes[me]);
+  int64_t rounds = 1;
+  for (int64_t k = 0; k < rounds; ++k) {
+    g.next(call_);
+    std::memcpy(g.mine(), header.data(), head);
+    const int64_t lo = k * room, len = std::clamp<int64_t>(header[n] - lo, 0, room);
+    if (len > 0) std::memcpy(g.mine() + head, in + lo, len);
+    shm_barrier(g, what, name_, index_, call_);
+    if (k == 0) {
+      for (int r = 0; r < n; ++r) {
+        rounds = std::max(rounds, (peer_header(r, n) + room - 1) / room);
+        for (int q = 0; q < n; ++q) {
+          const int64_t sent = peer_header(r, q + 1) - peer_header(r, q), expected = peer_header(q, n + 1 + r);
+          if (sent != expected) {
+            throw CommError(fmt::format("{} (shm): group rank {} sends {} bytes to group rank {}, which expects {} "
+                                        "(the splits must match: in_splits on the sender, out_splits on the receiver)",
+                                        what, r, sent, q, expected));
+          }
+        }
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      const int64_t from = peer_header(r, me), to = peer_header(r, me + 1);  // their chunk for me
+      const int64_t a = std::max(from, lo), b = std::min(to, lo + room);
+      if (b > a) {
+        std::memcpy(out + out_off[r] + (a - from), g.peer(r) + head + (a - lo), b - a);
+        moved("all_to_all", r, b - a);
+      }
+    }
   }
 }
 

@@ -24,7 +24,7 @@ struct CommBenchOptions {
   int64_t max_bytes = 1 << 26;
   int warmup = 2;
   int iters = 5;
-  Transport transport = Transport::Auto;  // of all_reduce and broadcast
+  Transport transport = Transport::Auto;  // of all_reduce, broadcast and all_to_all
   GatherAlgo gather_algo = GatherAlgo::Auto;
   ScatterAlgo scatter_algo = ScatterAlgo::Auto;
   // Also time every algorithm of all_reduce, all_gather and reduce_scatter,

@@ -17,7 +17,10 @@ struct CallDesc {
   uint64_t seq = 0;  // the group's collective sequence number (point-to-point calls count apart)
   CallKind kind = CallKind::None;
   int32_t dtype = -1;   // c10::ScalarType
-  int64_t numel = 0;    // elements of the call's defining tensor (comm.h: nccl-tests' "size" tensor, per rank)
+  // Elements of the call's defining tensor (comm.h: nccl-tests' "size" tensor,
+  // per rank); an all-to-all with splits: the elements of one row (its ranks
+  // send different numbers of rows, of one width).
+  int64_t numel = 0;
   int32_t root = -1;    // broadcast's root, a send's destination, a receive's source (group ranks)
   int32_t reduce = -1;  // ReduceOp for reductions
 };

@@ -197,9 +197,10 @@ class Comm {
   }
 
   // Splits count rows of dim 0; empty = equal splits. out_splits[r] rows come
-  // from rank r, in_splits[r] rows go to rank r.
+  // from rank r, in_splits[r] rows go to rank r. Auto: over shared memory on
+  // one host (CPU tensors of a Gloo group), else the backend's.
   void all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<int64_t> out_splits = {},
-                  std::vector<int64_t> in_splits = {});
+                  std::vector<int64_t> in_splits = {}, Transport algo = Transport::Auto);
 
   // Point-to-point; peers are group ranks.
   CommWork isend(const at::Tensor& t, int dst, int tag = 0);
@@ -241,6 +242,9 @@ class Comm {
   void shm_broadcast(const at::Tensor& t, int root, const std::string& what);
   void shm_all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& what);
   void shm_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& what);
+  // Splits in bytes: chunk r of `in` goes to rank r, chunk r of `out` comes from it.
+  void shm_all_to_all(uint8_t* out, const std::vector<int64_t>& out_bytes, const uint8_t* in,
+                      const std::vector<int64_t>& in_bytes, const std::string& what);
   // Scratch memory reused across calls (PLATFORM.md: fresh large buffers cost
   // page faults every step). Only synchronous algorithms use it.
   at::Tensor workspace(int64_t numel, at::ScalarType dtype);
