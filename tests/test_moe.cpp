@@ -8,6 +8,7 @@
 #include <ATen/TensorOperators.h>
 #include <gtest/gtest.h>
 
+#include "meshtrain/moe/experts.h"
 #include "meshtrain/moe/router.h"
 
 namespace meshtrain {
@@ -105,6 +106,58 @@ TEST(MoeRouter, BadOptionsAndGradients) {
   const Routing r = route(x, RouterOptions{4, 1, RouterKind::Softmax, 0});
   (r.aux_loss + r.z_loss + r.gate.sum()).backward();
   EXPECT_GT(x.grad().abs().sum().item<double>(), 0);
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+// The grouped experts (one GEMM per expert) equal a loop over tokens and their
+// choices, in value and in every gradient (input, weights, router logits),
+// for GELU and SwiGLU experts, dropless and with tokens dropped.
+TEST(MoeExperts, GroupedEqualsALoopOverTokens) {
+  at::manual_seed(5);
+  const int64_t T = 23, h = 8, f = 12, E = 5, k = 2;
+  for (bool swiglu : {false, true}) {
+    for (double c : {0.0, 0.8}) {
+      SCOPED_TRACE(testing::Message() << "swiglu " << swiglu << " capacity " << c);
+      auto leaf = [](at::Tensor t) { return t.to(at::kDouble).requires_grad_(true); };
+      at::Tensor x = leaf(at::randn({T, h})), logits = leaf(at::randn({T, E}));
+      ExpertWeights w{leaf(at::randn({E, f, h}) * 0.3), swiglu ? leaf(at::randn({E, f, h}) * 0.3) : at::Tensor(),
+                      leaf(at::randn({E, h, f}) * 0.3)};
+      std::vector<at::Tensor> leaves{x, logits, w.w1, w.w2};
+      if (swiglu) leaves.push_back(w.w3);
+      auto grads = [&](const at::Tensor& y) {
+        for (auto& t : leaves) t.mutable_grad() = at::Tensor();
+        (y * at::linspace(-1, 1, y.numel(), at::kDouble).view_as(y)).sum().backward({}, true);  // the gates are shared
+        std::vector<at::Tensor> g;
+        for (auto& t : leaves) g.push_back(t.grad().clone());
+        return g;
+      };
+      const Routing r = route(logits.to(at::kFloat), RouterOptions{E, k, RouterKind::Softmax, c});
+      // route() computes in fp32; the gates carry the logits' gradient through a double copy.
+      Routing rd = r;
+      rd.gate = route(logits, RouterOptions{E, k, RouterKind::Softmax, c}).gate.to(at::kDouble);
+      const at::Tensor grouped = run_experts(x, rd, w);
+      const auto g1 = grads(grouped);
+      std::vector<at::Tensor> rows;
+      for (int64_t t = 0; t < T; ++t) {
+        at::Tensor yt = at::zeros({h}, at::kDouble);
+        for (int64_t j = 0; j < k; ++j) {
+          if (!rd.kept[t][j].item<bool>()) continue;
+          yt = yt + rd.gate[t][j] * expert_ffn(x[t].unsqueeze(0), w, rd.expert[t][j].item<int64_t>())[0];
+        }
+        rows.push_back(yt);
+      }
+      const at::Tensor looped = at::stack(rows);
+      const auto g2 = grads(looped);
+      EXPECT_TRUE(at::allclose(grouped, looped, 1e-6, 1e-9));
+      for (size_t i = 0; i < g1.size(); ++i) EXPECT_TRUE(at::allclose(g1[i], g2[i], 1e-6, 1e-9)) << "leaf " << i;
+      if (c > 0) EXPECT_GT(r.dropped, 0);
+    }
+  }
 }
 
 }  // namespace
