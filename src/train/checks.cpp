@@ -1,0 +1,244 @@
+// The checks of a run (train/trainer.h): before any rank starts (check_run),
+// and the planner against the runtime after the first step (check_plan).
+#include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/comm/comm.h"
+#include "meshtrain/data/loader.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/parallel/data/ddp.h"
+#include "meshtrain/parallel/data/zero.h"
+#include "meshtrain/plan/count.h"
+#include "meshtrain/plan/memory.h"
+#include "meshtrain/plan/posttrain.h"
+#include "meshtrain/plan/strategy.h"
+#include "meshtrain/plan/traffic.h"
+#include "meshtrain/runtime/env.h"
+#include "meshtrain/runtime/mesh.h"
+#include "meshtrain/runtime/runtime.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/engine.h"
+#include "meshtrain/train/memory.h"
+#include "meshtrain/train/precision.h"
+#include "meshtrain/train/state.h"
+#include "meshtrain/train/trainer.h"
+#include "meshtrain/data/tasks.h"
+#include "meshtrain/train/step.h"
+#include "train/checks.h"
+
+namespace meshtrain {
+namespace {
+
+uint32_t max_token(const std::vector<std::string>& shards) {
+  uint32_t m = 0;
+  for (const auto& s : shards) {
+    ShardReader r(s);
+    for (uint64_t i = 0; i < r.size(); ++i) m = std::max(m, r[i]);
+  }
+  return m;
+}
+
+// The planner's name for a run's LoRA targets: "qv" (the default) or "all".
+std::string plan_lora_targets(const LoraOptions& o) {
+  if (o.targets == std::vector<std::string>{"attn.q", "attn.v"}) return "qv";
+  if (o.targets.empty() || o.targets == std::vector<std::string>{"all"}) return "all";
+  throw std::invalid_argument(fmt::format("--check-plan with LoRA compares lora.targets [\"attn.q\", \"attn.v\"] or "
+                                          "[\"all\"] (the planner's qv and all), not [{}]",
+                                          fmt::join(o.targets, ", ")));
+}
+
+}  // namespace
+
+// --check-plan: the planner's bytes for this rank (plan/traffic.h, and the
+// fp32 model states of plan/memory.h) beside what the runtime measured in the
+// first step (traffic: the bytes the algorithms that ran moved, counted where
+// they move them: comm.h's moved_bytes); throws when one differs by more than 5%.
+void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::string, double>& comm, int dp,
+                int pp_rank, bool print) {
+  const plan::Strategy s = strategy_of(c, dp);
+  const plan::RankTraffic t = plan::rank_traffic(c.model, s, pp_rank, engine.stage_layers());
+  const MemoryUse mu = engine.measure();
+  std::vector<std::pair<std::string, std::pair<double, double>>> rows;
+  double dp_bytes = t.dp;
+  if (c.lora.rank > 0) {
+    // Adapter fine-tuning (plan/posttrain.h): a frozen base, the adapters' states,
+    // and gradients reduced for the adapters only.
+    const plan::LoraOptions lo{c.lora.rank, plan_lora_targets(c.lora), c.lora_quantize == "nf4", c.lora_double_quant};
+    const plan::LoraStates ls = plan::lora_state_bytes(c.model, s, lo, 128 * c.tp);
+    rows = {{c.lora_quantize == "nf4" ? "frozen base (NF4 linears)" : "frozen base",
+             {ls.base, static_cast<double>(mu.frozen + mu.quantized)}},
+            {"adapters", {ls.adapters.params, static_cast<double>(mu.params - mu.frozen)}},
+            {"gradients", {ls.adapters.grads, static_cast<double>(mu.grads)}},
+            {"optimizer states", {ls.adapters.optimizer, static_cast<double>(mu.optimizer)}}};
+    dp_bytes = t.dp * static_cast<double>(plan::lora_params(c.model, lo)) / (t.params * c.tp * c.pp);
+  } else {
+    const plan::ModelStates ms =
+        plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, c.dp_shard > 0 ? c.dp_shard : dp * c.cp);
+    rows = {{"parameters", {ms.params, static_cast<double>(mu.params)}},
+            {"gradients", {ms.grads, static_cast<double>(mu.grads)}},
+            {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}}};
+  }
+  const std::pair<const char*, std::pair<double, double>> traffic[] = {
+      {"tp bytes moved", {t.tp, comm.at("tp")}},
+      {"cp bytes moved", {t.cp, comm.at("cp")}},
+      {"dp bytes moved", {dp_bytes, comm.at("dp")}},
+      {"pp bytes moved", {t.pp, comm.at("pp")}},
+      {"tied-embedding bytes moved", {t.embedding, comm.at("embedding")}}};
+  for (const auto& [name, v] : traffic) rows.push_back({name, v});
+  std::string table = fmt::format("check-plan, pipeline stage {} ({} parameters on this rank by the plan, {} measured):\n",
+                                  pp_rank, t.params, engine.local_params());
+  table += fmt::format("  {:<28} {:>14} {:>14} {:>8}\n", "per rank, one step", "plan", "measured", "ratio");
+  std::vector<std::string> off;
+  for (const auto& [name, v] : rows) {
+    const auto [predicted, measured] = v;
+    const double ratio = predicted > 0 ? measured / predicted : (measured > 0 ? INFINITY : 1.0);
+    table += fmt::format("  {:<28} {:>14} {:>14} {:>8.4f}\n", name, plan::human_bytes(predicted),
+                         plan::human_bytes(measured), ratio);
+    if (std::abs(measured - predicted) > 0.05 * std::max(predicted, measured) && std::max(predicted, measured) > 0) {
+      off.push_back(fmt::format("{} (plan {}, measured {})", name, predicted, measured));
+    }
+  }
+  if (print) fmt::print("{}", table);
+  if (!off.empty()) {
+    throw std::runtime_error(fmt::format("--check-plan: the runtime differs from the plan by more than 5% on pipeline "
+                                         "stage {}: {}",
+                                         pp_rank, fmt::join(off, "; ")));
+  }
+}
+
+// What can be checked from the config and the data before any rank starts
+// work (run in the launching process, and again by a rank started by another
+// launcher): the mesh fits the world, the batch divides over data-parallel
+// ranks, token ids fit the vocabulary, the training and validation shards
+// hold a global batch of windows. Each failure is one error naming the value.
+// With `warn_memory`, also prints a warning when the planner's per-rank
+// estimate times the ranks on this host exceeds its free memory.
+void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
+  const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
+  check_precision_supported(parse_train_precision(c.precision), "cpu");  // this build trains on the CPU
+  const int dp = layout.size("dp");
+  if (c.method == "grpo" || c.method == "ppo") {
+    // RL reads prompts of a shipped task, not token shards; dp = the world over tp.
+    read_task_examples(c.rl.prompts);
+    if (!c.rl.eval.empty()) read_task_examples(c.rl.eval);
+    if (c.model.vocab < CharVocab::size()) {
+      throw std::invalid_argument(fmt::format("model.vocab {} is smaller than the task vocabulary ({} characters)",
+                                              c.model.vocab, CharVocab::size()));
+    }
+    if (c.global_batch % dp != 0) {
+      throw std::invalid_argument(fmt::format("train.global_batch {} prompts do not divide over {} data-parallel "
+                                              "ranks", c.global_batch, dp));
+    }
+    if (!c.init_from.empty()) check_same_model(ckpt::Reader(ckpt::resolve(c.init_from)), c.model);
+    if (!c.rl.reward_model.empty()) {
+      const ckpt::Reader r(ckpt::resolve(c.rl.reward_model));
+      if (!r.has("model/value_head.weight")) {
+        throw std::invalid_argument(fmt::format("rl.reward_model = {} is not a reward model (it has no value head): "
+                                                "train one with train.method = \"reward\"",
+                                                c.rl.reward_model));
+      }
+      const plan::ModelSpec rm = spec_from_json(r.manifest().at("config").at("model"));
+      if (rm.vocab < CharVocab::size() || rm.seq < c.model.seq || rm.heads % c.tp != 0 || rm.kv_heads % c.tp != 0) {
+        throw std::invalid_argument(fmt::format("rl.reward_model = {}: its model (vocab {}, seq {}, {} heads) must "
+                                                "hold the task's {} characters, the policy's sequence of {} and "
+                                                "split over tp = {}",
+                                                c.rl.reward_model, rm.vocab, rm.seq, rm.heads, CharVocab::size(),
+                                                c.model.seq, c.tp));
+      }
+    }
+    return;
+  }
+  if (c.global_batch % (c.micro_batch * dp) != 0) {
+    throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
+                                            c.global_batch, c.micro_batch, dp));
+  }
+  for (const auto* shards : {&c.train_shards, &c.val_shards}) {
+    for (const auto& shard : *shards) {  // an id >= vocab would index past the embedding (or, split over tp, be lost)
+      const uint32_t top = max_token({shard});
+      if (top >= c.model.vocab) {
+        throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab "
+                                                "to the tokenizer's size",
+                                                c.model.vocab, top, shard));
+      }
+    }
+  }
+  if (c.method == "sft" || pairwise(c.method)) {
+    // Blocks packed for another length would cut conversations: the data's sft.json (dpo.json) names its seq.
+    const bool sft = c.method == "sft";
+    std::vector<std::string> shards = c.train_shards;
+    shards.insert(shards.end(), c.val_shards.begin(), c.val_shards.end());
+    for (const auto& shard : shards) {
+      const auto info = std::filesystem::path(shard).parent_path() / (sft ? "sft.json" : "dpo.json");
+      if (!std::filesystem::exists(TokenLoader::mask_path(shard)) || !std::filesystem::exists(info)) {
+        throw std::invalid_argument(fmt::format("train.method = \"{}\" needs {} and {} beside {}: make them with "
+                                                "meshtrain tokenize {}",
+                                                c.method, TokenLoader::mask_path(shard), info.string(), shard,
+                                                sft ? "chat" : "prefs"));
+      }
+      nlohmann::json j;
+      std::ifstream(info) >> j;
+      if (j.value("seq", int64_t{0}) != c.seq) {
+        throw std::invalid_argument(fmt::format("{} was packed into blocks of {} tokens but train.seq = {}: set "
+                                                "train.seq = {} or re-run meshtrain tokenize {} --seq {}",
+                                                shard, j.value("seq", int64_t{0}), c.seq, j.value("seq", int64_t{0}),
+                                                sft ? "chat" : "prefs", c.seq));
+      }
+    }
+  }
+  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
+  if (!c.val_shards.empty()) {
+    try {
+      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("data.val: {} (or drop data.val: --set data.val=[])", e.what()));
+    }
+  }
+  if (plan_check && c.lora.rank > 0) plan_lora_targets(c.lora);
+  if (plan_check && c.adapters.bottleneck > 0) {
+    throw std::invalid_argument("--check-plan has no planner ledger for bottleneck adapters yet; drop --check-plan");
+  }
+  if (plan_check && c.precision != "fp32") {
+    throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
+                                "op by op); add --set train.precision=fp32");
+  }
+  if (!c.init_from.empty()) {
+    try {
+      const ckpt::Reader r(ckpt::resolve(c.init_from));
+      check_same_model(r, c.model);
+      // LoRA adapters merge into the weights (train/state.h); bottleneck adapters cannot.
+      for (const auto& [name, t] : r.manifest()["tensors"].items()) {
+        if (name.find(".adapter_") != std::string::npos && c.adapters.bottleneck == 0) {
+          throw std::invalid_argument(fmt::format("it holds bottleneck adapters ({}), which cannot be merged into the "
+                                                  "weights; train on with the same [adapters] bottleneck",
+                                                  name));
+        }
+      }
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("init.from = \"{}\": {}", c.init_from, e.what()));
+    }
+  }
+  if (!warn_memory) return;
+  // The planner's estimate against this host's memory: a warning, not an error (it is an estimate).
+  const double per_rank = plan::memory_ledger(c.model, strategy_of(c, dp), plan::MemoryOptions{0, 0}).peak().device_total();
+  const double available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const int local = world;  // every rank of this launch runs on this host
+  if (warn_memory && per_rank * local > available) {
+    fmt::print(stderr, "warning: the plan estimates {} per rank ({} attention), {} for this host's {} rank(s), and {} "
+                       "is free: expect the out-of-memory killer (model.attention = \"tiled\", parallel.cp, "
+                       "train.recompute or a smaller micro_batch lower it)\n",
+               plan::human_bytes(per_rank), plan::attention_name(c.model.attention),
+               plan::human_bytes(per_rank * local), local, plan::human_bytes(available));
+  }
+}
+
+}  // namespace meshtrain
