@@ -82,7 +82,49 @@ struct AllToAllDims : torch::autograd::Function<AllToAllDims> {
   }
 };
 
+// Uneven row blocks; the adjoint swaps what is sent and what is received.
+at::Tensor exchange_rows(const at::Tensor& x, Comm& comm, const std::vector<int64_t>& send,
+                         const std::vector<int64_t>& recv) {
+  int64_t rows = 0;
+  for (int64_t r : recv) rows += r;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, x.options());
+  comm.all_to_all(out, x.contiguous(), recv, send);
+  return out;
+}
+
+struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* comm, std::vector<int64_t> send,
+                            std::vector<int64_t> recv) {
+    save_comm(ctx, *comm);
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    return exchange_rows(x, *comm, send, recv);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    return {exchange_rows(g[0], load_comm(ctx), recv, send), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor all_to_all_rows(const at::Tensor& x, Comm& comm, const std::vector<int64_t>& send,
+                           const std::vector<int64_t>& recv) {
+  if (static_cast<int>(send.size()) != comm.size() || static_cast<int>(recv.size()) != comm.size()) {
+    throw std::invalid_argument(fmt::format("all_to_all_rows: {} send and {} receive counts for group '{}' of {} ranks",
+                                            send.size(), recv.size(), comm.name(), comm.size()));
+  }
+  int64_t rows = 0;
+  for (int64_t r : send) rows += r;
+  if (rows != x.size(0)) {
+    throw std::invalid_argument(fmt::format("all_to_all_rows: send counts add up to {} rows, x has {}", rows, x.size(0)));
+  }
+  if (comm.size() == 1) return x;
+  return AllToAllRows::apply(x, &comm, send, recv);
+}
 
 // Adjoint pairs: split <-> gather (tensor parallel), gather <-> reduce-scatter
 // (sequence parallel).

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/moe/layer.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/tiled_attention.h"
@@ -34,6 +35,13 @@ void check_divisible(const plan::ModelSpec& m, int tp) {
   need("heads", m.heads);
   need("kv heads", m.kv_heads);
   need("ffn", m.ffn);
+  if (m.moe()) need("the shared experts' width (shared_experts x expert_ffn)", m.shared_experts * m.expert_width());
+}
+
+// Where layer i's dense FFN linears are named: "layers.i.mlp." (a dense
+// layer) or "layers.i.moe.shared." (a MoE layer's shared experts).
+std::string ffn_prefix(const plan::ModelSpec& m, int64_t i) {
+  return fmt::format("layers.{}.{}", i, m.moe_layer(i) ? "moe.shared." : "mlp.");
 }
 
 // A 64-bit seed from a CPU generator, advancing it.
@@ -44,7 +52,8 @@ uint64_t draw_seed(at::Generator& g) {
 
 }  // namespace
 
-Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed, StagePart part)
+Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed, StagePart part,
+                         Comm* ep)
     : spec_(spec),
       part_(part),
       comm_(tp),
@@ -83,13 +92,18 @@ Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_pa
     blk.v = ColumnParallelLinear(store_, p + "attn.v", h, spec_.kv_heads * d, spec_.bias, std, tp_);
     blk.o = RowParallelLinear(store_, p + "attn.o", spec_.heads * d, h, spec_.bias, out_std, tp_);
     norm_params(p + "norm2", blk.norm2_w, blk.norm2_b);
-    if (spec_.activation == plan::Activation::SwiGLU) {
-      blk.gate = ColumnParallelLinear(store_, p + "mlp.gate", h, spec_.ffn, spec_.bias, std, tp_);
-      blk.up = ColumnParallelLinear(store_, p + "mlp.up", h, spec_.ffn, spec_.bias, std, tp_);
-      blk.fc2 = RowParallelLinear(store_, p + "mlp.down", spec_.ffn, h, spec_.bias, out_std, tp_);
+    const std::string ffn = ffn_prefix(spec_, i);
+    const int64_t width = spec_.moe_layer(i) ? spec_.shared_experts * spec_.expert_width() : spec_.ffn;
+    if (spec_.moe_layer(i)) blk.moe = std::make_shared<MoeLayer>(store_, p + "moe", spec_, ep, sp ? &comm_ : nullptr);
+    blk.dense_ffn = width > 0;
+    if (!blk.dense_ffn) {
+    } else if (spec_.activation == plan::Activation::SwiGLU) {
+      blk.gate = ColumnParallelLinear(store_, ffn + "gate", h, width, spec_.bias, std, tp_);
+      blk.up = ColumnParallelLinear(store_, ffn + "up", h, width, spec_.bias, std, tp_);
+      blk.fc2 = RowParallelLinear(store_, ffn + "down", width, h, spec_.bias, out_std, tp_);
     } else {
-      blk.fc1 = ColumnParallelLinear(store_, p + "mlp.fc1", h, spec_.ffn, spec_.bias, std, tp_);
-      blk.fc2 = RowParallelLinear(store_, p + "mlp.fc2", spec_.ffn, h, spec_.bias, out_std, tp_);
+      blk.fc1 = ColumnParallelLinear(store_, ffn + "fc1", h, width, spec_.bias, std, tp_);
+      blk.fc2 = RowParallelLinear(store_, ffn + "fc2", width, h, spec_.bias, out_std, tp_);
     }
     blocks_.push_back(std::move(blk));
   }
@@ -115,13 +129,15 @@ Transformer::Linears Transformer::linears() {
     out.column.emplace_back(p + "attn.k", &b.k);
     out.column.emplace_back(p + "attn.v", &b.v);
     out.row.emplace_back(p + "attn.o", &b.o);
-    if (spec_.activation == plan::Activation::SwiGLU) {
-      out.column.emplace_back(p + "mlp.gate", &b.gate);
-      out.column.emplace_back(p + "mlp.up", &b.up);
-      out.row.emplace_back(p + "mlp.down", &b.fc2);
+    const std::string ffn = ffn_prefix(spec_, part_.first + static_cast<int64_t>(j));
+    if (!b.dense_ffn) {
+    } else if (spec_.activation == plan::Activation::SwiGLU) {
+      out.column.emplace_back(ffn + "gate", &b.gate);
+      out.column.emplace_back(ffn + "up", &b.up);
+      out.row.emplace_back(ffn + "down", &b.fc2);
     } else {
-      out.column.emplace_back(p + "mlp.fc1", &b.fc1);
-      out.row.emplace_back(p + "mlp.fc2", &b.fc2);
+      out.column.emplace_back(ffn + "fc1", &b.fc1);
+      out.row.emplace_back(ffn + "fc2", &b.fc2);
     }
   }
   return out;
@@ -228,12 +244,27 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   return blk.o.forward(ctx.permute({2, 0, 1, 3}).reshape({s, b, hq * d}));
 }
 
-at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x) const {
-  at::Tensor in = tp_.enter(x);
-  at::Tensor hidden = spec_.activation == plan::Activation::SwiGLU
-                          ? at::silu(blk.gate.forward_entered(in)) * blk.up.forward_entered(in)
-                          : at::gelu(blk.fc1.forward_entered(in), "tanh");
-  return blk.fc2.forward(hidden);
+at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x, bool train) const {
+  at::Tensor out;
+  if (blk.dense_ffn) {
+    at::Tensor in = tp_.enter(x);
+    at::Tensor hidden = spec_.activation == plan::Activation::SwiGLU
+                            ? at::silu(blk.gate.forward_entered(in)) * blk.up.forward_entered(in)
+                            : at::gelu(blk.fc1.forward_entered(in), "tanh");
+    out = blk.fc2.forward(hidden);
+  }
+  if (!blk.moe) return out;
+  // The routed experts see the rows this rank holds (its sequence shard with sequence parallelism).
+  at::Tensor routed = blk.moe->forward(x, train ? moe_loss_weight_ : 0.0);
+  return out.defined() ? out + routed : routed;
+}
+
+std::vector<MoeLayer*> Transformer::moe_layers() {
+  std::vector<MoeLayer*> out;
+  for (auto& b : blocks_) {
+    if (b.moe) out.push_back(b.moe.get());
+  }
+  return out;
 }
 
 at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
@@ -333,7 +364,7 @@ at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train
   {
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward ffn"});
-    at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b));
+    at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b), train);
     if (blk.adapter_mlp) m = blk.adapter_mlp->forward(m);
     x = x + nn::dropout(m, p, residual_rng());
   }

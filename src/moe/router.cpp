@@ -55,9 +55,12 @@ Routing route(const at::Tensor& logits, const RouterOptions& o) {
   r.dropped = T * k - r.kept.sum().item<int64_t>();
   r.per_expert = at::one_hot(idx.masked_select(r.kept), E).sum(0);
   // Losses.
-  const at::Tensor f = onehot.sum(0).to(at::kFloat) / static_cast<double>(T * k);  // before dropping
-  r.aux_loss = (f * density.mean(0)).sum() * static_cast<double>(E);
-  r.z_loss = at::logsumexp(x, 1).pow(2).mean();
+  r.assigned = onehot.sum(0).to(at::kFloat);  // before dropping
+  r.density_sum = density.sum(0);
+  r.lse2_sum = at::logsumexp(x, 1).pow(2).sum();
+  const double tokens = static_cast<double>(T);
+  r.aux_loss = (r.assigned / (tokens * k) * (r.density_sum / tokens)).sum() * static_cast<double>(E);
+  r.z_loss = r.lse2_sum / tokens;
   return r;
 }
 

@@ -45,6 +45,22 @@ at::Tensor ParamStore::create(const std::string& name, std::vector<int64_t> full
   return local;
 }
 
+at::Tensor ParamStore::create_experts(const std::string& name, std::vector<int64_t> full_shape, double std, int ep_rank,
+                                      int ep_size, bool sequence_partial) {
+  if (full_shape.empty() || full_shape[0] % ep_size != 0) {
+    throw std::invalid_argument(fmt::format("parameter '{}': {} experts are not divisible by ep {}", name,
+                                            full_shape.empty() ? 0 : full_shape[0], ep_size));
+  }
+  create(name, full_shape, Init::Normal, std, -1, sequence_partial);
+  Param& p = params_.back();
+  const int64_t n = full_shape[0] / ep_size;
+  p.tensor = p.tensor.detach().narrow(0, ep_rank * n, n).clone();
+  p.tensor.set_requires_grad(true);
+  p.expert = true;
+  p.expert_offset = ep_rank * n;
+  return p.tensor;
+}
+
 const Param& ParamStore::find(const std::string& name) const {
   for (const auto& p : params_)
     if (p.name == name) return p;

@@ -35,29 +35,36 @@ bool decays(const Param& p, const AdamWOptions& o) {
   return !embedding || o.decay_embeddings;
 }
 
-double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::vector<Comm*>& sum_over) {
+double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::vector<Comm*>& sum_over, Comm* ep) {
   // Sharded parameters: sum of squares over the shards; replicated ones: this
-  // rank's copy only, identical on every tp rank, so added once after the sum.
-  double sharded = 0, replicated = 0;
+  // rank's copy only, identical on every tp rank, so added once after the sum;
+  // experts (replicated over tp): summed over the ep ranks that split them.
+  double sharded = 0, replicated = 0, experts = 0;
   for (const auto& p : params) {
     const at::Tensor& g = p.tensor.grad();
     if (!g.defined() || p.replica) continue;
     const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
-    (p.tp_dim >= 0 ? sharded : replicated) += sq;
+    (p.expert ? experts : p.tp_dim >= 0 ? sharded : replicated) += sq;
   }
   for (Comm* group : sum_over) {
     if (!group || group->size() == 1) continue;
-    at::Tensor s = at::tensor({sharded, replicated}, at::kDouble);
+    at::Tensor s = at::tensor({sharded, replicated, experts}, at::kDouble);
     group->all_reduce(s);
     sharded = s[0].item<double>();
     replicated = s[1].item<double>();
+    experts = s[2].item<double>();
+  }
+  if (ep && ep->size() > 1) {
+    at::Tensor s = at::tensor({experts}, at::kDouble);
+    ep->all_reduce(s);
+    experts = s.item<double>();
   }
   if (tp && tp->size() > 1) {
     at::Tensor s = at::tensor({sharded}, at::kDouble);
     tp->all_reduce(s);
     sharded = s.item<double>();
   }
-  return std::sqrt(sharded + replicated);
+  return std::sqrt(sharded + replicated + experts);
 }
 
 AdamW::AdamW(std::vector<Param>& params, AdamWOptions o) : params_(params), o_(o) {
@@ -79,7 +86,7 @@ double AdamW::step(Comm* tp, const std::vector<Comm*>& sum_over) {
 }
 
 double AdamW::grad_norm(Comm* tp, const std::vector<Comm*>& sum_over) const {
-  return global_grad_norm(params_, tp, sum_over);
+  return global_grad_norm(params_, tp, sum_over, ep_);
 }
 
 void AdamW::update(double norm) {

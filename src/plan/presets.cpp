@@ -130,8 +130,26 @@ void validate(const ModelSpec& m) {
                                             m.kv_heads));
   }
   if (m.experts < 0 || m.top_k < 0 || (m.experts > 0 && (m.top_k < 1 || m.top_k > m.experts))) {
-    throw std::invalid_argument(fmt::format("model '{}': top_k {} must be in 1..experts ({})", m.name, m.top_k,
-                                            m.experts));
+    throw std::invalid_argument(fmt::format("model '{}': top_k {} must be in 1..experts ({}): lower model.top_k or "
+                                            "raise model.experts",
+                                            m.name, m.top_k, m.experts));
+  }
+  if (m.moe() && m.router != "softmax" && m.router != "sigmoid") {
+    throw std::invalid_argument(fmt::format("model '{}': router \"{}\" unknown: use \"softmax\" or \"sigmoid\"", m.name,
+                                            m.router));
+  }
+  if (m.moe() && (m.moe_every < 1 || m.shared_experts < 0 || m.expert_ffn < 0 || m.capacity_factor < 0 ||
+                  m.aux_loss_coef < 0 || m.z_loss_coef < 0)) {
+    throw std::invalid_argument(fmt::format("model '{}': moe_every {} must be >= 1, shared_experts {} and expert_ffn {} "
+                                            ">= 0, capacity_factor {} > 0 (or 0: dropless), aux_loss_coef {} and "
+                                            "z_loss_coef {} >= 0",
+                                            m.name, m.moe_every, m.shared_experts, m.expert_ffn, m.capacity_factor,
+                                            m.aux_loss_coef, m.z_loss_coef));
+  }
+  if (m.moe() && m.router == "sigmoid" && m.top_k < 2) {
+    throw std::invalid_argument(fmt::format("model '{}': router \"sigmoid\" normalises its gates over the top k: it "
+                                            "needs top_k >= 2 (it is {})",
+                                            m.name, m.top_k));
   }
   if (m.dropout < 0 || m.dropout >= 1) {
     throw std::invalid_argument(fmt::format("model '{}': dropout {} must be in [0, 1)", m.name, m.dropout));

@@ -124,9 +124,9 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
 // With `warn_memory`, also prints a warning when the planner's per-rank
 // estimate times the ranks on this host exceeds its free memory.
 void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
-  const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
+  const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"ep", c.ep}});
   check_precision_supported(parse_train_precision(c.precision), "cpu");  // this build trains on the CPU
-  const int dp = layout.size("dp");
+  const int dp = layout.size("dp") * layout.size("ep");  // the replicas reading different data
   if (c.method == "grpo" || c.method == "ppo") {
     // RL reads prompts of a shipped task, not token shards; dp = the world over tp.
     read_task_examples(c.rl.prompts);
@@ -159,8 +159,9 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
     return;
   }
   if (c.global_batch % (c.micro_batch * dp) != 0) {
-    throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}",
-                                            c.global_batch, c.micro_batch, dp));
+    throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}{}",
+                                            c.global_batch, c.micro_batch, dp,
+                                            c.ep > 1 ? fmt::format(" (dp {} x ep {})", dp / c.ep, c.ep) : ""));
   }
   for (const auto* shards : {&c.train_shards, &c.val_shards}) {
     for (const auto& shard : *shards) {  // an id >= vocab would index past the embedding (or, split over tp, be lost)

@@ -49,6 +49,37 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
 }
 
 // train.method = "grpo" | "ppo": the [rl], [grpo] and [ppo] settings.
+// Mixture of experts and expert parallelism (moe/layer.h).
+void check_moe(const TrainConfig& c, const std::string& path) {
+  const plan::ModelSpec& m = c.model;
+  if (c.ep > 1 && !m.moe()) {
+    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} splits the experts of MoE layers, and the model has "
+                                            "none: set model.experts (and top_k) or parallel.ep = 1",
+                                            path, c.ep));
+  }
+  if (!m.moe()) return;
+  if (m.experts % c.ep != 0) {
+    throw std::invalid_argument(fmt::format("{}: model.experts = {} is not divisible by parallel.ep = {}: each ep rank "
+                                            "holds experts / ep of them; choose an ep that divides {}",
+                                            path, m.experts, c.ep, m.experts));
+  }
+  if (c.ep > 1 && (c.zero > 0 || c.pp > 1)) {
+    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} trains with DDP and without pipeline stages for now: "
+                                            "parallel.zero = {} must be 0 and parallel.pp = {} must be 1",
+                                            path, c.ep, c.zero, c.pp));
+  }
+  if (c.ep > 1 && (c.method == "grpo" || c.method == "ppo")) {
+    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with train.method = \"{}\": reinforcement learning "
+                                            "runs on tp x dp meshes; set parallel.ep = 1",
+                                            path, c.ep, c.method));
+  }
+  if (c.pp > 1) {
+    throw std::invalid_argument(fmt::format("{}: MoE layers (model.experts = {}) with parallel.pp = {}: not yet; "
+                                            "use parallel.pp = 1",
+                                            path, m.experts, c.pp));
+  }
+}
+
 void check_rl(const TrainConfig& c, const std::string& path) {
   const auto& r = c.rl;
   const std::string& m = c.method;
@@ -129,6 +160,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
   }
+  check_moe(c, path);
   if (c.train_shards.empty() && c.method != "grpo" && c.method != "ppo") {
     throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
   }

@@ -54,11 +54,13 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
       tp_(mesh.axis("tp")),
       pp_(mesh.axis("pp")),
       cp_(mesh.axis("cp")),
-      dp_(mesh.group({"dp", "cp"})),
+      dp_(dense_group(c, mesh)),
+      expert_dp_(mesh.group({"dp", "cp"})),
+      ep_(mesh.axis("ep")),
       precision_(parse_train_precision(c.precision)) {
   check_precision_supported(precision_, "cpu");
   if (c.pp == 1) {
-    chunks_.push_back(std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed));
+    chunks_.push_back(std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed, StagePart{}, &ep_));
   } else {
     chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages);
   }
@@ -85,12 +87,17 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
         if (!p.frozen) updated_.push_back(p);  // frozen (LoRA's base): no gradient, no optimizer state
       }
     }
-    if (dp_.size() > 1 && c.pp == 1) {
-      ddp_ = std::make_unique<DataParallel>(updated_, dp_,
-                                            DdpOptions{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused});
+    const DdpOptions ddp{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused};
+    if (ep_.size() > 1) {  // two DDPs: the experts' gradients cross only the ranks holding the same experts
+      for (const auto& p : updated_) (p.expert ? experts_ : dense_).push_back(p);
+      if (dp_.size() > 1) ddp_ = std::make_unique<DataParallel>(dense_, dp_, ddp);
+      if (expert_dp_.size() > 1) ddp_experts_ = std::make_unique<DataParallel>(experts_, expert_dp_, ddp);
+    } else if (dp_.size() > 1 && c.pp == 1) {
+      ddp_ = std::make_unique<DataParallel>(updated_, dp_, ddp);
     }
   }
   opt_ = std::make_unique<AdamW>(updated_, c.optim);
+  if (ep_.size() > 1) opt_->set_expert_group(&ep_);
   const bool copy_reference = role == EngineRole::Method &&
                               ((c.method == "dpo" && c.dpo_reference == "copy") ||
                                (c.method == "grpo" && c.grpo.beta > 0 && c.lora.rank == 0) ||
@@ -127,9 +134,12 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   std::vector<ShardedDataParallel*> zero_raw;
   for (auto& z : zero_) zero_raw.push_back(z.get());
   if (c.pp == 1) {
-    step_ = std::make_unique<TrainStep>(*chunks_[0], *opt_, dp_, tp_,
-                                        StepOptions{precision_, scaler_.get(), ddp_.get(),
-                                                    zero_raw.empty() ? nullptr : zero_raw[0], objective_.get()});
+    StepOptions so{precision_, scaler_.get(), ddp_.get(), zero_raw.empty() ? nullptr : zero_raw[0], objective_.get()};
+    if (ep_.size() > 1) {
+      so.expert_dp = &expert_dp_;
+      so.ddp_experts = ddp_experts_.get();
+    }
+    step_ = std::make_unique<TrainStep>(*chunks_[0], *opt_, dp_, tp_, so);
   } else {
     embed_ = make_embedding_group(rt, mesh.layout());
     plan::PipelineSchedule schedule;
@@ -170,6 +180,19 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   }
 }
 
+std::vector<std::vector<std::string>> mesh_groups(const TrainConfig& c) {
+  if (c.ep == 1) return {{"dp", "cp"}};
+  return {{"dp", "cp"}, {"dp", "cp", "ep"}, {"dp", "ep"}};
+}
+
+Comm& dense_group(const TrainConfig& c, DeviceMesh& mesh) {
+  return c.ep > 1 ? mesh.group({"dp", "cp", "ep"}) : mesh.group({"dp", "cp"});
+}
+
+Comm& data_group(const TrainConfig& c, DeviceMesh& mesh) {
+  return c.ep > 1 ? mesh.group({"dp", "ep"}) : mesh.axis("dp");
+}
+
 // What the method's data needs from the loader: documents for the mask, loss
 // masks for SFT and DPO, pairs kept together for DPO.
 LoaderOptions loader_options(const TrainConfig& c) {
@@ -204,7 +227,7 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank, bool t
     } else {
       size_t k2 = k;
       const std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
-      p = training_pieces(m, ms, vs, dp_rank, world_rank, static_cast<int>(c));
+      p = training_pieces(m, ms, vs, dp_rank, world_rank, static_cast<int>(c), expert_dp_.rank());
     }
     if (trained_only) {
       for (const auto& param : m.params().params()) {
@@ -320,7 +343,8 @@ std::vector<int64_t> TrainEngine::stage_layers() const {
 
 std::map<std::string, std::vector<Comm*>> TrainEngine::groups() {
   std::map<std::string, std::vector<Comm*>> g{
-      {"tp", {&tp_}}, {"cp", {&cp_}}, {"pp", {&pp_}}, {"dp", {&dp_}}, {"embedding", {}}};
+      {"tp", {&tp_}}, {"cp", {&cp_}}, {"pp", {&pp_}}, {"dp", {&dp_}}, {"embedding", {}}, {"ep", {&ep_}}};
+  if (ep_.size() > 1) g["dp"].push_back(&expert_dp_);
   if (shard_groups_.shard) g["dp"].push_back(shard_groups_.shard.get());
   if (shard_groups_.replicate) g["dp"].push_back(shard_groups_.replicate.get());
   if (embed_) g["embedding"].push_back(embed_.get());

@@ -39,6 +39,7 @@ E value_of(const Names<E> (&table)[N], const std::string& s, const char* field) 
 std::vector<int64_t> offsets_of(const Param& p, int tp_rank) {
   std::vector<int64_t> off(p.full_shape.size(), 0);
   if (p.tp_dim >= 0) off[p.tp_dim] = tp_rank * p.tensor.size(p.tp_dim);
+  if (p.expert) off[0] = p.expert_offset;
   return off;
 }
 
@@ -56,7 +57,10 @@ nlohmann::json spec_to_json(const plan::ModelSpec& m) {
           {"position", name_of(kPositions, m.position)},        {"activation", name_of(kActs, m.activation)},
           {"tied", m.tied},         {"bias", m.bias},           {"dropout", m.dropout},
           {"init_std", m.init_std}, {"norm_eps", m.norm_eps},   {"rope_theta", m.rope_theta},
-          {"experts", m.experts},   {"top_k", m.top_k},         {"attention", plan::attention_name(m.attention)}};
+          {"experts", m.experts},   {"top_k", m.top_k},         {"attention", plan::attention_name(m.attention)},
+          {"moe_every", m.moe_every}, {"shared_experts", m.shared_experts}, {"expert_ffn", m.expert_ffn},
+          {"capacity_factor", m.capacity_factor}, {"router", m.router}, {"aux_loss_coef", m.aux_loss_coef},
+          {"z_loss_coef", m.z_loss_coef}};
 }
 
 plan::ModelSpec spec_from_json(const nlohmann::json& j) {
@@ -81,6 +85,13 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j) {
     m.rope_theta = j.at("rope_theta");
     m.experts = j.value("experts", int64_t{0});
     m.top_k = j.value("top_k", int64_t{0});
+    m.moe_every = j.value("moe_every", int64_t{1});
+    m.shared_experts = j.value("shared_experts", int64_t{0});
+    m.expert_ffn = j.value("expert_ffn", int64_t{0});
+    m.capacity_factor = j.value("capacity_factor", 0.0);
+    m.router = j.value("router", std::string("softmax"));
+    m.aux_loss_coef = j.value("aux_loss_coef", 0.01);
+    m.z_loss_coef = j.value("z_loss_coef", 0.0);
     m.attention = plan::parse_attention(j.value("attention", std::string("naive")));
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(fmt::format("model description in the checkpoint is incomplete: {}", e.what()));
@@ -141,13 +152,13 @@ void for_each_box(const Param& p, int tp_rank, const OwnedRange& k, F f) {
 
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
-                                         int chunk) {
+                                         int chunk, int expert_dp_rank) {
   const int tp_rank = model.params().tp_rank();
   std::vector<ckpt::Piece> out;
   auto& params = model.params().params();
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
-    const bool owner = writes(p, dp_rank == 0, tp_rank);
+    const bool owner = writes(p, (p.expert && expert_dp_rank >= 0 ? expert_dp_rank : dp_rank) == 0, tp_rank);
     const auto off = offsets_of(p, tp_rank);
     out.push_back({"model/" + p.name, p.tensor.detach(), p.full_shape, off, owner});
     if (!exp_avg.empty() && exp_avg.at(i).defined()) {
@@ -216,7 +227,10 @@ void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now) {
   const plan::ModelSpec saved = spec_from_json(m["config"]["model"]);
   for (auto [field, a, b] : {std::tuple{"layers", saved.layers, now.layers}, {"hidden", saved.hidden, now.hidden},
                              {"heads", saved.heads, now.heads}, {"kv_heads", saved.kv_heads, now.kv_heads},
-                             {"ffn", saved.ffn, now.ffn}, {"vocab", saved.vocab, now.vocab}}) {
+                             {"ffn", saved.ffn, now.ffn}, {"vocab", saved.vocab, now.vocab},
+                             {"experts", saved.experts, now.experts}, {"moe_every", saved.moe_every, now.moe_every},
+                             {"shared_experts", saved.shared_experts, now.shared_experts},
+                             {"expert_ffn", saved.expert_width(), now.expert_width()}}) {
     if (a != b) {
       throw std::runtime_error(fmt::format("checkpoint {} has model.{} = {}, the config asks for {}; load it with the "
                                            "model it was trained with",

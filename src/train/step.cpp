@@ -11,6 +11,7 @@
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/moe/metrics.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/parallel/data/ddp.h"
@@ -45,9 +46,13 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, const UpdateG
   std::vector<double> metric_sums(objective.metrics().size(), 0.0);
   double loss_sum = 0;
   const double scale = o_.scaler ? o_.scaler->scale() : 1.0;
+  // Router losses: a mean over every micro-batch of every data-parallel replica (moe/layer.h).
+  model_.set_moe_loss_weight(scale / static_cast<double>(micro_batches.size() * static_cast<size_t>(dp_.size())));
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const Batch& b = micro_batches[i];
-    if (o_.ddp) o_.ddp->set_sync(i + 1 == micro_batches.size());  // reduce in the last backward only
+    const bool last = i + 1 == micro_batches.size();  // reduce in the last backward only
+    if (o_.ddp) o_.ddp->set_sync(last);
+    if (o_.ddp_experts) o_.ddp_experts->set_sync(last);
     at::Tensor summed;
     {
       AutocastGuard precision(o_.precision);
@@ -66,8 +71,9 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, const UpdateG
     o_.zero->finish();
   } else if (o_.ddp) {
     o_.ddp->finish();
+    if (o_.ddp_experts) o_.ddp_experts->finish();
   } else {
-    all_reduce_gradients(model_.params().params(), dp_);
+    all_reduce_gradients(model_.params().params(), dp_, o_.expert_dp);
   }
   if (!o_.zero) model_.finalize_grads();
   StepResult r;
@@ -82,6 +88,11 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, const UpdateG
   const auto names = objective.metrics();
   for (size_t i = 0; i < names.size(); ++i) r.metrics.emplace_back(names[i], l[1 + i].item<double>() / tokens);
   r.tokens = static_cast<int64_t>(tokens);
+  std::vector<Comm*> saw_apart{&dp_};  // ranks that routed different tokens
+  if (model_.sequence_parallel()) saw_apart.push_back(&tp_);
+  MoeMetrics moe = collect_moe_metrics(model_.moe_layers(), saw_apart);
+  r.metrics.insert(r.metrics.end(), moe.values.begin(), moe.values.end());
+  r.expert_tokens = std::move(moe.tokens);
   const bool finite = !o_.scaler || o_.scaler->unscale(updated, {&tp_, &dp_});
   if (o_.scaler) o_.scaler->update(finite);
   if (finite) {
@@ -109,24 +120,35 @@ double count_target_tokens(const std::vector<Batch>& micro_batches, Comm& dp) {
   return tokens;
 }
 
-// A sum, not an average: each token's loss is already divided by the global count.
-void all_reduce_gradients(std::vector<Param>& params, Comm& dp) {
-  if (dp.size() == 1) return;
+namespace {
+
+// The gradients of `params` whose expert flag is `experts`, summed over `group`.
+void all_reduce_some(std::vector<Param>& params, Comm& group, bool experts) {
+  if (group.size() == 1) return;
   std::vector<at::Tensor> grads;
   for (auto& p : params) {
-    if (p.frozen) continue;  // LoRA's base: no gradient
+    if (p.frozen || p.expert != experts) continue;  // frozen: LoRA's base, no gradient
     if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
     grads.push_back(p.tensor.grad());
   }
+  if (grads.empty()) return;
   std::vector<at::Tensor> flat_parts;
   for (auto& g : grads) flat_parts.push_back(g.reshape({-1}).to(at::kFloat));
   at::Tensor flat = at::cat(flat_parts);
-  dp.all_reduce(flat);
+  group.all_reduce(flat);
   int64_t offset = 0;
   for (auto& g : grads) {
     g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
     offset += g.numel();
   }
+}
+
+}  // namespace
+
+// A sum, not an average: each token's loss is already divided by the global count.
+void all_reduce_gradients(std::vector<Param>& params, Comm& dp, Comm* expert_dp) {
+  all_reduce_some(params, dp, false);
+  all_reduce_some(params, expert_dp ? *expert_dp : dp, true);
 }
 
 }  // namespace meshtrain

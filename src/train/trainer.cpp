@@ -98,7 +98,7 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
             {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
                        {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}, {"method", c.method}}}}},
           {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
-                    {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}}},
+                    {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}, {"ep", c.ep}}},
           {"optimizer", {{"steps", opt.steps()}}},
           {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
                                                     {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
@@ -168,7 +168,7 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
   const auto& mesh = m.at("mesh");
   const bool same_mesh = m.at("world_size").get<int>() == world_size && mesh.at("tp") == c.tp &&
                          mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages &&
-                         mesh.value("cp", 1) == c.cp;
+                         mesh.value("cp", 1) == c.cp && mesh.value("ep", 1) == c.ep;
   const PeakProbe probe;
   const auto t0 = std::chrono::steady_clock::now();
   engine.load(r, world_rank, same_mesh);
@@ -190,10 +190,10 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
   spike.restore(m.value("spike", nlohmann::json()), rollback);
   const int64_t step = m.at("step").get<int64_t>();
   if (lead) {
-    fmt::print("{}{} {} (step {}, saved on tp={} cp={} dp={} pp={}{}; loaded in {:.2f} s, peak extra memory "
+    fmt::print("{}{} {} (step {}, saved on tp={} cp={} dp={} pp={} ep={}{}; loaded in {:.2f} s, peak extra memory "
                "{} per rank)\n",
                rollback ? fmt::format("step {:>5} | ", step) : "", rollback ? "rolled back to" : "resumed from", path,
-               step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1),
+               step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1), mesh.value("ep", 1),
                same_mesh ? "" : "; another mesh: dropout streams start afresh", seconds, plan::human_bytes(extra));
   }
   return step;
@@ -242,13 +242,13 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   Runtime* rt = &runtime;
   // Also checked before launching (a foreign launcher skips that); one process warns here.
   check_run(c, rt->world_size(), plan_check, rt->world_size() == 1);
-  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}});
-  DeviceMesh mesh(*rt, layout);
-  // Gradients and the loss normaliser are summed over dp x cp; windows are
-  // read per data-parallel replica (`data`), and each cp rank of a replica
-  // takes its zig-zag chunks of them.
-  Comm& dp = mesh.group({"dp", "cp"});
-  Comm& data = mesh.axis("dp");
+  auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"ep", c.ep}});
+  DeviceMesh mesh(*rt, layout, mesh_groups(c));
+  // Gradients and the loss normaliser are summed over dp x cp (x ep); windows
+  // are read per data-parallel replica (`data`: dp, x ep with expert
+  // parallelism), and each cp rank of a replica takes its zig-zag chunks of them.
+  Comm& dp = dense_group(c, mesh);
+  Comm& data = data_group(c, mesh);
   const ZigZag chunks(c.seq, c.cp, mesh.coord("cp"));
   const bool lead = rt->rank() == 0;
   const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());

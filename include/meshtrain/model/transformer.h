@@ -14,7 +14,10 @@
 //   embed.weight [V_pad, h], pos.weight [seq, h] (learned positions),
 //   layers.{i}.norm1.{weight,bias}, layers.{i}.attn.{q,k,v,o}.{weight,bias},
 //   layers.{i}.norm2.{weight,bias}, layers.{i}.mlp.{fc1,fc2}.{weight,bias} (GELU)
-//   or layers.{i}.mlp.{gate,up,down}.weight (SwiGLU), final_norm.{weight,bias},
+//   or layers.{i}.mlp.{gate,up,down}.weight (SwiGLU); a mixture-of-experts
+//   layer (spec.moe_layer(i)) has layers.{i}.moe.{router,experts}.* (moe/layer.h)
+//   and its shared experts as layers.{i}.moe.shared.{fc1,fc2 | gate,up,down};
+//   final_norm.{weight,bias},
 //   head.weight [V_pad, h] (untied only). Biases exist when spec.bias is set.
 //
 // Dropout masks come from two generators (Megatron's model-parallel RNG,
@@ -42,6 +45,7 @@
 namespace meshtrain {
 
 class Comm;
+class MoeLayer;
 struct BottleneckAdapter;
 
 struct Block {
@@ -50,6 +54,10 @@ struct Block {
   RowParallelLinear o;
   ColumnParallelLinear fc1, gate, up;  // fc1 (GELU) or gate and up (SwiGLU)
   RowParallelLinear fc2;               // fc2 (GELU) or down (SwiGLU)
+  // A mixture-of-experts layer (moe/layer.h): its routed experts, and the
+  // linears above hold its shared experts (`moe.shared.*`) or none.
+  std::shared_ptr<MoeLayer> moe;
+  bool dense_ffn = true;  // the linears above exist (a dense layer, or shared experts)
   // Bottleneck adapters (peft/adapter.h) on the attention and MLP outputs, when added.
   std::shared_ptr<BottleneckAdapter> adapter_attn, adapter_mlp;
 };
@@ -90,7 +98,9 @@ class Transformer {
  public:
   // Throws std::invalid_argument when the spec does not divide by tp (heads, kv
   // heads, ffn; the sequence with sequence parallelism).
-  Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed, StagePart part = {});
+  // `ep`: the expert-parallel group MoE layers split their experts over (null: none).
+  Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel, uint64_t seed, StagePart part = {},
+              Comm* ep = nullptr);
 
   // A pipeline stage's forward: `x` is tokens [b, s] when the stage has the
   // embedding, else hidden states [s(/tp), b, h]. Returns hidden states, or on
@@ -148,6 +158,12 @@ class Transformer {
 
   void set_unit_hooks(UnitHooks* h) { hooks_ = h; }
 
+  // This rank's (or stage's) MoE layers, in layer order.
+  std::vector<MoeLayer*> moe_layers();
+  // The weight of each training forward's router losses (moe/layer.h): 1 /
+  // (micro-batches x data-parallel replicas), times the loss scale; set by the step.
+  void set_moe_loss_weight(double w) { moe_loss_weight_ = w; }
+
   // When set, forward records per-segment times (and backward, via markers).
   void set_profiler(SegmentProfiler* p) { profiler_ = p; }
 
@@ -169,7 +185,7 @@ class Transformer {
   at::Tensor attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache, int64_t layer,
                        const at::Tensor& docs) const;
   at::Tensor run_block(int64_t i, const at::Tensor& x, bool train, KVCache* cache, const at::Tensor& docs = {});
-  at::Tensor mlp(const Block& blk, const at::Tensor& x) const;
+  at::Tensor mlp(const Block& blk, const at::Tensor& x, bool train) const;
   at::Tensor hidden_states(const at::Tensor& tokens, bool train, KVCache* cache = nullptr,
                            const at::Tensor& docs = {});
   at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs = {});
@@ -201,6 +217,7 @@ class Transformer {
   at::Tensor leave_root(const at::Tensor& out) { return hooks_ ? hooks_->after_unit(0, out) : out; }
   mutable at::Generator rng_replicated_, rng_split_;
   nn::Recompute recompute_ = nn::Recompute::None;
+  double moe_loss_weight_ = 1;
   at::Generator& residual_rng() const { return tp_.sequence_parallel ? rng_split_ : rng_replicated_; }
 };
 

@@ -13,9 +13,14 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "meshtrain/moe/router.h"
 
 namespace meshtrain {
+
+class Comm;
 
 struct ExpertWeights {
   at::Tensor w1;  // [E, f, h]: GELU's first linear, SwiGLU's gate
@@ -26,8 +31,16 @@ struct ExpertWeights {
 // One expert's FFN on rows x [n, h].
 at::Tensor expert_ffn(const at::Tensor& x, const ExpertWeights& w, int64_t e);
 
+// Rows [n, h] sorted by expert, counts[e] of them for expert e of `w`: each
+// expert's block in one GEMM per weight; outputs in the rows' order. The
+// weights get a (zero) gradient even when no row reaches them.
+at::Tensor grouped_ffn(const at::Tensor& rows, const std::vector<int64_t>& counts, const ExpertWeights& w);
+
 // x [T, h], the routing of its T tokens: y [T, h] (zero rows for tokens whose
 // every assignment was dropped). Differentiable in x, the weights and the gates.
-at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertWeights& w);
+// With `ep` (size > 1), `w` holds this rank's E/ep experts and the rows travel
+// to the ranks holding their experts and back (moe/layer.h); every ep rank
+// must call it, with or without tokens.
+at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertWeights& w, Comm* ep = nullptr);
 
 }  // namespace meshtrain

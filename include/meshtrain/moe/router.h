@@ -44,6 +44,10 @@ struct Routing {
   at::Tensor kept;        // [T, k] bool: the assignment fits its expert's capacity
   at::Tensor aux_loss;    // scalar
   at::Tensor z_loss;      // scalar
+  // What the losses are made of, for a sequence split across ranks (moe/layer.h):
+  at::Tensor assigned;     // [E] fp32: assignments per expert before dropping (no gradient)
+  at::Tensor density_sum;  // [E]: the sum over tokens of P's per-token distribution
+  at::Tensor lse2_sum;     // scalar: the sum over tokens of logsumexp(logits)^2
   at::Tensor per_expert;  // [E] int64: assignments kept per expert
   int64_t capacity = 0;   // per expert (0: dropless)
   int64_t dropped = 0;    // assignments past capacity

@@ -39,6 +39,12 @@ struct Param {
   // Not trained (a base weight under LoRA, peft/lora.h): requires no gradient,
   // gets no optimizer state.
   bool frozen = false;
+  // Expert parallelism (moe/layer.h): dim 0 indexes experts and is split
+  // across the ep group; this rank holds experts [expert_offset,
+  // expert_offset + tensor.size(0)). Its gradient is reduced over the ranks
+  // holding the same experts (dp x cp), not over ep.
+  bool expert = false;
+  int64_t expert_offset = 0;
 };
 
 class ParamStore {
@@ -50,6 +56,11 @@ class ParamStore {
   // beyond it are padding and start at zero (vocabulary padding).
   at::Tensor create(const std::string& name, std::vector<int64_t> full_shape, Init init, double std, int64_t tp_dim,
                     bool sequence_partial = false, int64_t rows_valid = -1);
+
+  // An expert-parallel parameter: the full tensor [experts, ...] drawn as in
+  // create (so ep = 1 and ep = 4 start alike), then this ep rank's experts.
+  at::Tensor create_experts(const std::string& name, std::vector<int64_t> full_shape, double std, int ep_rank,
+                            int ep_size, bool sequence_partial = false);
 
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }

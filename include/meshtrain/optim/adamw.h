@@ -43,8 +43,11 @@ bool decays(const Param& p, const AdamWOptions& o);
 // parameters are summed over the tp group; replicated ones counted once;
 // replicas (Param::replica) not at all. `sum_over`: groups whose ranks hold
 // disjoint parts of the model (ZeRO's shard group, the pipeline group): the
-// sums of squares are first summed over each.
-double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::vector<Comm*>& sum_over = {});
+// sums of squares are first summed over each. `ep`: the expert-parallel
+// group, whose ranks hold different experts (Param::expert): their squares
+// are summed over it.
+double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::vector<Comm*>& sum_over = {},
+                        Comm* ep = nullptr);
 
 class AdamW {
  public:
@@ -56,6 +59,8 @@ class AdamW {
   // The two halves, for a step that may be dropped between them (train/spike.h).
   double grad_norm(Comm* tp, const std::vector<Comm*>& sum_over = {}) const;
   void update(double grad_norm);
+  // The expert-parallel group for the gradient norm (global_grad_norm's `ep`).
+  void set_expert_group(Comm* ep) { ep_ = ep; }
   int64_t steps() const { return step_; }
   double last_lr() const { return lr_; }
   // State for checkpoints: exp_avg and exp_avg_sq per parameter, in order.
@@ -69,6 +74,7 @@ class AdamW {
   std::vector<at::Tensor> m_, v_;
   int64_t step_ = 0;
   double lr_ = 0;
+  Comm* ep_ = nullptr;
 };
 
 }  // namespace meshtrain

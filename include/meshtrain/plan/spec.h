@@ -36,13 +36,28 @@ struct ModelSpec {
   double init_std = 0.02;  // normal init of weights; output projections get std / sqrt(2 layers)
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  // Mixture of experts (0 = dense): every layer's FFN becomes `experts` experts
-  // of size `ffn`, of which `top_k` run per token.
+  // Mixture of experts (0 = dense, moe/layer.h): the FFN of every
+  // `moe_every`-th layer (layer i when i % moe_every == 0, Megatron-Core's
+  // moe_layer_freq) becomes `experts` routed experts of width `expert_ffn`
+  // (0: ffn), `top_k` of them per token, plus `shared_experts` always-on ones
+  // (DeepSeekMoE, arXiv 2401.06066) computed as one FFN of shared_experts x
+  // expert_ffn. Router: "softmax" or "sigmoid"; capacity_factor 0: dropless.
+  // The auxiliary load-balancing loss and the router z-loss are added with
+  // their coefficients.
   int64_t experts = 0;
   int64_t top_k = 0;
+  int64_t moe_every = 1;
+  int64_t shared_experts = 0;
+  int64_t expert_ffn = 0;
+  double capacity_factor = 0;
+  std::string router = "softmax";
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0;
 
   int64_t head_dim() const { return hidden / heads; }
   bool moe() const { return experts > 0; }
+  bool moe_layer(int64_t i) const { return moe() && i % moe_every == 0; }
+  int64_t expert_width() const { return expert_ffn > 0 ? expert_ffn : ffn; }
 };
 
 // Checks divisibility and positivity; throws std::invalid_argument naming the field.

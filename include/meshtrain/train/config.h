@@ -31,6 +31,10 @@ struct TrainConfig {
   // every sequence (parallel/context/); cp_impl: ring | ulysses | allgather.
   int cp = 1;
   std::string cp_impl = "ring";
+  // [parallel] ep: expert parallelism, the experts of each MoE layer split
+  // across ep ranks, tokens dispatched to them by all-to-all (moe/layer.h);
+  // ep ranks read different data (the data-parallel replicas are dp x ep).
+  int ep = 1;
   // [parallel] zero: 0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP); dp_shard: HSDP,
   // shard within groups of this many dp ranks (0 = all of dp); offload: CUDA only.
   int zero = 0;

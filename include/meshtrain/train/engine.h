@@ -1,7 +1,11 @@
 // What a training run (train/trainer.h) runs on this rank, built from the
 // config: the model (or this pipeline rank's chunks), the data-parallel wrapper
 // (none, DDP or ZeRO), the optimizer and the step, on the dp x cp x tp x pp
-// mesh; with the checkpoint pieces and loading that fit them.
+// (x ep) mesh; with the checkpoint pieces and loading that fit them.
+//
+// Expert parallelism (parallel.ep > 1; the mesh must have built the groups of
+// mesh_groups()): ep ranks read different data, so the dense parameters'
+// replicas are dp x cp x ep and the experts' dp x cp (moe/layer.h).
 #pragma once
 
 #include <map>
@@ -30,6 +34,14 @@ namespace meshtrain {
 // What the method's data needs from the loader: documents for the mask, loss
 // masks for SFT and DPO, pairs kept together for DPO.
 LoaderOptions loader_options(const TrainConfig& c);
+
+// The combined groups a run's mesh builds (runtime/mesh.h): dp x cp, and with
+// expert parallelism dp x cp x ep (the dense gradients) and dp x ep (the data).
+std::vector<std::vector<std::string>> mesh_groups(const TrainConfig& c);
+// The group gradients of dense parameters and the loss normaliser are summed
+// over, and the one whose ranks read different data (the loader's replicas).
+Comm& dense_group(const TrainConfig& c, DeviceMesh& mesh);
+Comm& data_group(const TrainConfig& c, DeviceMesh& mesh);
 
 // What the engine trains: the config's method on its model, or (PPO) a
 // critic: the model with a value head (rl/critic.h) and the value objective.
@@ -86,12 +98,15 @@ class TrainEngine {
   Comm& tp_;
   Comm& pp_;
   Comm& cp_;
-  Comm& dp_;
+  Comm& dp_;         // the dense parameters' replicas: dp x cp (x ep)
+  Comm& expert_dp_;  // the experts' replicas: dp x cp
+  Comm& ep_;
   std::vector<std::unique_ptr<Transformer>> chunks_;
   std::unique_ptr<Comm> embed_;
   ShardGroups shard_groups_;
   std::vector<std::unique_ptr<ShardedDataParallel>> zero_;
-  std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<DataParallel> ddp_, ddp_experts_;
+  std::vector<Param> dense_, experts_;  // with expert parallelism: what each DDP reduces
   std::vector<Param> updated_;  // what AdamW updates, chunk after chunk
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<LossScaler> scaler_;

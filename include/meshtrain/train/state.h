@@ -35,10 +35,12 @@ plan::ModelSpec spec_from_json(const nlohmann::json& j);
 // This rank's pieces of the model and optimizer state (and its RNG state).
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank);
 // The same with the moments given per model parameter. An undefined moment
-// (a frozen parameter: no optimizer state) is not written.
+// (a frozen parameter: no optimizer state) is not written. `dp_rank`: this
+// rank among the replicas of the dense parameters; `expert_dp_rank` among
+// those of its experts (dp x cp, without ep; -1: dp_rank). Rank 0 writes.
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
-                                         int chunk = 0);
+                                         int chunk = 0, int expert_dp_rank = -1);
 
 // A ZeRO rank's state (parallel/data/zero.h): its fp32 weight slices and
 // moment slices, one per flat, and where they sit in the model.

@@ -36,7 +36,10 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   double lr = 0;
   int64_t tokens = 0;    // target tokens in the global batch (the objective's units)
-  std::vector<std::pair<std::string, double>> metrics;  // the objective's, means over the global batch
+  // The objective's, means over the global batch; then with MoE layers
+  // moe/metrics.h's, whose tokens per expert (per layer) are `expert_tokens`.
+  std::vector<std::pair<std::string, double>> metrics;
+  std::vector<std::vector<double>> expert_tokens;
   bool skipped = false;  // the loss scaler found inf/NaN gradients: no update
   bool dropped = false;  // the update gate refused the update (train/spike.h): no update
   double loss_scale = 1;
@@ -54,14 +57,21 @@ struct StepOptions {
   // ZeRO / FSDP instead of ddp: the optimizer must update zero->shard_params().
   ShardedDataParallel* zero = nullptr;
   Objective* objective = nullptr;  // null: next-token loss (pretraining, SFT)
+  // Expert parallelism: the experts' gradients (Param::expert) are reduced
+  // over this group (the ranks holding the same experts: dp x cp) and by
+  // ddp_experts; the rest over the step's dp (dp x cp x ep) and by ddp.
+  // Null: every gradient over dp.
+  Comm* expert_dp = nullptr;
+  DataParallel* ddp_experts = nullptr;
 };
 
 // Target tokens (targets >= 0) of the global batch: this rank's micro-batches
 // summed over `dp`. Throws when there are none.
 double count_target_tokens(const std::vector<Batch>& micro_batches, Comm& dp);
 // Sums (not averages) every gradient over `dp` in fp32 as one flat buffer;
-// missing gradients count as zeros.
-void all_reduce_gradients(std::vector<Param>& params, Comm& dp);
+// missing gradients count as zeros. With `expert_dp`, the experts' gradients
+// are summed over it instead (a second flat buffer).
+void all_reduce_gradients(std::vector<Param>& params, Comm& dp, Comm* expert_dp = nullptr);
 
 class TrainStep {
  public:
