@@ -414,6 +414,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
                          {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
         for (const auto& [name, value] : r.metrics) j[name] = value;
+        if (!r.expert_tokens.empty()) j["moe_tokens_per_expert"] = r.expert_tokens;  // per MoE layer
         if (!val.empty()) {
           j["val_loss"] = val[0];
           const auto names = engine.objective().metrics();
