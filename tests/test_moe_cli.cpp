@@ -1,7 +1,8 @@
 // A MoE model trained through the binary: the step log and the metrics file
 // carry the router's numbers, and a checkpoint written under one expert-
-// parallel size resumes under another (ep4 -> ep2 -> ep1 on 4 ranks) with the
-// losses of the uninterrupted run: experts are saved under global names.
+// parallel size resumes under another (ep4 -> ep2 with ZeRO-1 -> ep1 on 4
+// ranks) with the losses of the uninterrupted run: experts are saved under
+// global names, ZeRO's expert slices as boxes of them.
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -42,7 +43,7 @@ TEST(MoeCli, ExpertParallelCheckpointsResumeOnAnotherEp) {
   const std::string ckpt = set("checkpoint.dir", "ckpt");
   run = run_command(bin + " train " + cfg + " --set parallel.ep=4" + ckpt + " --set train.stop_after=2");
   ASSERT_EQ(run.code, 0) << run.output;
-  run = run_command(bin + " train " + cfg + " --set parallel.ep=2" + ckpt + " --set train.stop_after=4" +
+  run = run_command(bin + " train " + cfg + " --set parallel.ep=2 --set parallel.zero=1" + ckpt + " --set train.stop_after=4" +
                     set("train.metrics", "ep2.jsonl"));
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("(step 2, saved on tp=1 cp=1 dp=4 pp=1 ep=4"), std::string::npos) << run.output;

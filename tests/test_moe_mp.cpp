@@ -8,6 +8,8 @@
 // tp-split ones over tp) within 1e-5 of the reference's norm; after 3 AdamW
 // steps each weight's distance from the reference within 1e-3 of the distance
 // the reference travelled (train_parity.h says why not element-wise).
+// Gradients cross the replicas as flat all-reduces, two DDPs (dense over
+// dp x ep, experts over dp) or ZeRO-1/3 (experts in flats of their own).
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,6 +21,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data/ddp.h"
+#include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/train/step.h"
 #include "tests/mp.h"
@@ -80,7 +83,10 @@ double stat(const StepResult& r, const std::string& name) {
   return 0;
 }
 
-void check(int tp_size, int ep_size, bool ddp, double capacity_factor = 0) {
+// How gradients cross the replicas: one flat all-reduce per kind, two DDPs, or ZeRO.
+enum class Reduce { Flat, Ddp, Zero1, Zero3 };
+
+void check(int tp_size, int ep_size, Reduce reduce, double capacity_factor = 0) {
   Runtime& rt = runtime();
   DeviceMesh mesh(rt, MeshLayout::create(rt.world_size(), {{"tp", tp_size}, {"ep", ep_size}}),
                   {{"dp", "cp"}, {"dp", "cp", "ep"}, {"dp", "ep"}});
@@ -99,15 +105,22 @@ void check(int tp_size, int ep_size, bool ddp, double capacity_factor = 0) {
   std::vector<Param> dense_params, expert_params;
   for (const auto& p : model.params().params()) (p.expert ? expert_params : dense_params).push_back(p);
   std::unique_ptr<DataParallel> ddp_dense, ddp_experts;
-  if (ddp) {
+  std::unique_ptr<ShardedDataParallel> zero;
+  Comm solo_replicas("solo", rt.rank());
+  if (reduce == Reduce::Zero1 || reduce == Reduce::Zero3) {
+    zero = std::make_unique<ShardedDataParallel>(
+        model, dense, solo_replicas, tp, o,
+        ZeroOptions{reduce == Reduce::Zero1 ? 1 : 3, false, true, false, &expert_dp});
+  }
+  if (reduce == Reduce::Ddp) {
     ddp_dense = std::make_unique<DataParallel>(dense_params, dense, DdpOptions{16 << 10, true, false});
     if (expert_dp.size() > 1) {
       ddp_experts = std::make_unique<DataParallel>(expert_params, expert_dp, DdpOptions{16 << 10, true, false});
     }
   }
-  AdamW opt(model.params().params(), o), opt1(single.params().params(), o);
-  opt.set_expert_group(&ep);
-  StepOptions so{Precision::Fp32, nullptr, ddp_dense.get(), nullptr, nullptr};
+  AdamW opt(zero ? zero->shard_params() : model.params().params(), o), opt1(single.params().params(), o);
+  if (!zero) opt.set_expert_group(&ep);  // ZeRO's slices are disjoint over its shard group (zero.h)
+  StepOptions so{Precision::Fp32, nullptr, ddp_dense.get(), zero.get(), nullptr};
   so.expert_dp = &expert_dp;
   so.ddp_experts = ddp_experts.get();
   TrainStep step(model, opt, dense, tp, so);
@@ -115,8 +128,8 @@ void check(int tp_size, int ep_size, bool ddp, double capacity_factor = 0) {
   std::vector<at::Tensor> init;
   for (const auto& p : single.params().params()) init.push_back(p.tensor.detach().clone());
   const int64_t mine = kGlobal / data.size();
-  const std::string where = fmt::format("tp={} ep={} dp={} capacity={}", tp_size, ep_size,
-                                        mesh.size("dp"), capacity_factor);
+  const std::string where = fmt::format("tp={} ep={} dp={} capacity={} reduce={}", tp_size, ep_size,
+                                        mesh.size("dp"), capacity_factor, static_cast<int>(reduce));
   const auto& ps = model.params().params();
   const auto& rs = single.params().params();
   for (int s = 0; s < 3; ++s) {
@@ -130,7 +143,7 @@ void check(int tp_size, int ep_size, bool ddp, double capacity_factor = 0) {
     }
     EXPECT_EQ(r.expert_tokens, r1.expert_tokens) << "step " << s << " " << where;
     if (capacity_factor > 0 && s == 0) EXPECT_GT(stat(r1, "moe_dropped"), 0) << "the capacity must drop some";
-    if (s > 0) continue;
+    if (s > 0 || zero) continue;  // (ZeRO keeps reduced gradients as slices: compared through the weights)
     for (size_t i = 0; i < ps.size(); ++i) {  // every gradient of the first step
       ASSERT_EQ(ps[i].name, rs[i].name);
       const at::Tensor g = whole(ps[i], ps[i].tensor.grad(), tp, ep, spec.vocab);
@@ -140,8 +153,9 @@ void check(int tp_size, int ep_size, bool ddp, double capacity_factor = 0) {
           << ps[i].name << " " << where;
     }
   }
+  const std::vector<at::Tensor> gathered = zero ? zero->whole_weights() : std::vector<at::Tensor>{};
   for (size_t i = 0; i < ps.size(); ++i) {
-    const at::Tensor w = whole(ps[i], ps[i].tensor.detach(), tp, ep, spec.vocab);
+    const at::Tensor w = whole(ps[i], zero ? gathered[i] : ps[i].tensor.detach(), tp, ep, spec.vocab);
     const at::Tensor w1 = whole(rs[i], rs[i].tensor.detach(), solo_tp, solo_tp, spec.vocab);
     const at::Tensor w0 = whole(rs[i], init[i], solo_tp, solo_tp, spec.vocab);
     const double travelled = (w1 - w0).norm().item<double>(), apart = (w - w1).norm().item<double>();
@@ -152,23 +166,30 @@ void check(int tp_size, int ep_size, bool ddp, double capacity_factor = 0) {
 TEST(MoeParallel, ExpertParallelDroplessEqualsOneProcess) {
   const int w = runtime().world_size();
   if (w != 2 && w != 4) GTEST_SKIP() << "ep = world needs 2 or 4 ranks";
-  check(1, w, false);
+  check(1, w, Reduce::Flat);
 }
 
 TEST(MoeParallel, ExpertParallelWithDataParallelEqualsOneProcess) {
   if (runtime().world_size() != 4) GTEST_SKIP() << "ep2 x dp2 needs 4 ranks";
-  check(1, 2, true);
+  check(1, 2, Reduce::Ddp);
+}
+
+TEST(MoeParallel, ExpertParallelWithZeroEqualsOneProcess) {
+  const int w = runtime().world_size();
+  if (w != 2 && w != 4) GTEST_SKIP() << "ep2 x dp (1 or 2) needs 2 or 4 ranks";
+  check(1, 2, Reduce::Zero1);
+  check(1, 2, Reduce::Zero3);
 }
 
 TEST(MoeParallel, CapacityDroppingUnderExpertParallelEqualsOneProcess) {
   if (runtime().world_size() != 2) GTEST_SKIP() << "ep2 needs 2 ranks";
-  check(1, 2, false, 1.0);
+  check(1, 2, Reduce::Flat, 1.0);
 }
 
 // Named Mesh* to run in the 8-rank entry (mesh_np8).
 TEST(MeshMoe, ExpertTensorAndDataParallelEqualOneProcess) {
   if (runtime().world_size() != 8) GTEST_SKIP() << "ep2 x tp2 x dp2 needs 8 ranks";
-  check(2, 2, true);
+  check(2, 2, Reduce::Ddp);
 }
 
 }  // namespace

@@ -63,10 +63,10 @@ void check_moe(const TrainConfig& c, const std::string& path) {
                                             "holds experts / ep of them; choose an ep that divides {}",
                                             path, m.experts, c.ep, m.experts));
   }
-  if (c.ep > 1 && (c.zero > 0 || c.pp > 1)) {
-    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} trains with DDP and without pipeline stages for now: "
-                                            "parallel.zero = {} must be 0 and parallel.pp = {} must be 1",
-                                            path, c.ep, c.zero, c.pp));
+  if (c.ep > 1 && (c.dp_shard > 0 || c.pp > 1)) {
+    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} trains without HSDP and without pipeline stages for "
+                                            "now: parallel.dp_shard = {} must be 0 and parallel.pp = {} must be 1",
+                                            path, c.ep, c.dp_shard, c.pp));
   }
   if (c.ep > 1 && (c.method == "grpo" || c.method == "ppo")) {
     throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with train.method = \"{}\": reinforcement learning "

@@ -78,7 +78,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     for (auto& m : chunks_) {
       zero_.push_back(std::make_unique<ShardedDataParallel>(
           *m, *shard_groups_.shard, *shard_groups_.replicate, tp_, c.optim,
-          ZeroOptions{c.zero, c.ddp_find_unused, true, c.zero == 3 && precision_ == Precision::Bf16}));
+          ZeroOptions{c.zero, c.ddp_find_unused, true, c.zero == 3 && precision_ == Precision::Bf16,
+                      ep_.size() > 1 ? &expert_dp_ : nullptr}));
       for (const auto& p : zero_.back()->shard_params()) updated_.push_back(p);
     }
   } else {
@@ -97,7 +98,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     }
   }
   opt_ = std::make_unique<AdamW>(updated_, c.optim);
-  if (ep_.size() > 1) opt_->set_expert_group(&ep_);
+  // ZeRO's slices are disjoint across its shard group already (zero.h): only whole experts sum over ep.
+  if (ep_.size() > 1 && zero_.empty()) opt_->set_expert_group(&ep_);
   const bool copy_reference = role == EngineRole::Method &&
                               ((c.method == "dpo" && c.dpo_reference == "copy") ||
                                (c.method == "grpo" && c.grpo.beta > 0 && c.lora.rank == 0) ||

@@ -47,6 +47,7 @@ struct Flat {
   int64_t unit = 0;
   int decay = 0;
   bool tp_split = false, partial = false, replica = false;
+  bool expert = false;           // sharded over ZeroOptions::expert_shard (expert parallelism)
   std::vector<size_t> params;    // model parameter indices
   std::vector<int64_t> offsets;  // of each in the flat
   int64_t numel = 0, padded = 0, shard = 0;
@@ -110,7 +111,9 @@ struct ShardedDataParallel::State {
     }
   }
 
-  int64_t owned_offset(const Flat& f) const { return shard.rank() * f.shard; }
+  // The group a flat is sharded over: the experts' replicas for an expert flat, else `shard`.
+  Comm& group(const Flat& f) const { return f.expert ? *o.expert_shard : shard; }
+  int64_t owned_offset(const Flat& f) const { return group(f).rank() * f.shard; }
 
   void reset_backward() {
     for (auto& f : flats) {
@@ -133,7 +136,7 @@ struct ShardedDataParallel::State {
     f.gather_in = shards[i].tensor.detach().to(f.full.scalar_type());
     // Broadcast-based gathers run in the background (comm.h); Auto (shared memory on one host, else the
     // ring for large gathers) completes within the call.
-    f.gather = shard.all_gather_async(f.full, f.gather_in, async ? GatherAlgo::Broadcast : GatherAlgo::Auto);
+    f.gather = group(f).all_gather_async(f.full, f.gather_in, async ? GatherAlgo::Broadcast : GatherAlgo::Auto);
     f.gathered = Gathered::InFlight;
   }
 
@@ -200,7 +203,7 @@ struct ShardedDataParallel::State {
     Flat& f = flats[i];
     if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, at::kFloat);
     f.grad_out = at::empty({f.shard}, at::kFloat);
-    f.reduce = shard.reduce_scatter_async(f.grad_out, f.grad_in);
+    f.reduce = group(f).reduce_scatter_async(f.grad_out, f.grad_in);
     f.launched = true;
     if (last_launched >= 0) complete(last_launched);  // at most two reductions in flight
     last_launched = static_cast<int64_t>(i);
@@ -239,26 +242,29 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
     throw std::invalid_argument("zero: stage 3 shards every parameter, and this model has frozen ones (adapters on a "
                                 "frozen base); use stage 1 or 2, which leave the frozen base whole and untouched");
   }
+  if (o.expert_shard && replicate.size() > 1) {
+    throw std::invalid_argument("zero: expert parallelism with HSDP (parallel.dp_shard) is not supported; set "
+                                "parallel.dp_shard = 0");
+  }
   // Flats: one per (unit, class), ordered by unit, then by first appearance.
-  std::map<std::tuple<int64_t, int, bool, bool, bool>, size_t> index;
+  std::map<std::tuple<int64_t, int, bool, bool, bool, bool>, size_t> index;
   for (size_t k = 0; k < s.params.size(); ++k) {
     const Param& p = s.params[k];
     if (p.tensor.scalar_type() != at::kFloat) {
       throw std::invalid_argument(fmt::format("zero: parameter {} is {}, expected fp32 (master weights)", p.name,
                                               c10::toString(p.tensor.scalar_type())));
     }
-    const auto key =
-        std::make_tuple(unit_of(p.name), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial, p.replica);
+    const auto key = std::make_tuple(unit_of(p.name), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial,
+                                     p.replica, p.expert && o.expert_shard);
     auto [it, fresh] = index.emplace(key, s.flats.size());
     if (fresh) {
       s.flats.emplace_back();
       Flat& f = s.flats.back();
-      std::tie(f.unit, f.decay, f.tp_split, f.partial, f.replica) = key;
+      std::tie(f.unit, f.decay, f.tp_split, f.partial, f.replica, f.expert) = key;
     }
     s.flats[it->second].params.push_back(k);
   }
   std::stable_sort(s.flats.begin(), s.flats.end(), [](const Flat& a, const Flat& b) { return a.unit < b.unit; });
-  const int64_t n = shard.size();
   s.flat_of.assign(s.params.size(), 0);
   s.slot_of.assign(s.params.size(), 0);
   at::NoGradGuard no_grad;
@@ -271,6 +277,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
       f.offsets.push_back(f.numel);
       f.numel += s.params[f.params[j]].tensor.numel();
     }
+    const int64_t n = s.group(f).size();
     f.padded = (f.numel + n - 1) / n * n;
     f.shard = f.padded / n;
     // Every rank starts from rank 0's weights (of the shard group, then of the replicas).
@@ -279,7 +286,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
       const at::Tensor& t = s.params[f.params[j]].tensor;
       f.full.narrow(0, f.offsets[j], t.numel()).copy_(t.detach().reshape({-1}));
     }
-    shard.broadcast(f.full, 0);
+    s.group(f).broadcast(f.full, 0);
     replicate.broadcast(f.full, 0);
     for (size_t j = 0; j < f.params.size(); ++j) {
       at::Tensor& t = s.params[f.params[j]].tensor;
@@ -289,9 +296,9 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
     // Stages 1 and 2 update the owned slice of the parameters in place; stage 3 keeps it apart.
     owned = o.stage == 3 ? owned.clone() : owned.detach();
     owned.requires_grad_(true);
-    s.shards.push_back(Param{fmt::format("zero/unit{}/{}{}{}{}", f.unit, f.decay ? "decay" : "no_decay",
+    s.shards.push_back(Param{fmt::format("zero/unit{}/{}{}{}{}{}", f.unit, f.decay ? "decay" : "no_decay",
                                          f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : "",
-                                         f.replica ? "/replica" : ""),
+                                         f.replica ? "/replica" : "", f.expert ? "/experts" : ""),
                              owned, {f.shard}, f.tp_split ? 0 : -1, f.partial, f.decay, f.replica});
     if (o.stage == 1) f.grad_full = at::zeros({f.padded}, at::kFloat);
     if (o.bf16_params) {
@@ -373,7 +380,7 @@ void ShardedDataParallel::finish() {
   if (s.o.stage == 1) {
     for (auto& f : s.flats) {
       f.grad_out = at::empty({f.shard}, at::kFloat);
-      f.reduce = s.shard.reduce_scatter_async(f.grad_out, f.grad_full);
+      f.reduce = s.group(f).reduce_scatter_async(f.grad_out, f.grad_full);
     }
     for (auto& f : s.flats) {
       f.reduce.wait();
@@ -399,7 +406,7 @@ void ShardedDataParallel::after_step() {
   std::vector<CommWork> works;
   for (size_t i = 0; i < s.flats.size(); ++i) {
     owned.push_back(s.shards[i].tensor.detach().clone());  // the input must not alias the output
-    works.push_back(s.shard.all_gather_async(s.flats[i].full, owned.back()));
+    works.push_back(s.group(s.flats[i]).all_gather_async(s.flats[i].full, owned.back()));
   }
   for (auto& w : works) w.wait();
 }
@@ -460,7 +467,7 @@ std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::T
   for (size_t i = 0; i < s.flats.size(); ++i) {
     const Flat& f = s.flats[i];
     at::Tensor whole = at::empty({f.padded}, at::kFloat);
-    s.shard.all_gather(whole, flat_state.at(i));
+    s.group(s.flats[i]).all_gather(whole, flat_state.at(i));
     for (size_t j = 0; j < f.params.size(); ++j) {
       const at::Tensor& t = s.params[f.params[j]].tensor;
       out[s.model_index[f.params[j]]] = whole.narrow(0, f.offsets[j], t.numel()).view(t.sizes());

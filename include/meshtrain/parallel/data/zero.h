@@ -79,6 +79,12 @@ struct ZeroOptions {
   // the bytes on the wire and in memory) and the model computes with bf16
   // weights (FSDP's param_dtype = bf16); gradients are reduced in fp32.
   bool bf16_params = false;
+  // Expert parallelism (moe/layer.h): the experts' parameters (Param::expert)
+  // go into flats of their own, sharded over this group (the ranks holding the
+  // same experts, dp x cp) while the rest shard over the shard group (dp x cp
+  // x ep). Every slice of either kind is then disjoint across the shard group,
+  // so the gradient norm sums over it alone. Null: one group for all.
+  Comm* expert_shard = nullptr;
 };
 
 // HSDP's two groups, cut from the data-parallel group `dp` (group order):
