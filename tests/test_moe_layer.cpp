@@ -107,7 +107,7 @@ TEST(MoeModel, MoeLayersSharedExpertsAndDenseLayersAreBuiltAndNamedAsTheSpecSays
     ASSERT_TRUE(p.tensor.grad().defined()) << p.name;
     EXPECT_GT(p.tensor.grad().abs().sum().item<double>(), 0) << p.name;
   }
-  const MoeMetrics mm = collect_moe_metrics(model.moe_layers(), {});
+  const MoeMetrics mm = collect_moe_metrics(model.moe_layers(), {}, m);
   ASSERT_EQ(mm.tokens.size(), 2u);
   double kept = 0;
   for (double t : mm.tokens[0]) kept += t;

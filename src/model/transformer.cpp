@@ -94,7 +94,7 @@ Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_pa
     norm_params(p + "norm2", blk.norm2_w, blk.norm2_b);
     const std::string ffn = ffn_prefix(spec_, i);
     const int64_t width = spec_.moe_layer(i) ? spec_.shared_experts * spec_.expert_width() : spec_.ffn;
-    if (spec_.moe_layer(i)) blk.moe = std::make_shared<MoeLayer>(store_, p + "moe", spec_, ep, sp ? &comm_ : nullptr);
+    if (spec_.moe_layer(i)) blk.moe = std::make_shared<MoeLayer>(store_, p + "moe", spec_, ep, sp ? &comm_ : nullptr, spec_.moe_layers_before(i));
     blk.dense_ffn = width > 0;
     if (!blk.dense_ffn) {
     } else if (spec_.activation == plan::Activation::SwiGLU) {

@@ -59,9 +59,10 @@ void MoeStats::reset() {
 }
 
 MoeLayer::MoeLayer(ParamStore& store, const std::string& prefix, const plan::ModelSpec& spec, Comm* ep,
-                   Comm* sequence_group)
+                   Comm* sequence_group, int64_t index)
     : aux_coef_(spec.aux_loss_coef), z_coef_(spec.z_loss_coef), ep_(ep && ep->size() > 1 ? ep : nullptr),
-      sequence_(sequence_group && sequence_group->size() > 1 ? sequence_group : nullptr) {
+      sequence_(sequence_group && sequence_group->size() > 1 ? sequence_group : nullptr),
+      index_(index) {
   opts_.experts = spec.experts;
   opts_.top_k = spec.top_k;
   opts_.kind = parse_router(spec.router);

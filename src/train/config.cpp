@@ -63,20 +63,15 @@ void check_moe(const TrainConfig& c, const std::string& path) {
                                             "holds experts / ep of them; choose an ep that divides {}",
                                             path, m.experts, c.ep, m.experts));
   }
-  if (c.ep > 1 && (c.dp_shard > 0 || c.pp > 1)) {
-    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} trains without HSDP and without pipeline stages for "
-                                            "now: parallel.dp_shard = {} must be 0 and parallel.pp = {} must be 1",
-                                            path, c.ep, c.dp_shard, c.pp));
+  if (c.ep > 1 && c.dp_shard > 0) {
+    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with HSDP (parallel.dp_shard = {}): not supported; "
+                                            "set parallel.dp_shard = 0",
+                                            path, c.ep, c.dp_shard));
   }
   if (c.ep > 1 && (c.method == "grpo" || c.method == "ppo")) {
     throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with train.method = \"{}\": reinforcement learning "
                                             "runs on tp x dp meshes; set parallel.ep = 1",
                                             path, c.ep, c.method));
-  }
-  if (c.pp > 1) {
-    throw std::invalid_argument(fmt::format("{}: MoE layers (model.experts = {}) with parallel.pp = {}: not yet; "
-                                            "use parallel.pp = 1",
-                                            path, m.experts, c.pp));
   }
 }
 

@@ -62,7 +62,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   if (c.pp == 1) {
     chunks_.push_back(std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed, StagePart{}, &ep_));
   } else {
-    chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages);
+    chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages, {},
+                           plan::Balance::Parameters, &ep_);
   }
   for (auto& m : chunks_) {
     if (c.lora.rank > 0) apply_lora(*m, c.lora);
@@ -160,7 +161,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     exec_ = std::make_unique<PipelineExecutor>(schedule, raw, pp_, std::vector<int64_t>{rows, c.micro_batch,
                                                                                           c.model.hidden},
                                                embed_.get());
-    pipeline_step_ = std::make_unique<PipelineTrainStep>(raw, *exec_, *opt_, dp_, tp_, pp_, zero_raw, precision_);
+    pipeline_step_ = std::make_unique<PipelineTrainStep>(raw, *exec_, *opt_, dp_, tp_, pp_, zero_raw, precision_,
+                                                         ep_.size() > 1 ? &expert_dp_ : nullptr);
   }
   if (!lead) return;
   if (c.pp > 1) {

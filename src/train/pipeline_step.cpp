@@ -7,6 +7,7 @@
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/moe/metrics.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/parallel/pipeline/executor.h"
@@ -22,9 +23,10 @@ std::vector<Param> pipeline_params(const std::vector<Transformer*>& chunks) {
 }
 
 PipelineTrainStep::PipelineTrainStep(std::vector<Transformer*> chunks, PipelineExecutor& exec, AdamW& opt, Comm& dp,
-                                     Comm& tp, Comm& pp, std::vector<ShardedDataParallel*> zero, Precision precision)
+                                     Comm& tp, Comm& pp, std::vector<ShardedDataParallel*> zero, Precision precision,
+                                     Comm* expert_dp)
     : chunks_(std::move(chunks)), exec_(exec), opt_(opt), dp_(dp), tp_(tp), pp_(pp), zero_(std::move(zero)),
-      precision_(precision), params_(pipeline_params(chunks_)) {
+      precision_(precision), expert_dp_(expert_dp), params_(pipeline_params(chunks_)) {
   if (!zero_.empty()) {
     if (zero_.size() != chunks_.size()) {
       throw std::invalid_argument(fmt::format("{} ZeRO wrappers for {} pipeline chunks", zero_.size(), chunks_.size()));
@@ -50,6 +52,8 @@ StepResult PipelineTrainStep::run(const std::vector<Batch>& micro, const UpdateG
     for (ShardedDataParallel* z : zero_) z->zero_grad();
   }
   const double tokens = count_target_tokens(micro, dp_);
+  // Router losses: a mean over every micro-batch of every data-parallel replica (moe/layer.h).
+  for (Transformer* c : chunks_) c->set_moe_loss_weight(1.0 / static_cast<double>(micro.size() * dp_.size()));
   double loss;
   {
     AutocastGuard autocast(precision_);
@@ -57,7 +61,7 @@ StepResult PipelineTrainStep::run(const std::vector<Batch>& micro, const UpdateG
   }
   std::vector<Comm*> sum_over{&pp_};
   if (zero_.empty()) {
-    all_reduce_gradients(params_, dp_);
+    all_reduce_gradients(params_, dp_, expert_dp_);
   } else {
     for (ShardedDataParallel* z : zero_) z->finish();
     sum_over.push_back(&zero_[0]->shard_group());
@@ -67,6 +71,15 @@ StepResult PipelineTrainStep::run(const std::vector<Batch>& micro, const UpdateG
   dp_.all_reduce(l);
   r.loss = l.item<double>();
   r.tokens = static_cast<int64_t>(tokens);
+  std::vector<MoeLayer*> moe;
+  for (Transformer* c : chunks_) {
+    for (MoeLayer* l : c->moe_layers()) moe.push_back(l);
+  }
+  std::vector<Comm*> saw_apart{&dp_, &pp_};  // the stages hold different layers
+  if (chunks_[0]->sequence_parallel()) saw_apart.push_back(&tp_);
+  MoeMetrics m = collect_moe_metrics(moe, saw_apart, chunks_[0]->spec());
+  r.metrics = std::move(m.values);
+  r.expert_tokens = std::move(m.tokens);
   r.grad_norm = opt_.grad_norm(&tp_, sum_over);
   r.dropped = gate && !gate(r.loss, r.grad_norm);
   if (!r.dropped) {

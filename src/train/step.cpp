@@ -90,7 +90,7 @@ StepResult TrainStep::run(const std::vector<Batch>& micro_batches, const UpdateG
   r.tokens = static_cast<int64_t>(tokens);
   std::vector<Comm*> saw_apart{&dp_};  // ranks that routed different tokens
   if (model_.sequence_parallel()) saw_apart.push_back(&tp_);
-  MoeMetrics moe = collect_moe_metrics(model_.moe_layers(), saw_apart);
+  MoeMetrics moe = collect_moe_metrics(model_.moe_layers(), saw_apart, model_.spec());
   r.metrics.insert(r.metrics.end(), moe.values.begin(), moe.values.end());
   r.expert_tokens = std::move(moe.tokens);
   const bool finite = !o_.scaler || o_.scaler->unscale(updated, {&tp_, &dp_});

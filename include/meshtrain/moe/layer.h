@@ -56,7 +56,9 @@ class MoeLayer {
   // when the layer sees a tp rank's sequence shard (sequence parallelism; null
   // otherwise): router and expert gradients are then partial sums over it, and
   // the router losses are computed over the whole sequence (layer.cpp).
-  MoeLayer(ParamStore& store, const std::string& prefix, const plan::ModelSpec& spec, Comm* ep, Comm* sequence_group);
+  // `index`: the layer's place among the model's MoE layers (metrics).
+  MoeLayer(ParamStore& store, const std::string& prefix, const plan::ModelSpec& spec, Comm* ep, Comm* sequence_group,
+           int64_t index = 0);
 
   // x [..., h] -> the routed experts' output, same shape. `loss_weight` > 0:
   // a training forward (stats recorded, router losses attached; see above).
@@ -66,12 +68,14 @@ class MoeLayer {
   const ExpertWeights& weights() const { return w_; }
   const at::Tensor& router_weight() const { return router_; }
   int64_t experts() const { return opts_.experts; }
+  int64_t index() const { return index_; }
 
  private:
   RouterOptions opts_;
   double aux_coef_, z_coef_;
   Comm* ep_;
   Comm* sequence_;
+  int64_t index_;
   at::Tensor router_;
   ExpertWeights w_;
   MoeStats stats_;

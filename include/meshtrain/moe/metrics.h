@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/plan/spec.h"
+
 namespace meshtrain {
 
 class Comm;
@@ -25,8 +27,10 @@ struct MoeMetrics {
 };
 
 // Sums the layers' stats over `groups` (one all-reduce per group: the
-// data-parallel replicas, and tp under sequence parallelism), then resets them.
-// Every rank of the groups must call it.
-MoeMetrics collect_moe_metrics(const std::vector<MoeLayer*>& layers, const std::vector<Comm*>& groups);
+// data-parallel replicas, tp under sequence parallelism, pp whose stages hold
+// different layers), then resets them: one entry per MoE layer of `spec`
+// (each layer at its MoeLayer::index()). Every rank of the groups must call it.
+MoeMetrics collect_moe_metrics(const std::vector<MoeLayer*>& layers, const std::vector<Comm*>& groups,
+                               const plan::ModelSpec& spec);
 
 }  // namespace meshtrain

@@ -57,6 +57,9 @@ struct ModelSpec {
   int64_t head_dim() const { return hidden / heads; }
   bool moe() const { return experts > 0; }
   bool moe_layer(int64_t i) const { return moe() && i % moe_every == 0; }
+  // MoE layers before layer i (a MoE layer's index among them), and in all.
+  int64_t moe_layers_before(int64_t i) const { return moe() ? (i + moe_every - 1) / moe_every : 0; }
+  int64_t moe_layer_count() const { return moe_layers_before(layers); }
   int64_t expert_width() const { return expert_ffn > 0 ? expert_ffn : ffn; }
 };
 

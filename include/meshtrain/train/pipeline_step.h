@@ -11,6 +11,7 @@
 //      reduce-scatter per flat (ZeRO-2/3 would reduce-scatter, and stage 3
 //      re-gather, once per micro-batch of every stage: refused with pp, as
 //      DeepSpeed does);
+//      (with expert parallelism the experts' gradients over dp x cp alone);
 //   5. tp sums of sequence-partial gradients, clipping by the global norm
 //      (sums of squares over tp, pp and ZeRO's shard group; the tied copy on
 //      the last stage counted once), AdamW, ZeRO-1's all-gather.
@@ -34,9 +35,11 @@ std::vector<Param> pipeline_params(const std::vector<Transformer*>& chunks);
 class PipelineTrainStep {
  public:
   // `zero`: one ZeRO-1 per chunk, or empty. `opt` updates pipeline_params(chunks),
-  // or the chunks' ZeRO shard parameters, in chunk order.
+  // or the chunks' ZeRO shard parameters, in chunk order. `expert_dp`: as
+  // StepOptions::expert_dp (expert parallelism; null: none).
   PipelineTrainStep(std::vector<Transformer*> chunks, PipelineExecutor& exec, AdamW& opt, Comm& dp, Comm& tp,
-                    Comm& pp, std::vector<ShardedDataParallel*> zero = {}, Precision precision = Precision::Fp32);
+                    Comm& pp, std::vector<ShardedDataParallel*> zero = {}, Precision precision = Precision::Fp32,
+                    Comm* expert_dp = nullptr);
   // This dp rank's micro-batches of the step (the same list on every pp and tp rank).
   StepResult run(const std::vector<Batch>& micro, const UpdateGate& gate = {});
 
@@ -49,6 +52,7 @@ class PipelineTrainStep {
   Comm& pp_;
   std::vector<ShardedDataParallel*> zero_;
   Precision precision_;
+  Comm* expert_dp_;
   std::vector<Param> params_;
 };
 

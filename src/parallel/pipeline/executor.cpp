@@ -22,14 +22,15 @@ namespace meshtrain {
 std::vector<std::unique_ptr<Transformer>> build_stages(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel,
                                                        uint64_t seed, int pp_rank, int pp, int v,
                                                        const std::vector<int64_t>& layers_per_stage,
-                                                       plan::Balance balance) {
+                                                       plan::Balance balance, Comm* ep) {
   const int stages = pp * v;
   const auto ranges = plan::partition_layers(spec, stages, layers_per_stage, balance);
   std::vector<std::unique_ptr<Transformer>> out;
   for (int c = 0; c < v; ++c) {
     const int s = c * pp + pp_rank;
     out.push_back(std::make_unique<Transformer>(spec, tp, sequence_parallel, seed,
-                                                StagePart{ranges[s].first, ranges[s].last, s == 0, s == stages - 1}));
+                                                StagePart{ranges[s].first, ranges[s].last, s == 0, s == stages - 1},
+                                                ep));
   }
   return out;
 }

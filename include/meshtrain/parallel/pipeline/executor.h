@@ -42,7 +42,8 @@ class Transformer;
 std::vector<std::unique_ptr<Transformer>> build_stages(const plan::ModelSpec& spec, Comm& tp, bool sequence_parallel,
                                                        uint64_t seed, int pp_rank, int pp, int v,
                                                        const std::vector<int64_t>& layers_per_stage = {},
-                                                       plan::Balance balance = plan::Balance::Parameters);
+                                                       plan::Balance balance = plan::Balance::Parameters,
+                                                       Comm* ep = nullptr);
 
 // The group of this rank's first and last pipeline stage (same coordinates on
 // every other axis), whose tied-embedding copies are summed; null when the
