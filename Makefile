@@ -78,6 +78,7 @@ bench: build
 	./bench/comm.sh $(BUILD)
 	./bench/comm_axes.sh $(BUILD)
 	./bench/all_to_all.sh $(BUILD)
+	./bench/moe.sh $(BUILD)
 	./bench/symptoms.sh $(BUILD)
 	./bench/tp_block.sh $(BUILD)
 	./bench/train.sh $(BUILD)

@@ -19,6 +19,7 @@
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
+#include "meshtrain/moe/layer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data/ddp.h"
 #include "meshtrain/parallel/data/zero.h"
@@ -228,6 +229,40 @@ TEST(MoeParallel, PipelineStagesWithExpertParallelEqualOneProcess) {
   const int w = runtime().world_size();
   if (w != 2 && w != 4) GTEST_SKIP() << "pp2 (x ep2) needs 2 or 4 ranks";
   check_pipeline(w / 2);
+}
+
+// A router that sends every token to the experts of ep rank 0 (x > 0, the
+// other experts' router rows 0): the other ranks' experts get no rows, yet
+// every rank makes every exchange, forward and backward (their all-to-alls
+// would fall out of step otherwise), and the layer equals the whole one.
+TEST(MoeParallel, ExpertsThatGetNoTokensStillExchange) {
+  Runtime& rt = runtime();
+  if (rt.world_size() != 2 && rt.world_size() != 4) GTEST_SKIP() << "ep 2 or 4";
+  Comm& ep = rt.world();
+  plan::ModelSpec spec = moe_spec(0);
+  spec.experts = 2 * ep.size();
+  spec.top_k = 2;
+  ParamStore mine(7, 0, 1), all(7, 0, 1);
+  MoeLayer split(mine, "l", spec, &ep, nullptr), whole(all, "l", spec, nullptr, nullptr);
+  at::NoGradGuard no_grad;
+  for (MoeLayer* l : {&split, &whole}) {
+    at::Tensor r = l->router_weight().detach();
+    r.narrow(0, 0, 2).abs_();
+    r.narrow(0, 2, r.size(0) - 2).zero_();
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(40 + rt.rank());
+  const at::Tensor x = at::rand({6, 1, spec.hidden}, gen) + 0.1, probe = at::randn({6, 1, spec.hidden}, gen);
+  for (int pass = 0; pass < 3; ++pass) {  // a few passes: the ranks must stay in step
+    at::AutoGradMode grad(true);
+    at::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+    (split.forward(xa, 1.0) * probe).sum().backward();
+    (whole.forward(xb, 1.0) * probe).sum().backward();
+    EXPECT_TRUE(at::allclose(xa.grad(), xb.grad(), 1e-5, 1e-6)) << "pass " << pass;
+  }
+  double kept_here = 0;
+  for (double t : split.stats().tokens) kept_here += t;
+  EXPECT_EQ(kept_here, 3 * 6 * 2);
+  EXPECT_EQ(split.stats().tokens[2], 0);  // experts 0 and 1 took every token
 }
 
 TEST(MoeParallel, ExpertParallelDroplessEqualsOneProcess) {

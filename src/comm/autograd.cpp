@@ -3,6 +3,9 @@
 #include <ATen/Functions.h>
 #include <ATen/WrapDimUtils.h>
 #include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "meshtrain/comm/comm.h"
@@ -82,15 +85,19 @@ struct AllToAllDims : torch::autograd::Function<AllToAllDims> {
   }
 };
 
+std::atomic<int64_t> exchange_ns{0};  // all_to_all_rows_seconds()
+
 // Uneven row blocks; the adjoint swaps what is sent and what is received.
 at::Tensor exchange_rows(const at::Tensor& x, Comm& comm, const std::vector<int64_t>& send,
                          const std::vector<int64_t>& recv) {
+  const auto t0 = std::chrono::steady_clock::now();
   int64_t rows = 0;
   for (int64_t r : recv) rows += r;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape[0] = rows;
   at::Tensor out = at::empty(shape, x.options());
   comm.all_to_all(out, x.contiguous(), recv, send);
+  exchange_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 
@@ -110,6 +117,8 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
 };
 
 }  // namespace
+
+double all_to_all_rows_seconds() { return static_cast<double>(exchange_ns.load()) * 1e-9; }
 
 at::Tensor all_to_all_rows(const at::Tensor& x, Comm& comm, const std::vector<int64_t>& send,
                            const std::vector<int64_t>& recv) {

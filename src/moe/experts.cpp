@@ -73,8 +73,10 @@ at::Tensor grouped_ffn(const at::Tensor& rows, const std::vector<int64_t>& count
   }
   if (!outs.empty()) return at::cat(outs);
   // No rows: an empty output that still depends on the weights, so that they
-  // get a zero gradient (data parallelism expects one from every rank).
-  at::Tensor touch = w.w1.sum() + w.w2.sum();
+  // get a zero gradient (data parallelism expects one from every rank), and on
+  // the rows, so that backward still reaches the exchange that brought them
+  // (every ep rank must make it, or the ranks' all-to-alls fall out of step).
+  at::Tensor touch = w.w1.sum() + w.w2.sum() + rows.sum();
   if (w.w3.defined()) touch = touch + w.w3.sum();
   return at::zeros({0, rows.size(1)}, rows.options()) + (touch * 0).to(rows.scalar_type());
 }

@@ -38,6 +38,8 @@
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/trainer.h"
+
+#include "meshtrain/comm/autograd.h"
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/rl/rl_trainer.h"
 #include "meshtrain/train/step.h"
@@ -337,7 +339,9 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       }
     }
     const auto t0 = std::chrono::steady_clock::now();
+    const double a2a0 = all_to_all_rows_seconds();
     StepResult r = engine.step(micro, spike.gate());
+    const double a2a = all_to_all_rows_seconds() - a2a0;  // this rank's MoE dispatch and combine
     if (fault_perturb_after(s)) {  // a test's silent corruption (runtime/fault.h)
       at::NoGradGuard no_grad;
       engine.model_params().at(0).tensor.view({-1})[0].add_(1e-3);
@@ -415,6 +419,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                          {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
         for (const auto& [name, value] : r.metrics) j[name] = value;
         if (!r.expert_tokens.empty()) j["moe_tokens_per_expert"] = r.expert_tokens;  // per MoE layer
+        if (c.ep > 1) j["moe_all_to_all_s"] = a2a;  // rank 0's seconds in the step's all-to-alls
         if (!val.empty()) {
           j["val_loss"] = val[0];
           const auto names = engine.objective().metrics();

@@ -42,6 +42,9 @@ at::Tensor all_to_all_dims(const at::Tensor& x, Comm& comm, int64_t split_dim, i
 // transport). Backward sends each block's gradient back where it came from.
 at::Tensor all_to_all_rows(const at::Tensor& x, Comm& comm, const std::vector<int64_t>& send,
                            const std::vector<int64_t>& recv);
+// Seconds this process has spent inside all_to_all_rows exchanges, forward and
+// backward (what the MoE dispatch and combine cost: the step log's share).
+double all_to_all_rows_seconds();
 
 // Plain (non-autograd) helpers along a dim, used by the functions above.
 at::Tensor gather_along(const at::Tensor& x, Comm& comm, int64_t dim);
