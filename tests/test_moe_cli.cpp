@@ -54,5 +54,24 @@ TEST(MoeCli, ExpertParallelCheckpointsResumeOnAnotherEp) {
   expect_same_losses(path("ref.jsonl"), path("ep1.jsonl"), 4, 2);
 }
 
+// --check-plan on MoE runs: the planner's parameters and bytes per axis
+// (plan/traffic.h: experts whole on every tp rank, split over ep; expert
+// gradients over dp x cp; the dispatch and combine moving the rows the layers
+// routed to other ep ranks) agree with the runtime within 5%.
+TEST(MoeCli, CheckPlanAgreesOnMoeRuns) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = moe_config(d) + " --check-plan --set train.stop_after=1";
+  for (const std::string mesh : {" --set parallel.ep=2", " --set parallel.ep=2 --set parallel.zero=1",
+                                 " --nproc 4 --set parallel.ep=2 --set train.recompute=\"full\"",
+                                 " --set parallel.tp=2 --set parallel.sp=true",
+                                 " --nproc 4 --set parallel.ep=2 --set parallel.pp=2"}) {
+    const auto run = run_command(bin + " train " + cfg + mesh);
+    ASSERT_EQ(run.code, 0) << mesh << "\n" << run.output;
+    EXPECT_NE(run.output.find("check-plan, pipeline stage 0"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("ep bytes moved"), std::string::npos) << run.output;
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::test

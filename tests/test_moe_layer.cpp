@@ -15,6 +15,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/moe/layer.h"
 #include "meshtrain/moe/metrics.h"
+#include "meshtrain/plan/count.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -113,6 +114,31 @@ TEST(MoeModel, MoeLayersSharedExpertsAndDenseLayersAreBuiltAndNamedAsTheSpecSays
   for (double t : mm.tokens[0]) kept += t;
   EXPECT_EQ(kept, 2 * m.seq * m.top_k);
   EXPECT_GE(mm.values.at(0).second, 1.0);  // max / mean
+}
+
+// The planner's counts (plan/count.h) are the runtime model's: total
+// parameters over every MoE layout (MoE every layer or every other, shared
+// experts or none, GELU or SwiGLU, biases or none), and active ones by hand.
+TEST(MoeModel, ThePlannersCountsAreTheModelsParameters) {
+  Comm solo("solo", 0);
+  for (int every : {1, 2}) {
+    for (int shared : {0, 2}) {
+      for (bool swiglu : {false, true}) {
+        plan::ModelSpec m = tiny_moe();
+        m.moe_every = every;
+        m.shared_experts = shared;
+        m.activation = swiglu ? plan::Activation::SwiGLU : plan::Activation::GELU;
+        m.bias = !swiglu;
+        Transformer model(m, solo, false, 1);
+        const plan::ParamCount c = plan::count_params(m, 128);
+        EXPECT_EQ(model.params().local_numel(), c.total) << every << shared << swiglu;
+        EXPECT_EQ(c.moe_layers, every == 1 ? 3 : 2);
+        // Active: every layer's own parameters but the experts not chosen (E - k of each MoE layer).
+        const int64_t expert = (swiglu ? 3 : 2) * m.hidden * m.expert_width();
+        EXPECT_EQ(c.active, c.total - c.moe_layers * (m.experts - m.top_k) * expert);
+      }
+    }
+  }
 }
 
 // Bad MoE config: one error naming the value and the fix, from the config alone.

@@ -454,12 +454,12 @@ TEST(Traffic, ZeroVolumesAgainstDdp) {
   s.global_batch = 8;
   s.seq = 4096;
   s.precision = Precision::Fp32;
-  const RankTraffic ddp = rank_traffic(m, s, 0, {m.layers});
+  const RankTraffic ddp = rank_traffic(m, s, 0, {{0, m.layers, 0}});
   EXPECT_NEAR(ddp.dp, 2 * 7.0 / 8 * 4 * ddp.params, 1e3);
   s.zero = 1;
-  EXPECT_NEAR(rank_traffic(m, s, 0, {m.layers}).dp / ddp.dp, 1.0, 1e-6);
+  EXPECT_NEAR(rank_traffic(m, s, 0, {{0, m.layers, 0}}).dp / ddp.dp, 1.0, 1e-6);
   s.zero = 3;
-  const double ratio = rank_traffic(m, s, 0, {m.layers}).dp / ddp.dp;
+  const double ratio = rank_traffic(m, s, 0, {{0, m.layers, 0}}).dp / ddp.dp;
   EXPECT_GT(ratio, 1.45);
   EXPECT_LT(ratio, 1.5);
   EXPECT_EQ(ddp.tp, 0);  // tp 1
@@ -468,7 +468,7 @@ TEST(Traffic, ZeroVolumesAgainstDdp) {
   // 8 collectives per layer + embedding and head, each moving ring(8) of b x s x h x 4 bytes; the
   // cross-entropy's 3 all-reduces of [s, b]; once, the all-reduce of the norms' partial gradients.
   const double T = 4096.0 * m.hidden * 4, norms = (2.0 * m.layers + 1) * m.hidden;
-  EXPECT_NEAR(rank_traffic(m, s, 0, {m.layers}).tp,
+  EXPECT_NEAR(rank_traffic(m, s, 0, {{0, m.layers, 0}}).tp,
               7.0 / 8 * (T * (8 * m.layers + 4) + 3 * 2 * 4096 * 4) + 2 * 7.0 / 8 * 4 * norms, 1);
 }
 

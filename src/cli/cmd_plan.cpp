@@ -205,6 +205,14 @@ Run add_plan(CLI::App& app) {
     fmt::print("{}: {:.4g} parameters ({:.4g} active per token); {} x {} ({} per node), seq {}, global batch {}, {}\n",
                in.model.name, static_cast<double>(counts.total), static_cast<double>(counts.active), in.gpus,
                in.gpu.name, in.gpu.per_node, in.seq, in.global_batch, plan::to_string(in.precision));
+    if (in.model.moe()) {
+      const auto& ml = counts.moe_layer;
+      fmt::print("MoE: {} of {} layers, each {} experts of width {} (top {}){}: {:.4g} expert parameters per layer, "
+                 "{:.4g} in all; FLOPs count the active ones\n",
+                 counts.moe_layers, in.model.layers, in.model.experts, in.model.expert_width(), in.model.top_k,
+                 in.model.shared_experts > 0 ? fmt::format(" + {} shared", in.model.shared_experts) : "",
+                 static_cast<double>(ml.expert), static_cast<double>(ml.expert * counts.moe_layers));
+    }
     fmt::print("FLOPs convention: {}; MFU after PaLM with peak {:.0f} TFLOP/s\n", plan::flops_formula(in.estimate.attn),
                in.gpu.peak_flops / 1e12);
     fmt::print("{} valid plans considered, {} fit in {}\n\n", r.considered, r.feasible,

@@ -21,13 +21,17 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
 // its experts), then the rows; they arrive in blocks by source rank, each
 // sorted by local expert, and are regrouped by expert for the GEMMs; the
 // outputs are put back in arrival order and sent home.
-at::Tensor expert_parallel_ffn(const at::Tensor& rows, const at::Tensor& counts, const ExpertWeights& w, Comm& ep) {
+at::Tensor expert_parallel_ffn(const at::Tensor& rows, const at::Tensor& counts, const ExpertWeights& w, Comm& ep,
+                               int64_t* remote_rows) {
   const int P = ep.size();
   const int64_t El = w.w1.size(0);
   const at::Tensor mine = counts.view({P, El}).contiguous();  // [to rank, its expert]
   at::Tensor theirs = at::empty_like(mine);                    // [from rank, my expert]
   ep.all_to_all(theirs, mine);
   const std::vector<int64_t> send = to_vector(mine.sum(1)), recv = to_vector(theirs.sum(1));
+  if (remote_rows) {
+    for (int j = 0; j < P; ++j) *remote_rows += j == ep.rank() ? 0 : send[static_cast<size_t>(j)] + recv[static_cast<size_t>(j)];
+  }
   const at::Tensor arrived = all_to_all_rows(rows, ep, send, recv);
   // Block (j, e): rows from rank j for my expert e, at offset start[j][e] of `arrived`.
   const std::vector<int64_t> c = to_vector(theirs);
@@ -81,7 +85,7 @@ at::Tensor grouped_ffn(const at::Tensor& rows, const std::vector<int64_t>& count
   return at::zeros({0, rows.size(1)}, rows.options()) + (touch * 0).to(rows.scalar_type());
 }
 
-at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertWeights& w, Comm* ep) {
+at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertWeights& w, Comm* ep, int64_t* remote_rows) {
   const int P = ep ? ep->size() : 1;
   const int64_t T = x.size(0), k = r.expert.size(1), E = w.w1.size(0) * P;
   // The kept assignments, sorted by expert (stable: token order within an expert).
@@ -93,7 +97,8 @@ at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertWeight
   const at::Tensor rows = token.index_select(0, order);
   const at::Tensor counts = at::bincount(expert, {}, E);
   const at::Tensor xs = x.index_select(0, rows);
-  const at::Tensor ys = P > 1 ? expert_parallel_ffn(xs, counts, w, *ep) : grouped_ffn(xs, to_vector(counts), w);
+  const at::Tensor ys =
+      P > 1 ? expert_parallel_ffn(xs, counts, w, *ep, remote_rows) : grouped_ffn(xs, to_vector(counts), w);
   const at::Tensor weighted = ys * gate.index_select(0, order).unsqueeze(1).to(ys.scalar_type());
   return at::zeros_like(x, ys.options()).index_add(0, rows, weighted);
 }

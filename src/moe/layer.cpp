@@ -89,7 +89,14 @@ at::Tensor MoeLayer::forward(const at::Tensor& x, double loss_weight) {
   const int64_t h = x.size(-1);
   const at::Tensor flat = x.reshape({-1, h});
   const Routing r = route(at::matmul(flat, router_.t().to(flat.scalar_type())), opts_);
-  at::Tensor y = run_experts(flat, r, w_, ep_).view(x.sizes());
+  int64_t remote = 0;
+  at::Tensor y = run_experts(flat, r, w_, ep_, &remote).view(x.sizes());
+  exchanges_.forwards += 1;
+  exchanges_.rows_forward += remote;
+  if (at::GradMode::is_enabled()) {
+    exchanges_.backwards += 1;
+    exchanges_.rows_backward += remote;
+  }
   // Training: recorded once per forward that builds a graph (recomputation's
   // first, gradient-free pass does not).
   if (loss_weight > 0 && at::GradMode::is_enabled()) {

@@ -52,19 +52,28 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   auto ring = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
   e.traffic["tp"].bytes = layers * mb * 4 * 2 * ring(s.tp) * b * sl * h * act;
   e.traffic["cp"].bytes = layers * mb * 3 * (s.cp - 1) * 2 * b * sl * m.kv_heads * m.head_dim() * act;
-  e.traffic["ep"].bytes = m.moe() ? layers * mb * 4 * ring(s.ep) * b * sl * m.top_k * h * act : 0;
+  // Expert parallelism: per MoE layer and micro-batch, the dispatch and the combine forward and backward each
+  // move k ring(ep) of the b s rows away and as many in (moe/layer.h; plan/traffic.h counts the same).
+  const ParamCount c = count_params(m, 128 * s.tp);
+  const double moe_layers = static_cast<double>(c.moe_layers) / s.pp;
+  e.traffic["ep"].bytes = m.moe() ? moe_layers * mb * 4 * ring(s.ep) * b * sl * m.top_k * h * act : 0;
   e.traffic["pp"].bytes = s.pp > 1 ? mb * s.vpp * 2 * b * sl * h * act / (s.sp ? s.tp : 1) : 0;
-  // Data parallel: the parameters of one rank (most loaded stage, roughly total / (tp pp)).
-  const double params = static_cast<double>(count_params(m, 128 * s.tp).total) / (s.tp * s.pp);
-  const int n = s.shard_group() * s.cp * s.ep;
+  // Data parallel: the parameters of one rank (most loaded stage, roughly total / (tp pp)): dense ones
+  // reduced over dp x cp x ep, routed experts (split over ep, whole on every tp rank) over dp x cp.
+  const double expert_total = static_cast<double>(c.moe_layer.expert * c.moe_layers);
+  const double dense = (static_cast<double>(c.total) - expert_total) / (s.tp * s.pp);
+  const double experts = expert_total / (s.ep * s.pp);
   // Gradients are reduced in fp32 (DESIGN.md); parameters gathered in their own dtype.
   const double pb = s.precision == Precision::Fp32 ? 4 : 2;
-  double dp = 0;
-  if (s.zero == 0) dp = 2 * ring(n) * params * 4;
-  else if (s.zero <= 2) dp = ring(n) * params * 4 + ring(n) * params * pb;
-  else dp = ring(n) * params * 4 + 2 * ring(n) * params * pb;
-  if (s.dp_shard > 0 && s.dp / s.dp_shard > 1) dp += 2 * ring(s.dp / s.dp_shard) * params / s.dp_shard * 4;
-  e.traffic["dp"].bytes = dp;
+  auto reduce = [&](double params, int n) {
+    double dp = 0;
+    if (s.zero == 0) dp = 2 * ring(n) * params * 4;
+    else if (s.zero <= 2) dp = ring(n) * params * 4 + ring(n) * params * pb;
+    else dp = ring(n) * params * 4 + 2 * ring(n) * params * pb;
+    if (s.dp_shard > 0 && s.dp / s.dp_shard > 1) dp += 2 * ring(s.dp / s.dp_shard) * params / s.dp_shard * 4;
+    return dp;
+  };
+  e.traffic["dp"].bytes = reduce(dense, s.shard_group() * s.cp * s.ep) + reduce(experts, s.shard_group() * s.cp);
 
   double exposed = 0;
   for (auto& [axis, t] : e.traffic) {

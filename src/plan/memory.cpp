@@ -55,6 +55,10 @@ ModelStates model_state_bytes(double params, Precision p, int zero, int shard, b
 }
 
 double layer_activation_bytes(const ModelSpec& m, const Strategy& s) {
+  return layer_activation_bytes(m, s, m.moe() ? 0 : -1);  // layer 0 is a MoE layer when there are any
+}
+
+double layer_activation_bytes(const ModelSpec& m, const Strategy& s, int64_t layer) {
   const double sq = static_cast<double>(s.seq > 0 ? s.seq : m.seq) / s.cp;  // tokens on this rank
   const double b = static_cast<double>(s.micro_batch), h = m.hidden, t = s.tp;
   const double a = m.heads, g = m.kv_heads, d = m.head_dim(), f = m.ffn;
@@ -75,12 +79,18 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s) {
   if (s.flash || (s.cp > 1 && s.cp_impl == CpImpl::Ring)) attn += 4 * a * sq * b / t;
   else if (s.recompute != Recompute::Selective) attn += (drop ? 1 + 2 * e : e) * a * sq * full_s * b / t;
   // MLP: LN input, fc1 input, f-wide intermediates (GELU: input and output;
-  // SwiGLU: gate, up, product), dropout mask. MoE: top_k copies of each token.
-  const double k = m.moe() ? m.top_k : 1;
+  // SwiGLU: gate, up, product), dropout mask.
   const double wide = m.activation == Activation::SwiGLU ? 3 : 2;
-  double mlp = e * sbh / rep + e * sbh / rep + wide * e * sq * b * k * f / t + (drop ? sbh / rep : 0);
-  if (m.moe()) mlp += 2 * e * sq * b * k * h / rep;  // dispatch and combine buffers
-  return attn + mlp;
+  if (!m.moe_layer(layer)) return attn + e * sbh / rep + e * sbh / rep + wide * e * sq * b * f / t + (drop ? sbh / rep : 0);
+  // A MoE layer (moe/layer.h) on this rank's rows (all of them without sequence
+  // parallelism: the experts are not split by tp): the router's fp32 logits and
+  // probabilities, top_k copies of each row dispatched and combined (each
+  // twice: sent and received), the experts' f_e-wide intermediates, and the
+  // shared experts as a dense FFN of shared x f_e.
+  const double k = m.top_k, fe = static_cast<double>(m.expert_width()), E = static_cast<double>(m.experts);
+  double mlp = e * sbh / rep + 2 * 4 * sq * b * E / rep + 4 * e * sq * b * k * h / rep + wide * e * sq * b * k * fe / rep;
+  if (m.shared_experts > 0) mlp += e * sbh / rep + wide * e * sq * b * m.shared_experts * fe / t;
+  return attn + mlp + (drop ? sbh / rep : 0);
 }
 
 MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOptions& o) {
@@ -95,11 +105,17 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     StageLedger L;
     L.stage = stage;
     L.layers = m.layers / s.pp + (stage < m.layers % s.pp ? 1 : 0);
+    int64_t from = 0;  // the stage's first layer (stages split the layers evenly, the first ones taking the rest)
+    for (int p = 0; p < stage; ++p) from += m.layers / s.pp + (p < m.layers % s.pp ? 1 : 0);
     const bool first = stage == 0, last = stage == s.pp - 1;
-    // Parameters on one rank of this stage, split by how they are sharded.
-    const LayerParams& lp = c.layer;
-    double dense = L.layers * ((lp.tp_sharded - lp.expert) / t + lp.tp_replicated);
-    double expert = L.layers * lp.expert / (t * s.ep);
+    // Parameters on one rank of this stage, split by how they are sharded:
+    // dense ones (ZeRO over dp x cp x ep) and routed experts (over dp x cp).
+    double dense = 0, expert = 0;
+    for (int64_t i = from; i < from + L.layers; ++i) {
+      const LayerParams& lp = c.of(m, i);
+      dense += static_cast<double>(lp.tp_sharded) / t + static_cast<double>(lp.tp_replicated);
+      expert += static_cast<double>(lp.expert) / s.ep;
+    }
     if (first) dense += c.embedding / t + c.positions;
     if (last) dense += c.final_norm + (m.tied ? (s.pp > 1 ? c.embedding / t : 0) : c.head / t);
     L.params = dense + expert;
@@ -109,7 +125,11 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     ModelStates me = model_state_bytes(expert, prec, s.zero, expert_group, s.fp8_transpose);
     const std::string shard = s.zero > 0 ? fmt::format(" (ZeRO-{} over {} ranks)", s.zero, dense_group) : "";
     L.lines.push_back({"parameters", ms.params + me.params,
-                       fmt::format("{:.4g} params x {} B{}", L.params, param_bytes(prec), s.zero >= 3 ? shard : "")});
+                       fmt::format("{:.4g} params x {} B{}{}", L.params, param_bytes(prec), s.zero >= 3 ? shard : "",
+                                   expert > 0 ? fmt::format(" ({:.4g} of them routed experts: {} of {} per MoE layer "
+                                                            "on this rank, ep {})",
+                                                            expert, m.experts / s.ep, m.experts, s.ep)
+                                              : "")});
     L.lines.push_back({"gradients", ms.grads + me.grads,
                        fmt::format("{:.4g} x {} B{}", L.params, grad_bytes(prec), s.zero >= 2 ? shard : "")});
     L.lines.push_back({"optimizer states", ms.optimizer + me.optimizer,
@@ -121,7 +141,8 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                          fmt::format("{:.4g} x {} B", L.params, s.fp8_transpose ? 2 : 1)});
     }
     // Activations.
-    const double per_layer = layer_activation_bytes(m, s);
+    double per_layer = 0;  // the stage's mean
+    for (int64_t i = from; i < from + L.layers; ++i) per_layer += layer_activation_bytes(m, s, i) / L.layers;
     const double flight = in_flight(s, stage);
     L.lines.push_back({"activations", per_layer * L.layers * flight,
                        fmt::format("{} per layer x {} layers x {:.3g} micro-batches in flight ({}, {} recompute{})",
@@ -145,7 +166,8 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                                      c.vocab_padded)});
     }
     if (s.zero >= 3) {
-      const double unit = lp.total() / t;
+      double unit = 0;  // the stage's largest layer, whole on this rank (its tp and ep share)
+      for (int64_t i = from; i < from + L.layers; ++i) unit = std::max(unit, c.of(m, i).per_rank(s.tp, s.ep));
       L.lines.push_back({"ZeRO-3 gathered units", 2 * unit * param_bytes(prec) + unit * grad_bytes(prec),
                          "current + prefetched layer's full params, one layer's full grads"});
     }

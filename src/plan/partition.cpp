@@ -21,18 +21,21 @@ std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const s
                                             m.name, L, stages));
   }
   const ParamCount c = count_params(m);
-  const int64_t layer = c.layer.total();
+  // prefix[i]: parameters of layers [0, i) (MoE and dense layers differ).
+  std::vector<int64_t> prefix(static_cast<size_t>(L) + 1, 0);
+  for (int64_t i = 0; i < L; ++i) prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + c.of(m, i).total();
+  auto span = [&](int64_t first, int64_t n) { return prefix[static_cast<size_t>(first + n)] - prefix[static_cast<size_t>(first)]; };
   const int64_t first_extra = c.embedding + c.positions;
   const int64_t last_extra = c.final_norm + (m.tied ? c.embedding : c.head);
-  auto stage_params = [&](int s, int64_t layers) {
-    return layers * layer + (s == 0 ? first_extra : 0) + (s == stages - 1 ? last_extra : 0);
+  auto stage_params = [&](int s, int64_t first, int64_t layers) {
+    return span(first, layers) + (s == 0 ? first_extra : 0) + (s == stages - 1 ? last_extra : 0);
   };
   // Matmul work per token in units of one multiply-add per weight: a layer's
   // weights, the head's V x h; the embedding lookup and positions are free.
   const int64_t head_cost = m.tied ? c.embedding : c.head;
-  auto stage_cost = [&](int s, int64_t layers) {
-    if (balance == Balance::Parameters) return stage_params(s, layers);
-    return layers * layer + (s == stages - 1 ? head_cost : 0);
+  auto stage_cost = [&](int s, int64_t first, int64_t layers) {
+    if (balance == Balance::Parameters) return stage_params(s, first, layers);
+    return span(first, layers) + (s == stages - 1 ? head_cost : 0);
   };
   std::vector<int64_t> counts(per_stage);
   if (counts.empty()) {
@@ -45,7 +48,7 @@ std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const s
       for (int64_t l = s; l <= L - (stages - s); ++l) {
         for (int64_t k = 1; k <= l - (s - 1); ++k) {
           if (best[s - 1][l - k] == kInf) continue;
-          const int64_t v = std::max(best[s - 1][l - k], stage_cost(s - 1, k));
+          const int64_t v = std::max(best[s - 1][l - k], stage_cost(s - 1, l - k, k));
           // Ties: prefer the later stages lighter (fewer layers last), deterministic.
           if (v < best[s][l]) {
             best[s][l] = v;
@@ -74,7 +77,7 @@ std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const s
   std::vector<StageRange> out;
   int64_t at = 0;
   for (int s = 0; s < stages; ++s) {
-    out.push_back({at, at + counts[s], stage_params(s, counts[s])});
+    out.push_back({at, at + counts[s], stage_params(s, at, counts[s])});
     at += counts[s];
   }
   return out;

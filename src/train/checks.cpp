@@ -66,7 +66,8 @@ std::string plan_lora_targets(const LoraOptions& o) {
 void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::string, double>& comm, int dp,
                 int pp_rank, bool print) {
   const plan::Strategy s = strategy_of(c, dp);
-  const plan::RankTraffic t = plan::rank_traffic(c.model, s, pp_rank, engine.stage_layers());
+  const plan::RankTraffic t =
+      plan::rank_traffic(c.model, s, pp_rank, engine.stage_layers(), engine.moe_remote_rows());
   const MemoryUse mu = engine.measure();
   std::vector<std::pair<std::string, std::pair<double, double>>> rows;
   double dp_bytes = t.dp;
@@ -82,18 +83,23 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
             {"optimizer states", {ls.adapters.optimizer, static_cast<double>(mu.optimizer)}}};
     dp_bytes = t.dp * static_cast<double>(plan::lora_params(c.model, lo)) / (t.params * c.tp * c.pp);
   } else {
+    // Dense states shard over the data-parallel replicas (dp x ep) x cp, the experts' over dp x cp.
+    const int shard = c.dp_shard > 0 ? c.dp_shard : dp * c.cp;
     const plan::ModelStates ms =
-        plan::model_state_bytes(t.params, plan::Precision::Fp32, c.zero, c.dp_shard > 0 ? c.dp_shard : dp * c.cp);
-    rows = {{"parameters", {ms.params, static_cast<double>(mu.params)}},
-            {"gradients", {ms.grads, static_cast<double>(mu.grads)}},
-            {"optimizer states", {ms.optimizer, static_cast<double>(mu.optimizer)}}};
+        plan::model_state_bytes(t.params - t.expert_params, plan::Precision::Fp32, c.zero, shard);
+    const plan::ModelStates me =
+        plan::model_state_bytes(t.expert_params, plan::Precision::Fp32, c.zero, std::max(1, shard / c.ep));
+    rows = {{"parameters", {ms.params + me.params, static_cast<double>(mu.params)}},
+            {"gradients", {ms.grads + me.grads, static_cast<double>(mu.grads)}},
+            {"optimizer states", {ms.optimizer + me.optimizer, static_cast<double>(mu.optimizer)}}};
   }
   const std::pair<const char*, std::pair<double, double>> traffic[] = {
       {"tp bytes moved", {t.tp, comm.at("tp")}},
       {"cp bytes moved", {t.cp, comm.at("cp")}},
       {"dp bytes moved", {dp_bytes, comm.at("dp")}},
       {"pp bytes moved", {t.pp, comm.at("pp")}},
-      {"tied-embedding bytes moved", {t.embedding, comm.at("embedding")}}};
+      {"tied-embedding bytes moved", {t.embedding, comm.at("embedding")}},
+      {"ep bytes moved", {t.ep, comm.at("ep")}}};
   for (const auto& [name, v] : traffic) rows.push_back({name, v});
   std::string table = fmt::format("check-plan, pipeline stage {} ({} parameters on this rank by the plan, {} measured):\n",
                                   pp_rank, t.params, engine.local_params());

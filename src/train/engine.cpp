@@ -11,6 +11,7 @@
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/peft/qlora.h"
 #include "meshtrain/data/tasks.h"
+#include "meshtrain/moe/layer.h"
 #include "meshtrain/rl/critic.h"
 #include "meshtrain/rl/grpo_objective.h"
 #include "meshtrain/rl/reward_model.h"
@@ -90,7 +91,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
       }
     }
     const DdpOptions ddp{c.ddp_bucket_mb << 20, c.ddp_overlap, c.ddp_find_unused};
-    if (ep_.size() > 1) {  // two DDPs: the experts' gradients cross only the ranks holding the same experts
+    if (ep_.size() > 1 && c.pp == 1) {  // two DDPs: the experts' gradients cross only the ranks holding the same experts
       for (const auto& p : updated_) (p.expert ? experts_ : dense_).push_back(p);
       if (dp_.size() > 1) ddp_ = std::make_unique<DataParallel>(dense_, dp_, ddp);
       if (expert_dp_.size() > 1) ddp_experts_ = std::make_unique<DataParallel>(experts_, expert_dp_, ddp);
@@ -339,10 +340,21 @@ std::string TrainEngine::memory_report(int dp_size, const std::string& precision
                       fmt::format("{} {}", mode, precision));
 }
 
-std::vector<int64_t> TrainEngine::stage_layers() const {
-  std::vector<int64_t> out;
-  for (const auto& m : chunks_) out.push_back(m->part().last - m->part().first);
+std::vector<plan::StageRange> TrainEngine::stage_layers() const {
+  std::vector<plan::StageRange> out;
+  for (const auto& m : chunks_) out.push_back({m->part().first, m->part().last, 0});
   return out;
+}
+
+double TrainEngine::moe_remote_rows() const {
+  double rows = 0, calls = 0;
+  for (const auto& m : chunks_) {
+    for (const MoeLayer* l : m->moe_layers()) {
+      rows += static_cast<double>(l->exchanges().rows_forward);
+      calls += static_cast<double>(l->exchanges().forwards);
+    }
+  }
+  return calls > 0 ? rows / calls : -1;
 }
 
 std::map<std::string, std::vector<Comm*>> TrainEngine::groups() {

@@ -223,7 +223,8 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   s.pp = c.pp;
   s.vpp = c.virtual_stages;
   s.schedule = plan::parse_schedule(c.schedule);
-  s.dp = dp;
+  s.dp = dp / c.ep;  // `dp`: the data-parallel replicas, dp x ep
+  s.ep = c.ep;
   s.cp = c.cp;
   s.cp_impl = plan::parse_cp_impl(c.cp_impl);
   s.sp = c.sp && c.tp > 1;

@@ -41,6 +41,9 @@ at::Tensor grouped_ffn(const at::Tensor& rows, const std::vector<int64_t>& count
 // With `ep` (size > 1), `w` holds this rank's E/ep experts and the rows travel
 // to the ranks holding their experts and back (moe/layer.h); every ep rank
 // must call it, with or without tokens.
-at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertWeights& w, Comm* ep = nullptr);
+// `remote_rows` (optional): the rows this rank sent to and received from other
+// ep ranks in the dispatch (the combine moves as many back).
+at::Tensor run_experts(const at::Tensor& x, const Routing& r, const ExpertWeights& w, Comm* ep = nullptr,
+                       int64_t* remote_rows = nullptr);
 
 }  // namespace meshtrain

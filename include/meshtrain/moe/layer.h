@@ -65,6 +65,13 @@ class MoeLayer {
   at::Tensor forward(const at::Tensor& x, double loss_weight);
 
   MoeStats& stats() { return stats_; }
+  // Since construction, for --check-plan (plan/traffic.h): forward calls,
+  // those that built a graph (their exchanges run again in backward), and the
+  // rows each moved to and from other ep ranks in its dispatch.
+  struct Exchanges {
+    int64_t forwards = 0, backwards = 0, rows_forward = 0, rows_backward = 0;
+  };
+  const Exchanges& exchanges() const { return exchanges_; }
   const ExpertWeights& weights() const { return w_; }
   const at::Tensor& router_weight() const { return router_; }
   int64_t experts() const { return opts_.experts; }
@@ -79,6 +86,7 @@ class MoeLayer {
   at::Tensor router_;
   ExpertWeights w_;
   MoeStats stats_;
+  Exchanges exchanges_;
 };
 
 }  // namespace meshtrain

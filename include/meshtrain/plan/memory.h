@@ -44,8 +44,11 @@ struct ModelStates {
 };
 ModelStates model_state_bytes(double params, Precision p, int zero, int shard, bool fp8_transpose = false);
 
-// Activation bytes of one transformer layer for one micro-batch on one rank.
+// Activation bytes of one transformer layer for one micro-batch on one rank:
+// layer `layer` (a MoE or a dense layer), or without it a MoE layer when the
+// model has them.
 double layer_activation_bytes(const ModelSpec& m, const Strategy& s);
+double layer_activation_bytes(const ModelSpec& m, const Strategy& s, int64_t layer);
 
 struct MemoryOptions {
   double reserve_fixed = 1.0 * (1 << 30);  // CUDA context, communicator buffers

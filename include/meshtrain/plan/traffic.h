@@ -31,18 +31,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "meshtrain/plan/partition.h"
 #include "meshtrain/plan/spec.h"
 #include "meshtrain/plan/strategy.h"
 
 namespace meshtrain::plan {
 
 struct RankTraffic {
-  double tp = 0, cp = 0, dp = 0, pp = 0, embedding = 0;  // bytes per step
+  double tp = 0, cp = 0, dp = 0, pp = 0, embedding = 0, ep = 0;  // bytes per step
   double params = 0;  // parameters on this rank (the P above)
+  double expert_params = 0;  // of them, routed experts (their replicas: dp x cp, not x ep)
 };
 
-// For the rank at pipeline position `pp_rank` holding `stage_layers[c]`
-// layers in each of its chunks (c = 0..v-1).
-RankTraffic rank_traffic(const ModelSpec& m, const Strategy& s, int pp_rank, const std::vector<int64_t>& stage_layers);
+// For the rank at pipeline position `pp_rank` holding layers `chunks[c]` in
+// each of its chunks (c = 0..v-1). `remote_rows`: the rows one MoE dispatch
+// moves to and from other ep ranks (measured: MoeLayer::exchanges()); < 0: uniform routing.
+RankTraffic rank_traffic(const ModelSpec& m, const Strategy& s, int pp_rank, const std::vector<StageRange>& chunks,
+                         double remote_rows = -1);
 
 }  // namespace meshtrain::plan

@@ -85,7 +85,10 @@ class TrainEngine {
   std::string memory_report(int dp_size, const std::string& precision);
   MemoryUse measure();
   // Layers of each of this rank's chunks.
-  std::vector<int64_t> stage_layers() const;
+  std::vector<plan::StageRange> stage_layers() const;
+  // The rows one MoE dispatch moved to and from other ep ranks, the mean over
+  // this rank's MoE layers and forwards so far (plan/traffic.h); -1 without.
+  double moe_remote_rows() const;
   // The groups behind each axis, for counters: tp, cp, pp, dp (with ZeRO's shard
   // and replica groups), embedding.
   std::map<std::string, std::vector<Comm*>> groups();
