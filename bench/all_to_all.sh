@@ -2,7 +2,9 @@
 # Issue #17's first benchmark: the shared-memory all-to-all against Gloo's
 # all_to_all on 4 ranks of this host, 1 to 64 MiB per rank (fp32, equal splits),
 # both timed in the same run (bench comm --compare interleaves them round by
-# round); ROUNDS runs, the median of each cell.
+# round); ROUNDS runs, the median of each cell. The shared-memory one reads
+# each chunk straight from its sender (cross-memory attach, one copy); each run
+# is repeated with MESHTRAIN_SHM_CMA=0 for the path through the segments (two copies).
 # Writes docs/bench-all-to-all.md.
 # Usage: bench/all_to_all.sh [BUILD_DIR] [ROUNDS]
 set -euo pipefail
@@ -15,6 +17,7 @@ trap 'rm -rf "$WORK"' EXIT
 CMD="$BUILD/meshtrain bench comm --nproc 4 --ops all_to_all --min 1M --max 64M --iters 5 --compare"
 for round in $(seq 1 "$ROUNDS"); do
   $CMD 2>&1 | awk '$3 ~ /^all_to_all\[/ { print $3, $5, $8, $9, $10 }' >> "$WORK/rows"
+  MESHTRAIN_SHM_CMA=0 $CMD 2>&1 | awk '$3 ~ /^all_to_all\[shm/ { print "all_to_all[segments]", $5, $8, $9, $10 }' >> "$WORK/rows"
 done
 
 {
@@ -24,9 +27,12 @@ done
   machine
   echo
   echo "\`$CMD\`, $ROUNDS runs: every size times both transports in the same run, interleaved round by round."
-  echo "*native* is Gloo's \`alltoall_base\` over loopback TCP; *shm* is meshtrain's (\`src/comm/comm_shm.cpp\`:"
-  echo "each rank writes its chunk offsets and its input into its segment, the others copy their chunks out after"
-  echo "one barrier; inputs larger than the segment go in rounds). busbw = size / time x (n-1)/n (nccl-tests);"
+  echo "*native* is Gloo's \`alltoall_base\` over loopback TCP; *shm* is meshtrain's (\`src/comm/comm_shm.cpp\`):"
+  echo "each rank publishes its pid, its input's address and its chunk offsets in its segment, and after one barrier"
+  echo "reads its chunk of every peer's input straight into its output (process_vm_readv: one copy), a second"
+  echo "barrier keeping the inputs alive until all have read; *segments* is the same transport with"
+  echo "MESHTRAIN_SHM_CMA=0 (each rank copies its input into its segment, the others copy their chunks out: two"
+  echo "copies; rounds of 8 MiB), timed in a second run against Gloo. busbw = size / time x (n-1)/n (nccl-tests);"
   echo "each cell is the median of the runs, with the lowest and highest in brackets. #wrong must be 0."
   echo
   python3 - "$WORK/rows" <<'PY'
@@ -36,16 +42,16 @@ sizes = sorted({int(r[1]) for r in rows})
 def cells(t, s, col):
     return [float(r[col]) for r in rows if r[0] == f"all_to_all[{t}]" and int(r[1]) == s]
 wrong = sum(int(r[4]) for r in rows if r[4] != "n/a")
-print("| size per rank | native busbw (GB/s) | shm busbw (GB/s) | shm / native |")
-print("|---|---|---|---|")
+print("| size per rank | native busbw (GB/s) | shm busbw (GB/s) | shm / native | segments busbw (GB/s) |")
+print("|---|---|---|---|---|")
 ratio64 = None
 for s in sizes:
-    nat, shm = cells("native", s, 3), cells("shm", s, 3)
+    nat, shm, seg = cells("native", s, 3), cells("shm", s, 3), cells("segments", s, 3)
     f = lambda xs: f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
     ratio = statistics.median(shm) / statistics.median(nat)
     if s == 64 << 20:
         ratio64 = ratio
-    print(f"| {s >> 20} MiB | {f(nat)} | {f(shm)} | {ratio:.2f} |")
+    print(f"| {s >> 20} MiB | {f(nat)} | {f(shm)} | {ratio:.2f} | {f(seg)} |")
 print()
 print(f"Elements delivered wrong, over every size, transport and run: {wrong}.")
 open(sys.argv[1] + ".quotes", "w").write(

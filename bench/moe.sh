@@ -58,12 +58,16 @@ print()
 print("| ep | dp | step (ms) | tokens/s | all-to-all (ms) | share of the step | step / ep 1 |")
 print("|---|---|---|---|---|---|---|")
 base = None
+quotes = []
 for ep in (1, 2, 4):
     r = rows(f"ep{ep}")[2:]
     step = statistics.median(16 * 128 / x["tokens_per_s"] for x in r)
     a2a = statistics.median(x.get("moe_all_to_all_s", 0.0) for x in r)
     base = base or step
     print(f"| {ep} | {4 // ep} | {1000 * step:.1f} | {16 * 128 / step:.0f} | {1000 * a2a:.1f} | {100 * a2a / step:.1f}% | {step / base:.2f} |")
+    if ep > 1:
+        quotes.append(f"- `ep{ep}_step_vs_ep1` = {step / base:.2f}: step time at ep {ep} / ep 1 (4 ranks)")
+        quotes.append(f"- `ep{ep}_all_to_all_share` = {100 * a2a / step:.0f}%: the all-to-alls' share of the step at ep {ep}")
 print()
 print("## 2. Load imbalance over 200 steps (2 ranks, ep 2)")
 print()
@@ -78,6 +82,8 @@ for aux in ("0.01", "0"):
     m = lambda a, b, k="moe_imbalance": statistics.mean(x[k] for x in r[a:b])
     imb[aux] = m(190, 200)
     print(f"| {aux} | {m(0, 10):.2f} | {m(90, 100):.2f} | {m(190, 200):.2f} | {m(190, 200, 'moe_aux'):.3f} |")
+    key = "with_aux" if aux != "0" else "without_aux"
+    quotes.append(f"- `imbalance_{key}` = {m(190, 200):.2f}: max / mean tokens per expert, steps 191-200, aux_loss_coef {aux}")
 print()
 print("## 3. MoE vs dense with the same active parameters, after 200 steps (409,600 tokens)")
 print()
@@ -88,8 +94,13 @@ for name, label in (("aux0.01", "MoE 8 x 256, top-2 (aux 0.01)"), ("aux0", "MoE 
     r = rows(name)
     val = [x["val_loss"] for x in r if "val_loss" in x][-1]
     print(f"| {label} | {val:.4f} | {r[-1]['loss']:.4f} |")
+    if name in ("aux0.01", "dense"):
+        quotes.append(f"- `val_loss_{'moe' if name != 'dense' else 'dense'}` = {val:.3f}: validation loss after 200 steps, {label}")
 print()
 print("(Reported, not gated: one seed, 200 steps.)")
+open(work + "/quotes", "w").write("\n".join(quotes) + "\n")
 PY
+  quotes_heading
+  cat "$WORK/quotes"
 } > "$OUT.tmp"
 seal "$OUT"

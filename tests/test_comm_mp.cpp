@@ -475,9 +475,26 @@ TEST(Comm, MovedBytesAreCountedWhereTheAlgorithmMovesThem) {
 // (some chunks empty), a rank that sends and receives nothing, an exchange
 // larger than the segment (several rounds), in every dtype; rows hold (sender,
 // receiver, row) so a chunk put in the wrong place is also caught.
+// Both shared-memory paths: one copy (cross-memory attach) where the ranks may
+// read each other, as here, and through the segments (MESHTRAIN_SHM_CMA=0).
+void check_shm_all_to_all(Comm& c);
+
 TEST(Comm, SharedMemoryAllToAllEqualsGloos) {
-  Comm& c = runtime().world();
-  if (!c.shm_available()) GTEST_SKIP() << "no shared memory for this group";
+  Runtime& rt = runtime();
+  if (!rt.world().shm_available()) GTEST_SKIP() << "no shared memory for this group";
+  std::vector<int> all;
+  for (int r = 0; r < rt.world_size(); ++r) all.push_back(r);
+  for (const bool single_copy : {true, false}) {
+    SCOPED_TRACE(single_copy ? "one copy" : "through the segments");
+    std::unique_ptr<Comm> c = rt.new_group(all, single_copy ? "a2a_cma" : "a2a_segments");
+    if (!single_copy) setenv("MESHTRAIN_SHM_CMA", "0", 1);
+    check_shm_all_to_all(*c);
+    unsetenv("MESHTRAIN_SHM_CMA");
+    EXPECT_EQ(c->all_to_all_single_copy(), single_copy);
+  }
+}
+
+void check_shm_all_to_all(Comm& c) {
   const int n = c.size(), me = c.rank();
   struct Case {
     const char* name;

@@ -210,6 +210,10 @@ class Comm {
 
   void barrier();
 
+  // Whether this group's shared-memory all_to_all reads each chunk straight
+  // from its sender's memory (one copy; known after the first one ran).
+  bool all_to_all_single_copy() const { return cma_ == 1; }
+
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   void reset_stats() { stats_.clear(); }
 
@@ -245,6 +249,12 @@ class Comm {
   // Splits in bytes: chunk r of `in` goes to rank r, chunk r of `out` comes from it.
   void shm_all_to_all(uint8_t* out, const std::vector<int64_t>& out_bytes, const uint8_t* in,
                       const std::vector<int64_t>& in_bytes, const std::string& what);
+  // Single copy (cross-memory attach, process_vm_readv): whether every rank of
+  // the group can read the others' memory (probed once, collectively), and the
+  // all-to-all that reads each chunk straight from its sender's input.
+  bool cma_ready(ShmGroup& g, const std::string& what);
+  void cma_all_to_all(ShmGroup& g, uint8_t* out, const std::vector<int64_t>& out_off, const uint8_t* in,
+                      const std::vector<int64_t>& header, const std::string& what);
   // Scratch memory reused across calls (PLATFORM.md: fresh large buffers cost
   // page faults every step). Only synchronous algorithms use it.
   at::Tensor workspace(int64_t numel, at::ScalarType dtype);
@@ -257,6 +267,7 @@ class Comm {
   uint64_t seq_ = 0;      // collectives
   uint64_t p2p_seq_ = 0;  // sends and receives
   CallDesc call_;         // the call in progress (or the last)
+  int cma_ = -1;          // cma_ready(): -1 not probed yet, 0 no, 1 yes
   int check_every_ = 64;
   int flight_group_ = -1;  // this group in the flight recorder
   std::map<std::string, OpStats> stats_;
