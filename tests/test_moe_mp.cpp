@@ -265,6 +265,43 @@ TEST(MoeParallel, ExpertsThatGetNoTokensStillExchange) {
   EXPECT_EQ(split.stats().tokens[2], 0);  // experts 0 and 1 took every token
 }
 
+// The ep group's byte counters (comm.h's moved_bytes: what the transport
+// actually moved) equal the formula plan/traffic.h uses, from the rows the
+// layer routed to and from other ranks: per forward the counts (E / ep int64
+// from each peer) and the dispatch and combine rows, h fp32 wide, and the
+// rows again in backward.
+TEST(MoeParallel, AllToAllByteCountersEqualTheFormula) {
+  Runtime& rt = runtime();
+  if (rt.world_size() < 2) GTEST_SKIP() << "ep > 1";
+  std::vector<int> all;
+  for (int r = 0; r < rt.world_size(); ++r) all.push_back(r);
+  for (const char* transport : {"1", "0"}) {  // shared memory, then Gloo
+    setenv("MESHTRAIN_SHM", transport, 1);
+    std::unique_ptr<Comm> ep = rt.new_group(all, std::string("ep_bytes_") + transport);
+    plan::ModelSpec spec = moe_spec(0);
+    spec.experts = 2 * ep->size();
+    ParamStore store(3, 0, 1);
+    MoeLayer layer(store, "l", spec, ep.get(), nullptr);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(9 + rt.rank());
+    const at::Tensor x = at::randn({5 + rt.rank(), 2, spec.hidden}, gen).requires_grad_(true);
+    ep->reset_stats();
+    (layer.forward(x, 1.0) * x.detach()).sum().backward();
+    { at::NoGradGuard no_grad; (void)layer.forward(x, 0.0); }  // an evaluation forward: no backward exchanges
+    unsetenv("MESHTRAIN_SHM");  // (read when the group first needs shared memory)
+    EXPECT_EQ(ep->shm_available(), std::string(transport) == "1");
+    uint64_t moved = 0;
+    for (const auto& [op, st] : ep->stats()) moved += st.moved_bytes;
+    const auto& e = layer.exchanges();
+    EXPECT_EQ(e.forwards, 2);
+    EXPECT_EQ(e.backwards, 1);
+    const double n = ep->size();
+    const double want = e.forwards * (n - 1) / n * spec.experts * 8 +
+                        static_cast<double>(e.rows_forward + e.rows_backward) * spec.hidden * 4;
+    EXPECT_EQ(static_cast<double>(moved), want) << "MESHTRAIN_SHM=" << transport << " rows " << e.rows_forward << "+" << e.rows_backward << [&] { std::string o; for (const auto& [op, st] : ep->stats()) o += " " + op + ":" + std::to_string(st.calls) + "/" + std::to_string(st.moved_bytes); return o; }();
+    EXPECT_GT(e.rows_forward, 0);
+  }
+}
+
 TEST(MoeParallel, ExpertParallelDroplessEqualsOneProcess) {
   const int w = runtime().world_size();
   if (w != 2 && w != 4) GTEST_SKIP() << "ep = world needs 2 or 4 ranks";

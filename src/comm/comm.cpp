@@ -510,10 +510,11 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
   }
   agree_native(w);
   at::Tensor o = as_transport(out, native_bf16()), i = as_transport(in, native_bf16());
-  w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
+  // Counted first: alltoall_base takes the splits by reference and Gloo moves them away.
   for (int r = 0; r < n; ++r) {
     if (r != index_) moved("all_to_all", r, (in_splits.empty() ? in.size(0) / n : in_splits[r]) * row * in.element_size());
   }
+  w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
   w.wait();
 }
 
