@@ -161,6 +161,8 @@ TEST(MoeConfig, BadInputIsOneClearErrorBeforeAnythingStarts) {
       << error({"parallel.ep=3"});
   EXPECT_NE(error({"model.top_k=9"}).find("top_k 9 must be in 1..experts (8)"), std::string::npos)
       << error({"model.top_k=9"});
+  EXPECT_NE(error({"model.top_k=0"}).find("top_k 0 must be in 1..experts (8)"), std::string::npos)
+      << error({"model.top_k=0"});
   EXPECT_NE(error({"model.capacity_factor=-1"}).find("model.capacity_factor = -1 must be >= 0"), std::string::npos)
       << error({"model.capacity_factor=-1"});
   EXPECT_NE(error({"model.router=\"topk\""}).find("router \"topk\" unknown"), std::string::npos)

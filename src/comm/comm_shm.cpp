@@ -46,6 +46,23 @@ void shm_barrier(ShmGroup& g, const std::string& what, const std::string& group,
   }
 }
 
+// An all-to-all's published headers (`header(r, i)`: rank r's i-th int64:
+// n + 1 chunk offsets, then the bytes it expects from each rank): every pair's
+// sent and expected sizes agree, or every rank throws the same error.
+template <class Header>
+void check_chunk_sizes(int n, const Header& header, const std::string& what) {
+  for (int r = 0; r < n; ++r) {
+    for (int q = 0; q < n; ++q) {
+      const int64_t sent = header(r, q + 1) - header(r, q), expected = header(q, n + 1 + r);
+      if (sent != expected) {
+        throw CommError(fmt::format("{} (shm): group rank {} sends {} bytes to group rank {}, which expects {} "
+                                    "(the splits must match: in_splits on the sender, out_splits on the receiver)",
+                                    what, r, sent, q, expected));
+      }
+    }
+  }
+}
+
 at::Tensor peer_tensor(const uint8_t* p, int64_t numel, const at::Tensor& like) {
   return at::from_blob(const_cast<uint8_t*>(p), {numel}, like.options());
 }
@@ -245,17 +262,8 @@ void Comm::shm_all_to_all(uint8_t* out, const std::vector<int64_t>& out_bytes, c
     if (len > 0) std::memcpy(g.mine() + head, in + lo, len);
     shm_barrier(g, what, name_, index_, call_);
     if (k == 0) {
-      for (int r = 0; r < n; ++r) {
-        rounds = std::max(rounds, (peer_header(r, n) + room - 1) / room);
-        for (int q = 0; q < n; ++q) {
-          const int64_t sent = peer_header(r, q + 1) - peer_header(r, q), expected = peer_header(q, n + 1 + r);
-          if (sent != expected) {
-            throw CommError(fmt::format("{} (shm): group rank {} sends {} bytes to group rank {}, which expects {} "
-                                        "(the splits must match: in_splits on the sender, out_splits on the receiver)",
-                                        what, r, sent, q, expected));
-          }
-        }
-      }
+      for (int r = 0; r < n; ++r) rounds = std::max(rounds, (peer_header(r, n) + room - 1) / room);
+      check_chunk_sizes(n, peer_header, what);
     }
     for (int r = 0; r < n; ++r) {
       if (r == me) continue;
@@ -327,16 +335,7 @@ void Comm::cma_all_to_all(ShmGroup& g, uint8_t* out, const std::vector<int64_t>&
     std::memcpy(&v, g.peer(r) + i * sizeof(int64_t), sizeof v);
     return v;
   };
-  for (int r = 0; r < n; ++r) {
-    for (int q = 0; q < n; ++q) {
-      const int64_t sent = peer(r, q + 1) - peer(r, q), expected = peer(q, n + 1 + r);
-      if (sent != expected) {
-        throw CommError(fmt::format("{} (shm): group rank {} sends {} bytes to group rank {}, which expects {} "
-                                    "(the splits must match: in_splits on the sender, out_splits on the receiver)",
-                                    what, r, sent, q, expected));
-      }
-    }
-  }
+  check_chunk_sizes(n, peer, what);
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
     const auto pid = static_cast<pid_t>(peer(r, 2 * n + 1));

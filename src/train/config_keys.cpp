@@ -162,7 +162,7 @@ std::vector<ConfigKey> make_keys() {
              "tiled: FlashAttention-2 style, memory linear in the sequence"),
       // Mixture of experts (moe/layer.h); experts = 0: dense
       integer("model.experts", FIELD(model.experts), 0, kMaxInt, "routed experts per MoE layer (0: dense)"),
-      integer("model.top_k", FIELD(model.top_k), 1, kMaxInt, "experts each token is routed to"),
+      integer("model.top_k", FIELD(model.top_k), 0, kMaxInt, "experts each token is routed to (1..experts with MoE)"),
       integer("model.moe_every", FIELD(model.moe_every), 1, kMaxInt, "layer i is MoE when i % moe_every == 0"),
       integer("model.shared_experts", FIELD(model.shared_experts), 0, kMaxInt, "always-on experts (DeepSeekMoE)"),
       integer("model.expert_ffn", FIELD(model.expert_ffn), 0, kMaxInt, "an expert's FFN width (0: model.ffn)"),
