@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "meshtrain/comm/comm.h"
+#include "optim/fused_adamw.h"
 
 namespace meshtrain {
 
@@ -99,12 +100,24 @@ void AdamW::update(double norm) {
     Param& p = params_[i];
     at::Tensor g = p.tensor.grad();
     if (!g.defined()) continue;  // replicas are updated like the rest
+    const bool decay = decays(p, o_) && o_.weight_decay > 0;
+    // The coefficients as the ATen ops below round them: computed in double, applied in fp32.
+    const AdamWCoefficients k{static_cast<float>(clip),
+                              static_cast<float>(o_.beta1),
+                              static_cast<float>(o_.beta2),
+                              static_cast<float>(o_.eps),
+                              static_cast<float>(1.0 - o_.beta1),
+                              static_cast<float>(1.0 - o_.beta2),
+                              decay ? static_cast<float>(1.0 - lr_ * o_.weight_decay) : 1.0f,
+                              static_cast<float>(lr_ / bc1),
+                              static_cast<float>(bc2)};
+    if (o_.fused && fused_adamw_update(p.tensor.detach(), g, m_[i], v_[i], k)) continue;
     g = g.to(at::kFloat);
     if (clip != 1.0) g = g * clip;
     m_[i].mul_(o_.beta1).add_(g, 1.0 - o_.beta1);
     v_[i].mul_(o_.beta2).addcmul_(g, g, 1.0 - o_.beta2);
     at::Tensor w = p.tensor.detach();
-    if (decays(p, o_) && o_.weight_decay > 0) w.mul_(1.0 - lr_ * o_.weight_decay);
+    if (decay) w.mul_(1.0 - lr_ * o_.weight_decay);
     at::Tensor denom = (v_[i] / bc2).sqrt_().add_(o_.eps);
     w.addcdiv_(m_[i], denom, -lr_ / bc1);
   }

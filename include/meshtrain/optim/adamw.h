@@ -30,6 +30,9 @@ struct AdamWOptions {
   int64_t warmup_steps = 0, total_steps = 1;
   double min_lr_ratio = 0.1;  // cosine/linear decay to lr * min_lr_ratio
   double clip_norm = 1.0;     // <= 0: no clipping
+  // One pass per fp32 tensor (src/optim/fused_adamw.h: clip, moments, decay and
+  // the step together); false: the same update as separate ATen ops.
+  bool fused = true;
 };
 
 // Learning rate at optimizer step `step` (1-based): linear warmup to lr over
