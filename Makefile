@@ -82,6 +82,7 @@ bench: build
 	./bench/symptoms.sh $(BUILD)
 	./bench/tp_block.sh $(BUILD)
 	./bench/train.sh $(BUILD)
+	./bench/optim.sh $(BUILD)
 	./bench/dp.sh $(BUILD)
 	./bench/zero.sh $(BUILD)
 	./bench/pipeline.sh $(BUILD)
