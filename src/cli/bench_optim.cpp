@@ -67,7 +67,7 @@ void add_bench_optim(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
   auto o = std::make_shared<Opts>();
   auto cmd = bench->add_subcommand("optim", "AdamW's update: fused against ATen ops");
   cmd->add_option("--model", o->model, "preset whose parameters are updated")->capture_default_str();
-  cmd->add_option("--rounds", o->rounds, "timed rounds (each runs both)")->capture_default_str();
+  cmd->add_option("--rounds", o->rounds, "timed rounds (each runs both)")->check(CLI::PositiveNumber)->capture_default_str();
   runs.emplace_back(cmd, [o] { return run(*o); });
 }
 

@@ -288,6 +288,11 @@ bool Comm::cma_ready(ShmGroup& g, const std::string& what) {
   if (cma_ >= 0) return cma_ == 1;
   const int n = size(), me = index_;
   const char* env = std::getenv("MESHTRAIN_SHM_CMA");
+  if (env && std::string(env) != "0" && std::string(env) != "1") {
+    throw std::invalid_argument(fmt::format("MESHTRAIN_SHM_CMA='{}': use 1 (the default: one-copy all_to_all where the "
+                                            "ranks may read each other's memory) or 0 (through the segments)",
+                                            env));
+  }
   bool ok = !(env && std::string(env) == "0");
   static const int allowed = prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   (void)allowed;  // fails harmlessly where Yama is absent
