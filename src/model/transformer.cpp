@@ -20,6 +20,7 @@
 #include "meshtrain/peft/adapter.h"
 #include "meshtrain/runtime/fault.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
+#include "meshtrain/parallel/tensor/fused_cross_entropy.h"
 
 namespace meshtrain {
 namespace {
@@ -341,8 +342,7 @@ at::Tensor Transformer::stage_forward(const at::Tensor& x, const at::Tensor& tar
   h = run_blocks(h, train, nullptr);
   if (!part_.head) return leave_root(h);
   if (targets.dim() != 2) throw std::invalid_argument("targets must be [batch, seq]");
-  at::Tensor l = head(norm(h, final_w_, final_b_));
-  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, vocab_start(), spec_.vocab));
+  return leave_root(head_loss(norm(h, final_w_, final_b_), targets));
 }
 
 at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool train) {
@@ -378,6 +378,23 @@ at::Tensor Transformer::head(const at::Tensor& h) {
   return spec_.tied ? nn::linear(x, embed_.weight) : head_.forward_entered(x);
 }
 
+at::Tensor Transformer::head_loss(const at::Tensor& h, const at::Tensor& targets) {
+  const bool plain_head = spec_.tied || (!head_.lora && !head_.nf4 && !head_.bias.defined());
+  if (!fused_loss_ || !plain_head) {
+    at::Tensor l = head(h);
+    std::optional<SegmentProfiler::Scope> t;
+    if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
+    return vocab_parallel_cross_entropy(l, targets.t(), comm_, vocab_start(), spec_.vocab);
+  }
+  std::optional<SegmentProfiler::Scope> t;
+  if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
+  const at::Tensor x = tp_.enter(h);  // [s, b, h]
+  const at::Tensor& w = spec_.tied ? embed_.weight : head_.weight;
+  const at::Tensor loss = fused_linear_cross_entropy(x.reshape({-1, x.size(-1)}), w, targets.t().reshape({-1}), comm_,
+                                                     vocab_start(), spec_.vocab);
+  return loss.view({x.size(0), x.size(1)});
+}
+
 at::Tensor Transformer::logits(const at::Tensor& tokens, bool train, const at::Tensor& doc_ids) {
   enter_root();
   return leave_root(head(hidden_states(tokens, train, nullptr, doc_ids)));
@@ -404,10 +421,7 @@ at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targ
                                 const at::Tensor& doc_ids) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
   enter_root();
-  at::Tensor l = head(hidden_states(tokens, train, nullptr, doc_ids));
-  std::optional<SegmentProfiler::Scope> t;
-  if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
-  return leave_root(vocab_parallel_cross_entropy(l, targets.t(), comm_, vocab_start(), spec_.vocab));
+  return leave_root(head_loss(hidden_states(tokens, train, nullptr, doc_ids), targets));
 }
 
 void Transformer::finalize_grads() {

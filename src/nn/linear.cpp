@@ -55,11 +55,18 @@ void WeightGradStash::add(const at::Tensor& weight, const at::Tensor& x, const a
   items_.emplace_back(weight, x, dy);
 }
 
+void WeightGradStash::add_ready(const at::Tensor& weight, const at::Tensor& grad) {
+  items_.emplace_back(weight, grad, at::Tensor());
+}
+
 void WeightGradStash::run() {
   at::NoGradGuard no_grad;
-  for (const auto& [w, x, dy] : items_) accumulate(w, weight_grad(x, dy, w));
+  for (const auto& [w, x, dy] : items_) accumulate(w, dy.defined() ? weight_grad(x, dy, w) : x);
   items_.clear();
 }
+
+bool weight_grads_deferrable() { return defer_in_forward; }
+WeightGradStash* weight_grad_target() { return target; }
 
 DeferWeightGrads::DeferWeightGrads() : was_(defer_in_forward) { defer_in_forward = true; }
 DeferWeightGrads::~DeferWeightGrads() { defer_in_forward = was_; }

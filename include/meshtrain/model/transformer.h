@@ -158,6 +158,13 @@ class Transformer {
 
   void set_unit_hooks(UnitHooks* h) { hooks_ = h; }
 
+  // The loss's output layer and cross-entropy fused, a chunk of tokens at a
+  // time (parallel/tensor/fused_cross_entropy.h; on by default). Off, or with
+  // an adapter or NF4 weight on the head: the head's logits, then
+  // parallel/tensor/cross_entropy.h. Equal within fp32 rounding.
+  void set_fused_loss(bool on) { fused_loss_ = on; }
+  bool fused_loss() const { return fused_loss_; }
+
   // This rank's (or stage's) MoE layers, in layer order.
   std::vector<MoeLayer*> moe_layers();
   // The weight of each training forward's router losses (moe/layer.h): 1 /
@@ -191,6 +198,8 @@ class Transformer {
   at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs = {});
   at::Tensor run_blocks(at::Tensor x, bool train, KVCache* cache, const at::Tensor& docs = {});
   at::Tensor head(const at::Tensor& h);
+  // Per-token loss [s, b] of the final norm's output `h` [s(/tp), b, h] against targets [b, s].
+  at::Tensor head_loss(const at::Tensor& h, const at::Tensor& targets);
   // Global positions of `local` tokens on this rank (cp), after `past` cached
   // ones: [local]; with documents, [b, local], restarting at each document.
   at::Tensor positions(int64_t local, int64_t past, const at::Tensor& docs = {}) const;
@@ -217,6 +226,7 @@ class Transformer {
   at::Tensor leave_root(const at::Tensor& out) { return hooks_ ? hooks_->after_unit(0, out) : out; }
   mutable at::Generator rng_replicated_, rng_split_;
   nn::Recompute recompute_ = nn::Recompute::None;
+  bool fused_loss_ = true;
   double moe_loss_weight_ = 1;
   at::Generator& residual_rng() const { return tp_.sequence_parallel ? rng_split_ : rng_replicated_; }
 };

@@ -22,12 +22,15 @@ namespace meshtrain::nn {
 class WeightGradStash {
  public:
   void add(const at::Tensor& weight, const at::Tensor& x, const at::Tensor& dy);
+  // A weight gradient already computed (the fused cross-entropy's dW), added as it is.
+  void add_ready(const at::Tensor& weight, const at::Tensor& grad);
   // Adds every recorded dyᵀ x to its weight's .grad, in recording order, and clears.
   void run();
   bool empty() const { return items_.empty(); }
 
  private:
-  std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> items_;  // weight, x [n, in], dy [n, out]
+  // weight, x [n, in], dy [n, out]; add_ready's: weight, the gradient, an undefined dy.
+  std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> items_;
 };
 
 // While alive (on this thread), linear() builds nodes whose weight gradient can be deferred.
@@ -53,6 +56,12 @@ class WeightGradTarget {
  private:
   WeightGradStash* was_;
 };
+
+// For other operations with a weight gradient (parallel/tensor/fused_cross_entropy.h):
+// whether a node built now may defer its weight gradient (inside DeferWeightGrads),
+// and the stash a backward running now records into (nullptr: none).
+bool weight_grads_deferrable();
+WeightGradStash* weight_grad_target();
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
