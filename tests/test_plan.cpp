@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "meshtrain/plan/gemms.h"
 #include "meshtrain/plan/partition.h"
 #include "meshtrain/plan/schedule.h"
 #include "meshtrain/plan/search.h"
@@ -470,6 +471,30 @@ TEST(Traffic, ZeroVolumesAgainstDdp) {
   const double T = 4096.0 * m.hidden * 4, norms = (2.0 * m.layers + 1) * m.hidden;
   EXPECT_NEAR(rank_traffic(m, s, 0, {{0, m.layers, 0}}).tp,
               7.0 / 8 * (T * (8 * m.layers + 4) + 3 * 2 * 4096 * 4) + 2 * 7.0 / 8 * 4 * norms, 1);
+}
+
+}  // namespace
+}  // namespace meshtrain::plan
+
+namespace meshtrain::plan {
+namespace {
+
+// The step's GEMMs (plan/gemms.h) add up to the model FLOPs of the step: 6 x
+// tokens x matmul weights (the padded head included) + the attention scores'
+// 12 x layers x tokens x seq x heads x head_dim (forward 4, backward 8).
+TEST(Plan, StepGemmsAddUpToTheStepsModelFlops) {
+  for (const char* name : {"gpt2-124m", "llama-tiny", "llama2-7b"}) {
+    const ModelSpec m = preset(name);
+    const int64_t b = 3, s = 64, n = b * s;
+    double flops = 0;
+    for (const auto& g : step_gemms(m, b, s)) flops += g.flops();
+    const double want = 6.0 * n * static_cast<double>(count_params(m, 128).matmul_active) +
+                        12.0 * m.layers * n * s * m.heads * m.head_dim();
+    EXPECT_DOUBLE_EQ(flops, want) << name;
+  }
+  ModelSpec moe = preset("llama-tiny");
+  moe.experts = 4, moe.top_k = 2;
+  EXPECT_THROW(step_gemms(moe, 1, 8), std::invalid_argument);
 }
 
 }  // namespace

@@ -1,20 +1,23 @@
 // meshtrain bench train: single-process training steps through the trainer
 // (TokenLoader + TrainStep + meshtrain's AdamW) against a bare libtorch loop
-// over the same model (random tokens already in memory, loss.mean(),
-// backward, torch::optim::AdamW), interleaved in the same run.
+// over the same model and optimizer (random tokens already in memory,
+// loss.mean(), backward, AdamW::update): the difference is the trainer's own
+// work. Both interleaved in one process, or (--loop) one of them alone with
+// the process's peak resident memory (bench/train.sh runs each in its own
+// process beside PyTorch eager).
 #include <CLI/CLI.hpp>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
-#include <torch/optim/adamw.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "meshtrain/comm/comm.h"
@@ -22,13 +25,14 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/runtime/threads.h"
+#include "meshtrain/train/memory.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain::cli {
 
 void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
   struct Opts {
-    std::string model = "gpt2-124m", precision = "fp32", recompute = "none";
+    std::string model = "gpt2-124m", precision = "fp32", recompute = "none", loop = "both";
     int64_t micro_batch = 4, seq = 256;
     int steps = 2, rounds = 3, warmup = 1;
   };
@@ -42,6 +46,8 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
   cmd->add_option("--steps", o->steps, "timed steps per round and side")->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "rounds (sides alternate who goes first)")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed steps per side")->capture_default_str();
+  cmd->add_option("--loop", o->loop, "both | trainer | bare (one alone: prints its peak resident memory)")
+      ->check(CLI::IsMember({"both", "trainer", "bare"}))->capture_default_str();
   runs.emplace_back(cmd, [o]() {
     if (o->micro_batch < 1 || o->seq < 1 || o->steps < 1 || o->rounds < 1 || o->warmup < 0) {
       throw std::invalid_argument("--micro-batch, --seq, --steps and --rounds must be positive, --warmup >= 0");
@@ -70,18 +76,25 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     ao.lr = 1e-4;
     ao.schedule = LrSchedule::Constant;
     ao.clip_norm = 0;  // the bare loop does not clip
+    const bool want_trainer = o->loop != "bare", want_bare = o->loop != "trainer";
     // The trainer.
-    Transformer model(spec, solo, false, 1);
-    model.set_recompute(plan::parse_recompute(o->recompute));
-    AdamW opt(model.params().params(), ao);
-    TrainStep trainer(model, opt, solo, solo, {precision, nullptr});
-    TokenLoader loader({shard}, o->seq, o->micro_batch, 0, 1, 1);
-    // The bare loop over an identical model.
-    Transformer bare(spec, solo, false, 1);
-    bare.set_recompute(plan::parse_recompute(o->recompute));
-    std::vector<at::Tensor> bare_params;
-    for (auto& p : bare.params().params()) bare_params.push_back(p.tensor);
-    torch::optim::AdamW bare_opt(bare_params, torch::optim::AdamWOptions(ao.lr).betas({ao.beta1, ao.beta2}).eps(ao.eps).weight_decay(ao.weight_decay));
+    std::optional<Transformer> model, bare;
+    std::optional<AdamW> opt, bare_opt;
+    std::optional<TrainStep> trainer;
+    std::optional<TokenLoader> loader;
+    if (want_trainer) {
+      model.emplace(spec, solo, false, 1);
+      model->set_recompute(plan::parse_recompute(o->recompute));
+      opt.emplace(model->params().params(), ao);
+      trainer.emplace(*model, *opt, solo, solo, StepOptions{precision, nullptr});
+      loader.emplace(std::vector<std::string>{shard}, o->seq, o->micro_batch, 0, 1, 1);
+    }
+    // The bare loop over an identical model and optimizer.
+    if (want_bare) {
+      bare.emplace(spec, solo, false, 1);
+      bare->set_recompute(plan::parse_recompute(o->recompute));
+      bare_opt.emplace(bare->params().params(), ao);
+    }
     int64_t cursor = 0;
     auto bare_step = [&]() {
       const int64_t n = o->micro_batch * o->seq;
@@ -89,27 +102,31 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       ++cursor;
       at::Tensor tokens = window.narrow(0, 0, n).view({o->micro_batch, o->seq});
       at::Tensor targets = window.narrow(0, 1, n).view({o->micro_batch, o->seq});
-      bare_opt.zero_grad();
+      for (auto& p : bare->params().params()) p.tensor.mutable_grad() = at::Tensor();
       at::Tensor loss;
       if (precision == Precision::Bf16) {
         at::autocast::set_cpu_enabled(true);
         at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
         at::autocast::increment_nesting();
       }
-      loss = bare.forward(tokens, targets).mean();
+      loss = bare->forward(tokens, targets).mean();
       if (precision == Precision::Bf16) {
         at::autocast::decrement_nesting();
         at::autocast::clear_cache();
         at::autocast::set_cpu_enabled(false);
       }
       loss.backward();
-      bare_opt.step();
+      bare_opt->update(0.0);
     };
-    auto trainer_step = [&]() { trainer.run({loader.next()}); };
-    for (int i = 0; i < o->warmup; ++i) trainer_step(), bare_step();
+    auto trainer_step = [&]() { trainer->run({loader->next()}); };
+    for (int i = 0; i < o->warmup; ++i) {
+      if (want_trainer) trainer_step();
+      if (want_bare) bare_step();
+    }
     std::vector<double> t_trainer, t_bare;
     for (int r = 0; r < o->rounds; ++r) {
       for (bool ours : {r % 2 == 0, r % 2 != 0}) {
+        if (ours ? !want_trainer : !want_bare) continue;
         for (int i = 0; i < o->steps; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
           ours ? trainer_step() : bare_step();
@@ -118,12 +135,19 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       }
     }
     const double tokens = static_cast<double>(o->micro_batch * o->seq);
+    if (o->loop != "both") {
+      const double t = median(want_trainer ? t_trainer : t_bare);
+      fmt::print("{} {}: {:.3f} s/step, {:.0f} tokens/s, peak resident memory {:.0f} MiB\n", spec.name, o->loop, t,
+                 tokens / t, peak_rss_bytes() / (1 << 20));
+      fmt::print("RESULT {:.6f} {:.0f}\n", t, peak_rss_bytes());
+      return 0;
+    }
     const double a = median(t_trainer), b = median(t_bare);
     fmt::print("{} ({} parameters), micro-batch {} x seq {}, {}, recompute {}, {} threads; {} rounds x {} steps each\n",
-               spec.name, model.params().local_numel(), o->micro_batch, o->seq, o->precision, o->recompute,
+               spec.name, model->params().local_numel(), o->micro_batch, o->seq, o->precision, o->recompute,
                threads_per_rank(1), o->rounds, o->steps);
     fmt::print("{:<36} {:>14} {:>12}\n", "loop", "s/step (median)", "tokens/s");
-    fmt::print("{:<36} {:>14.3f} {:>12.0f}\n", "bare libtorch (torch::optim::AdamW)", b, tokens / b);
+    fmt::print("{:<36} {:>14.3f} {:>12.0f}\n", "bare loop (forward, backward, AdamW)", b, tokens / b);
     fmt::print("{:<36} {:>14.3f} {:>12.0f}\n", "meshtrain trainer", a, tokens / a);
     fmt::print("trainer overhead: {:+.1f}% (time ratio {:.3f})\n", 100 * (a / b - 1), a / b);
     return 0;

@@ -1,0 +1,94 @@
+// meshtrain bench gemm: the matrix multiplies of one training step
+// (plan/gemms.h) timed alone, each shape in the step's dtype and layout
+// (transposed views where the model multiplies by one), through the ATen
+// calls the model makes (mm, bmm), so the BLAS is the model's. Their sum is
+// the floor of a step's time; bench/train.sh divides step times by it.
+#include <CLI/CLI.hpp>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "cli/commands.h"
+#include "meshtrain/plan/gemms.h"
+#include "meshtrain/runtime/threads.h"
+#include "meshtrain/train/precision.h"
+
+namespace meshtrain::cli {
+namespace {
+
+struct Opts {
+  std::string model = "gpt2-124m", precision = "fp32";
+  int64_t micro_batch = 4, seq = 256;
+  double min_seconds = 0.2;
+};
+
+// Median seconds of one call of `g` (after a warm-up), repeated for at least `min_seconds` and 3 calls.
+double time_gemm(const plan::Gemm& g, at::ScalarType dtype, double min_seconds) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  auto operand = [&](int64_t rows, int64_t cols, bool trans) {
+    at::Tensor t = at::randn({g.batch, trans ? cols : rows, trans ? rows : cols}, gen).to(dtype);
+    if (trans) t = t.transpose(1, 2);
+    return g.batch == 1 ? t.select(0, 0) : t;
+  };
+  const at::Tensor a = operand(g.m, g.k, g.trans_a), b = operand(g.k, g.n, g.trans_b);
+  auto call = [&] { return g.batch == 1 ? at::mm(a, b) : at::bmm(a, b); };
+  call();
+  std::vector<double> times;
+  double total = 0;
+  while (times.size() < 3 || total < min_seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    total += times.back();
+  }
+  return median(times);
+}
+
+int run(const Opts& o) {
+  const Precision precision = parse_train_precision(o.precision);
+  check_precision_supported(precision, "cpu");
+  configure_threads(1);
+  const plan::ModelSpec& m = plan::preset(o.model);
+  const auto gemms = plan::step_gemms(m, o.micro_batch, o.seq);
+  fmt::print("{}: the step's matrix multiplies alone, micro-batch {} x seq {}, {}, {} threads\n", m.name,
+             o.micro_batch, o.seq, o.precision, threads_per_rank(1));
+  // The model's shape as bench/torch_gpt.py's flags (bench/train.sh passes them on).
+  fmt::print("shape: --layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --vocab {} --norm {} --norm-eps {} "
+             "--activation {} --position {} --rope-theta {} --tied {} --bias {}\n",
+             m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, plan::padded_vocab(m.vocab, 128),
+             m.norm == plan::Norm::LayerNorm ? "layernorm" : "rmsnorm", m.norm_eps,
+             m.activation == plan::Activation::SwiGLU ? "swiglu" : "gelu",
+             m.position == plan::Position::RoPE ? "rope" : "learned", m.rope_theta, int{m.tied}, int{m.bias});
+  fmt::print("{:<24} {:>5} {:>6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>10}\n", "GEMM", "batch", "m", "n", "k", "count",
+             "ms each", "GFLOP/s", "s per step");
+  double seconds = 0, flops = 0;
+  for (const auto& g : gemms) {
+    const double t = time_gemm(g, compute_dtype(precision), o.min_seconds);
+    seconds += t * static_cast<double>(g.count);
+    flops += g.flops();
+    fmt::print("{:<24} {:>5} {:>6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>10.4f}\n", g.name, g.batch, g.m, g.n, g.k,
+               g.count, t * 1e3, g.flops() / static_cast<double>(g.count) / t / 1e9,
+               t * static_cast<double>(g.count));
+  }
+  fmt::print("GEMM time per step: {:.4f} s ({:.1f} GFLOP at {:.1f} GFLOP/s)\n", seconds, flops / 1e9,
+             flops / seconds / 1e9);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_gemm(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
+  auto o = std::make_shared<Opts>();
+  auto cmd = bench->add_subcommand("gemm", "a training step's matrix multiplies timed alone (the step's floor)");
+  cmd->add_option("--model", o->model, "preset (dense)")->capture_default_str();
+  cmd->add_option("--micro-batch", o->micro_batch, "sequences per step")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--seq", o->seq, "sequence length")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--precision", o->precision, "fp32 | bf16")->capture_default_str();
+  cmd->add_option("--min-seconds", o->min_seconds, "time each GEMM at least this long")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  runs.emplace_back(cmd, [o] { return run(*o); });
+}
+
+}  // namespace meshtrain::cli
