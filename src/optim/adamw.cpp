@@ -9,6 +9,7 @@
 
 #include "meshtrain/comm/comm.h"
 #include "optim/fused_adamw.h"
+#include "optim/sum_squares.h"
 
 namespace meshtrain {
 
@@ -44,7 +45,7 @@ double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::v
   for (const auto& p : params) {
     const at::Tensor& g = p.tensor.grad();
     if (!g.defined() || p.replica) continue;
-    const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
+    const double sq = sum_of_squares(g);
     (p.expert ? experts : p.tp_dim >= 0 ? sharded : replicated) += sq;
   }
   for (Comm* group : sum_over) {
