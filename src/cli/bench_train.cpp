@@ -11,6 +11,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,7 +33,7 @@ namespace meshtrain::cli {
 
 void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
   struct Opts {
-    std::string model = "gpt2-124m", precision = "fp32", recompute = "none", loop = "both";
+    std::string model = "gpt2-124m", precision = "fp32", recompute = "none", loop = "both", profile;
     int64_t micro_batch = 4, seq = 256;
     int steps = 2, rounds = 3, warmup = 1;
   };
@@ -46,6 +47,9 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
   cmd->add_option("--steps", o->steps, "timed steps per round and side")->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "rounds (sides alternate who goes first)")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed steps per side")->capture_default_str();
+  cmd->add_option("--profile", o->profile,
+                  "with --loop trainer|bare: write the timed steps' ATen operations as a Chrome trace to this file "
+                  "(libtorch's legacy profiler; bench/profile_ops.py sums them by operation)");
   cmd->add_option("--loop", o->loop, "both | trainer | bare (one alone: prints its peak resident memory)")
       ->check(CLI::IsMember({"both", "trainer", "bare"}))->capture_default_str();
   runs.emplace_back(cmd, [o]() {
@@ -124,6 +128,9 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       if (want_bare) bare_step();
     }
     std::vector<double> t_trainer, t_bare;
+    if (!o->profile.empty() && o->loop == "both") throw std::invalid_argument("--profile needs --loop trainer or bare");
+    std::optional<torch::autograd::profiler::RecordProfile> profile;
+    if (!o->profile.empty()) profile.emplace(o->profile);
     for (int r = 0; r < o->rounds; ++r) {
       for (bool ours : {r % 2 == 0, r % 2 != 0}) {
         if (ours ? !want_trainer : !want_bare) continue;
@@ -134,6 +141,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
         }
       }
     }
+    profile.reset();
     const double tokens = static_cast<double>(o->micro_batch * o->seq);
     if (o->loop != "both") {
       const double t = median(want_trainer ? t_trainer : t_bare);

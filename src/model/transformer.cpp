@@ -296,7 +296,7 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
   }
   std::optional<SegmentProfiler::Scope> rest;
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
-  at::Tensor x = embed_.forward(tokens);  // [s(/tp), b, h]
+  at::Tensor x = embed_.forward(tokens, sparse_embedding_grad_);  // [s(/tp), b, h]
   if (pos_.defined()) {
     const int64_t rows = x.size(0), first = tp_.sequence_parallel ? tp_.rank() * rows : 0;
     if (docs.defined()) {  // [b, s] positions -> [rows, b, h]
@@ -336,8 +336,21 @@ at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, con
   return x;
 }
 
+namespace {
+
+// Sets a flag for one scope.
+struct ScopedFlag {
+  bool& flag;
+  bool was;
+  ScopedFlag(bool& f, bool value) : flag(f), was(f) { f = value; }
+  ~ScopedFlag() { flag = was; }
+};
+
+}  // namespace
+
 at::Tensor Transformer::stage_forward(const at::Tensor& x, const at::Tensor& targets, bool train) {
   enter_root();
+  ScopedFlag sparse(sparse_embedding_grad_, tied_loss_forward());
   at::Tensor h = part_.embedding ? embed_tokens(x, train, nullptr) : x;
   h = run_blocks(h, train, nullptr);
   if (!part_.head) return leave_root(h);
@@ -421,6 +434,7 @@ at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targ
                                 const at::Tensor& doc_ids) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
   enter_root();
+  ScopedFlag sparse(sparse_embedding_grad_, tied_loss_forward());
   return leave_root(head_loss(hidden_states(tokens, train, nullptr, doc_ids), targets));
 }
 

@@ -227,6 +227,12 @@ class Transformer {
   mutable at::Generator rng_replicated_, rng_split_;
   nn::Recompute recompute_ = nn::Recompute::None;
   bool fused_loss_ = true;
+  // While a loss forward runs through the fused loss with the head tied to the
+  // embedding on this rank: the embedding's gradient is sparse, added into the
+  // head's dense dW (VocabParallelEmbedding::forward).
+  bool sparse_embedding_grad_ = false;
+  // forward()/stage_forward(): whether this forward's embedding may be sparse.
+  bool tied_loss_forward() const { return fused_loss_ && spec_.tied && part_.embedding && part_.head; }
   double moe_loss_weight_ = 1;
   at::Generator& residual_rng() const { return tp_.sequence_parallel ? rng_split_ : rng_replicated_; }
 };

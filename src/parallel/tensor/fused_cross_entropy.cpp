@@ -51,8 +51,9 @@ struct Chunk {
   }
 
   // dX rows of the chunk and dW += Gᵀ X for the chunk's gradient g (fp32 [r, V/tp]),
-  // each where defined.
+  // each where defined; the first chunk writes dW (allocated uninitialised: no zero-fill pass).
   void backprop(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, at::Tensor& dx, at::Tensor& dw) const {
+    const bool first = begin == 0;
     const at::Tensor gc = g.to(w.scalar_type());
     if (dx.defined()) {
       at::Tensor dx_rows = dx.narrow(0, begin, rows);
@@ -64,10 +65,13 @@ struct Chunk {
     }
     if (!dw.defined()) return;
     const at::Tensor xc = x.narrow(0, begin, rows);
-    if (dw.scalar_type() == gc.scalar_type()) {
-      dw.addmm_(gc.t(), xc);
+    if (dw.scalar_type() != gc.scalar_type()) {
+      const at::Tensor part = at::mm(gc.t(), xc);
+      first ? dw.copy_(part) : dw.add_(part);
+    } else if (first) {
+      at::mm_out(dw, gc.t(), xc);
     } else {
-      dw.add_(at::mm(gc.t(), xc));
+      dw.addmm_(gc.t(), xc);
     }
   }
 };
@@ -88,7 +92,8 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
     const auto f32 = x.options().dtype(at::kFloat);
     at::Tensor loss = at::empty({n}, f32), lse = at::empty({n}, f32);
     at::Tensor dx = need_dx ? at::empty(x.sizes(), x.options()) : at::Tensor();
-    at::Tensor dw = need_dw ? at::zeros(weight.sizes(), weight.options()) : at::Tensor();
+    at::Tensor dw = !need_dw ? at::Tensor() : n > 0 ? at::empty(weight.sizes(), weight.options())
+                                                    : at::zeros(weight.sizes(), weight.options());
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const Chunk c(targets, begin, std::min(chunk, n - begin), vocab_start, local_v);
       at::Tensor l = c.logits(xc, wc, valid);
@@ -163,7 +168,8 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     const at::Tensor xc = x.to(dtype), wc = weight.to(dtype);
     at::Tensor dx = ctx->needs_input_grad(0) ? at::empty(x.sizes(), x.options()) : at::Tensor();
-    at::Tensor dw = ctx->needs_input_grad(1) ? at::zeros(weight.sizes(), weight.options()) : at::Tensor();
+    at::Tensor dw = !ctx->needs_input_grad(1) ? at::Tensor()
+                    : n > 0 ? at::empty(weight.sizes(), weight.options()) : at::zeros(weight.sizes(), weight.options());
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const Chunk c(targets, begin, std::min(chunk, n - begin), vocab_start, weight.size(0));
       at::Tensor p = c.logits(xc, wc, valid);

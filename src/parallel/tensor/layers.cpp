@@ -70,15 +70,15 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamStore& store, const std::str
   weight = store.create(name + ".weight", {padded_vocab, hidden}, Init::Normal, std, 0, false, vocab);
 }
 
-at::Tensor VocabParallelEmbedding::forward(const at::Tensor& tokens) const {
+at::Tensor VocabParallelEmbedding::forward(const at::Tensor& tokens, bool sparse_grad) const {
   at::Tensor t = tokens.t();  // [s, b]
   at::Tensor out;
   if (tp_.size() == 1) {
-    out = at::embedding(weight, t);
+    out = at::embedding(weight, t, -1, false, sparse_grad);
   } else {
     at::Tensor local = t - start_;
     at::Tensor outside = (local < 0).logical_or(local >= rows_);
-    at::Tensor rows = at::embedding(weight, local.masked_fill(outside, 0));
+    at::Tensor rows = at::embedding(weight, local.masked_fill(outside, 0), -1, false, sparse_grad);
     out = rows.masked_fill(outside.unsqueeze(-1), 0.0);
   }
   return tp_.leave(out);
