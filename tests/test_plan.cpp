@@ -497,5 +497,18 @@ TEST(Plan, StepGemmsAddUpToTheStepsModelFlops) {
   EXPECT_THROW(step_gemms(moe, 1, 8), std::invalid_argument);
 }
 
+TEST(Plan, AttentionAutoIsTiledPastOneTile) {
+  EXPECT_EQ(ModelSpec{}.attention, AttentionImpl::Auto);
+  EXPECT_FALSE(attention_tiled(AttentionImpl::Auto, kAttentionTile));
+  EXPECT_TRUE(attention_tiled(AttentionImpl::Auto, kAttentionTile + 1));
+  EXPECT_TRUE(attention_tiled(AttentionImpl::Auto, 16, /*documents=*/true));
+  EXPECT_FALSE(attention_tiled(AttentionImpl::Naive, 1 << 20));
+  EXPECT_TRUE(attention_tiled(AttentionImpl::Tiled, 16));
+  for (auto a : {AttentionImpl::Naive, AttentionImpl::Tiled, AttentionImpl::Auto}) {
+    EXPECT_EQ(parse_attention(attention_name(a)), a);
+  }
+  EXPECT_THROW(parse_attention("flash"), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace meshtrain::plan

@@ -219,7 +219,7 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   }
   const double p = train ? spec_.dropout : 0.0;
   at::Generator* gen = &rng_split_;
-  const bool tiled = spec_.attention == plan::AttentionImpl::Tiled;
+  const bool tiled = plan::attention_tiled(spec_.attention, past + s * cp_size(), docs.defined());
   // Tiled attention draws its masks' seed from the generator (replayed by recomputation).
   auto local = [p, gen, tiled, docs](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     if (!tiled) return nn::causal_attention(q, k, v, p, gen);
@@ -271,8 +271,8 @@ std::vector<MoeLayer*> Transformer::moe_layers() {
 at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
   if (!part_.embedding || !part_.head) throw std::logic_error("a pipeline stage runs stage_forward, not the whole model");
   if (docs.defined()) {
-    if (spec_.attention != plan::AttentionImpl::Tiled || cp_size() > 1 || cache) {
-      throw std::invalid_argument("document masks need model.attention = \"tiled\", cp = 1 and no KV cache");
+    if (spec_.attention == plan::AttentionImpl::Naive || cp_size() > 1 || cache) {
+      throw std::invalid_argument("document masks need model.attention = \"tiled\" or \"auto\", cp = 1 and no KV cache");
     }
     if (docs.sizes() != tokens.sizes()) throw std::invalid_argument("doc_ids must have the shape of tokens");
   }

@@ -159,9 +159,17 @@ void validate(const ModelSpec& m) {
 AttentionImpl parse_attention(const std::string& s) {
   if (s == "naive") return AttentionImpl::Naive;
   if (s == "tiled") return AttentionImpl::Tiled;
-  throw std::invalid_argument(fmt::format("model.attention = \"{}\": use \"naive\" or \"tiled\"", s));
+  if (s == "auto") return AttentionImpl::Auto;
+  throw std::invalid_argument(fmt::format("model.attention = \"{}\": use \"naive\", \"tiled\" or \"auto\"", s));
 }
 
-const char* attention_name(AttentionImpl a) { return a == AttentionImpl::Tiled ? "tiled" : "naive"; }
+const char* attention_name(AttentionImpl a) {
+  return a == AttentionImpl::Tiled ? "tiled" : a == AttentionImpl::Auto ? "auto" : "naive";
+}
+
+bool attention_tiled(AttentionImpl a, int64_t keys, bool documents) {
+  if (a == AttentionImpl::Auto) return documents || keys > kAttentionTile;
+  return a == AttentionImpl::Tiled;
+}
 
 }  // namespace meshtrain::plan

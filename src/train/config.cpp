@@ -255,8 +255,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                               path));
     }
   }
-  if (c.document_mask && (c.model.attention != plan::AttentionImpl::Tiled || c.cp > 1 || c.pp > 1)) {
-    throw std::invalid_argument(fmt::format("{}: train.document_mask needs model.attention = \"tiled\" (it is \"{}\"), "
+  if (c.document_mask && (c.model.attention == plan::AttentionImpl::Naive || c.cp > 1 || c.pp > 1)) {
+    throw std::invalid_argument(fmt::format("{}: train.document_mask needs model.attention = \"tiled\" or \"auto\" (it is \"{}\"), "
                                             "parallel.cp = 1 (it is {}) and parallel.pp = 1 (it is {})",
                                             path, plan::attention_name(c.model.attention), c.cp, c.pp));
   }

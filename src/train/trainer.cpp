@@ -228,7 +228,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   s.cp = c.cp;
   s.cp_impl = plan::parse_cp_impl(c.cp_impl);
   s.sp = c.sp && c.tp > 1;
-  s.flash = c.model.attention == plan::AttentionImpl::Tiled;
+  s.flash = plan::attention_tiled(c.model.attention, c.seq, c.document_mask);
   s.zero = c.zero;
   s.dp_shard = c.dp_shard;
   s.micro_batch = c.micro_batch;

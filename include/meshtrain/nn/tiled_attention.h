@@ -35,6 +35,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/plan/spec.h"
+
 namespace meshtrain::nn {
 
 // Which keys a query sees. Query i (of s) sits at position q_offset + i of
@@ -53,7 +55,7 @@ struct AttentionMask {
 // small tiles on a CPU: `meshtrain lab 07` times 64 to 512 (and
 // `meshtrain bench attention --block B` any size) against the materialised scores.
 struct TiledAttentionOptions {
-  int64_t block_q = 512, block_k = 512;
+  int64_t block_q = plan::kAttentionTile, block_k = plan::kAttentionTile;
   double dropout = 0;  // probability of dropping an attention probability
   uint64_t seed = 0;   // of the dropout masks
 };

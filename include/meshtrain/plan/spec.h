@@ -12,10 +12,18 @@ enum class Norm { LayerNorm, RMSNorm };
 enum class Position { Learned, RoPE };
 enum class Activation { GELU, SwiGLU };
 // How attention is computed (the same function either way): the s x t scores
-// materialised, or tiled without them (nn/tiled_attention.h).
-enum class AttentionImpl { Naive, Tiled };
-AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled"; throws naming the value
+// materialised, tiled without them (nn/tiled_attention.h), or Auto, the
+// default: tiled where the keys span more than one tile or packed documents
+// are masked, materialised otherwise. Past one tile the tiled kernel skips the
+// tiles above the causal diagonal and keeps memory linear in the sequence;
+// docs/bench-attention.md measures it at least as fast from one tile on.
+enum class AttentionImpl { Naive, Tiled, Auto };
+// The tiled kernel's default tile (nn::TiledAttentionOptions' block_q and block_k).
+constexpr int64_t kAttentionTile = 512;
+AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled" | "auto"; throws naming the value
 const char* attention_name(AttentionImpl a);
+// Whether `a` computes tiled over `keys` keys; `documents`: a packed-document mask (tiled only).
+bool attention_tiled(AttentionImpl a, int64_t keys, bool documents = false);
 
 struct ModelSpec {
   std::string name;
@@ -29,7 +37,7 @@ struct ModelSpec {
   Norm norm = Norm::LayerNorm;
   Position position = Position::Learned;
   Activation activation = Activation::GELU;
-  AttentionImpl attention = AttentionImpl::Naive;
+  AttentionImpl attention = AttentionImpl::Auto;
   bool tied = true;       // output head shares the embedding
   bool bias = true;       // linear layers have biases
   double dropout = 0.1;   // > 0: dropout masks are stored (1 byte per element)
