@@ -59,9 +59,10 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
   EXPECT_NE(error_of(d.write("o.toml", base), {"model.attention=flash"}).find("model.attention = \"flash\": use"),
             std::string::npos);
   EXPECT_EQ(error_of(d.write("p.toml", base), {"model.attention=tiled", "model.dropout=0.1"}), "");  // tiled drops too
-  EXPECT_NE(error_of(d.write("q.toml", base), {"train.document_mask=true"})
-                .find("train.document_mask needs model.attention = \"tiled\" (it is \"naive\")"),
+  EXPECT_NE(error_of(d.write("q.toml", base), {"train.document_mask=true", "model.attention=naive"})
+                .find("train.document_mask needs model.attention = \"tiled\" or \"auto\" (it is \"naive\")"),
             std::string::npos);
+  EXPECT_EQ(error_of(d.write("q2.toml", base), {"train.document_mask=true"}), "");  // auto, the default, masks
   TrainConfig c = load_train_config(d.write("h.toml", base), {"train.lr=0.5", "model.layers=3", "train.schedule=linear"});
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.5);
   EXPECT_EQ(c.model.layers, 3);
