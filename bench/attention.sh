@@ -9,6 +9,8 @@ source "$(dirname "$0")/header.sh"
 BUILD=${1:-build}
 OUT=docs/bench-attention.md
 args="--seqs 512,1024,2048,4096,8192,16384 --iters 2"
+# GPT-2 124M's attention at the training benchmark's micro-batch: where model.attention = "auto" switches.
+gpt2_args="--seqs 256,512,768,1024,2048 --batch 4 --heads 12 --head-dim 64 --iters 3"
 {
   echo "# Attention: scores materialised vs tiled"
   echo
@@ -19,6 +21,15 @@ args="--seqs 512,1024,2048,4096,8192,16384 --iters 2"
   echo
   echo '```'
   "$BUILD/meshtrain" bench attention $args | tee /tmp/meshtrain_bench_attention.txt
+  echo '```'
+  echo
+  echo "At GPT-2 124M's shape (12 heads of 64, micro-batch 4): \`model.attention = \"auto\"\` (the default) computes"
+  echo "tiled from 2048 keys (four 512-token tiles) on, the materialised scores below."
+  echo
+  echo "\`$BUILD/meshtrain bench attention $gpt2_args\`"
+  echo
+  echo '```'
+  "$BUILD/meshtrain" bench attention $gpt2_args | tee /tmp/meshtrain_bench_attention_gpt2.txt
   echo '```'
   echo
   cat <<'TEXT'
@@ -37,5 +48,7 @@ TEXT
   quotes_heading
   awk '$1 ~ /^[0-9]+$/ && $4 ~ /x$/ {s[$1] = $4} END {printf "- `tiled_speedup_8k` = %s: naive time / tiled time, forward + backward, s = 8192\n", s["8192"]}' \
     /tmp/meshtrain_bench_attention.txt
+  awk '$1 ~ /^[0-9]+$/ && $4 ~ /x$/ {s[$1] = $4} END {printf "- `tiled_speedup_gpt2_512` = %s: naive time / tiled time at GPT-2 124M'"'"'s attention shape, s = 512 (auto: naive)\n- `tiled_speedup_gpt2_1024` = %s: the same at s = 1024 (auto: naive)\n- `tiled_speedup_gpt2_2048` = %s: the same at s = 2048 (auto: tiled)\n", s["512"], s["1024"], s["2048"]}' \
+    /tmp/meshtrain_bench_attention_gpt2.txt
 } > "$OUT.tmp"
 seal "$OUT"

@@ -497,10 +497,11 @@ TEST(Plan, StepGemmsAddUpToTheStepsModelFlops) {
   EXPECT_THROW(step_gemms(moe, 1, 8), std::invalid_argument);
 }
 
-TEST(Plan, AttentionAutoIsTiledPastOneTile) {
+TEST(Plan, AttentionAutoIsTiledFromFourTiles) {
   EXPECT_EQ(ModelSpec{}.attention, AttentionImpl::Auto);
-  EXPECT_FALSE(attention_tiled(AttentionImpl::Auto, kAttentionTile));
-  EXPECT_TRUE(attention_tiled(AttentionImpl::Auto, kAttentionTile + 1));
+  EXPECT_EQ(kAutoTiledKeys, 2048);
+  EXPECT_FALSE(attention_tiled(AttentionImpl::Auto, kAutoTiledKeys - 1));
+  EXPECT_TRUE(attention_tiled(AttentionImpl::Auto, kAutoTiledKeys));
   EXPECT_TRUE(attention_tiled(AttentionImpl::Auto, 16, /*documents=*/true));
   EXPECT_FALSE(attention_tiled(AttentionImpl::Naive, 1 << 20));
   EXPECT_TRUE(attention_tiled(AttentionImpl::Tiled, 16));

@@ -239,16 +239,16 @@ TEST(TiledAttention, ModelDropoutIsReplayedByRecomputation) {
   EXPECT_NE(plain.forward(tokens, tokens).sum().item<double>(), la.item<double>());
 }
 
-// model.attention = "auto" (the default): the materialised scores up to one
-// tile of keys, the tiled kernel past it (bitwise the explicit choice's loss
-// each side, which differ from each other by rounding).
-TEST(TiledAttention, AutoIsNaiveUpToOneTileAndTiledPastIt) {
+// model.attention = "auto" (the default): the materialised scores below four
+// tiles of keys, the tiled kernel from there (bitwise the explicit choice's
+// per-token losses each side, which differ from each other by rounding).
+TEST(TiledAttention, AutoIsNaiveBelowFourTilesAndTiledFromThere) {
   plan::ModelSpec spec = plan::preset("gpt-tiny");
   ASSERT_EQ(spec.attention, plan::AttentionImpl::Auto);
   spec.layers = 1, spec.vocab = 64, spec.dropout = 0;
   Comm solo("solo", 0);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
-  for (int64_t seq : {plan::kAttentionTile, plan::kAttentionTile + 8}) {
+  for (int64_t seq : {plan::kAutoTiledKeys - 8, plan::kAutoTiledKeys}) {
     spec.seq = seq;
     const at::Tensor tokens = at::randint(spec.vocab, {1, seq}, gen, at::kLong);
     std::map<plan::AttentionImpl, at::Tensor> loss;  // per token
@@ -257,7 +257,7 @@ TEST(TiledAttention, AutoIsNaiveUpToOneTileAndTiledPastIt) {
       Transformer m(spec, solo, false, 4);
       loss[a] = m.forward(tokens, tokens).detach();
     }
-    const auto want = seq > plan::kAttentionTile ? plan::AttentionImpl::Tiled : plan::AttentionImpl::Naive;
+    const auto want = seq >= plan::kAutoTiledKeys ? plan::AttentionImpl::Tiled : plan::AttentionImpl::Naive;
     EXPECT_TRUE(at::equal(loss[plan::AttentionImpl::Auto], loss[want])) << "seq " << seq;
     EXPECT_FALSE(at::equal(loss[plan::AttentionImpl::Naive], loss[plan::AttentionImpl::Tiled]))
         << "seq " << seq << ": the two kernels round alike, the test cannot tell which one auto took";

@@ -168,7 +168,7 @@ const char* attention_name(AttentionImpl a) {
 }
 
 bool attention_tiled(AttentionImpl a, int64_t keys, bool documents) {
-  if (a == AttentionImpl::Auto) return documents || keys > kAttentionTile;
+  if (a == AttentionImpl::Auto) return documents || keys >= kAutoTiledKeys;
   return a == AttentionImpl::Tiled;
 }
 

@@ -159,7 +159,7 @@ std::vector<ConfigKey> make_keys() {
       number("model.init_std", FIELD(model.init_std), 0, true, kInf, false, "standard deviation of the initial weights"),
       boolean("model.tied", FIELD(model.tied), "the output head shares the embedding"),
       choice("model.attention", FIELD(model.attention), plan::parse_attention, plan::attention_name, "naive | tiled | auto",
-             "tiled: FlashAttention-2 style, memory linear in the sequence; auto: tiled past one 512-token tile"),
+             "tiled: FlashAttention-2 style, memory linear in the sequence; auto: tiled from 2048 keys on"),
       // Mixture of experts (moe/layer.h); experts = 0: dense
       integer("model.experts", FIELD(model.experts), 0, kMaxInt, "routed experts per MoE layer (0: dense)"),
       integer("model.top_k", FIELD(model.top_k), 0, kMaxInt, "experts each token is routed to (1..experts with MoE)"),

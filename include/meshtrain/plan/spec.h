@@ -13,13 +13,17 @@ enum class Position { Learned, RoPE };
 enum class Activation { GELU, SwiGLU };
 // How attention is computed (the same function either way): the s x t scores
 // materialised, tiled without them (nn/tiled_attention.h), or Auto, the
-// default: tiled where the keys span more than one tile or packed documents
-// are masked, materialised otherwise. Past one tile the tiled kernel skips the
-// tiles above the causal diagonal and keeps memory linear in the sequence;
-// docs/bench-attention.md measures it at least as fast from one tile on.
+// default: tiled from four tiles of keys on (kAutoTiledKeys) or where packed
+// documents are masked, materialised below. The tiled kernel skips the tiles
+// above the causal diagonal and keeps memory linear in the sequence, but pays
+// per tile: on this project's 2-core CPU it ran 1.5-2.3x the materialised
+// scores' speed at 2048 keys, at 4 heads and at GPT-2's 12 heads x batch 4,
+// and 0.8-1.04x (run to run) at GPT-2's shape up to 1024
+// (docs/bench-attention.md).
 enum class AttentionImpl { Naive, Tiled, Auto };
 // The tiled kernel's default tile (nn::TiledAttentionOptions' block_q and block_k).
 constexpr int64_t kAttentionTile = 512;
+constexpr int64_t kAutoTiledKeys = 4 * kAttentionTile;
 AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled" | "auto"; throws naming the value
 const char* attention_name(AttentionImpl a);
 // Whether `a` computes tiled over `keys` keys; `documents`: a packed-document mask (tiled only).
