@@ -46,4 +46,12 @@ inline void expect_grad_parity(at::Tensor g, at::Tensor g_ref, const std::string
                                       << ")";
 }
 
+// |a - b| <= rel max|b| + 1e-7 (the fused ops' tests state their `rel`).
+inline void expect_close(const at::Tensor& a, const at::Tensor& b, double rel, const std::string& what) {
+  ASSERT_TRUE(a.defined() && b.defined()) << what;
+  const double scale = b.abs().max().item<double>();
+  const double err = (a - b).abs().max().item<double>();
+  EXPECT_LE(err, rel * scale + 1e-7) << what << ": error " << err << " (scale " << scale << ")";
+}
+
 }  // namespace meshtrain::test

@@ -63,13 +63,6 @@ Result run(const Case& c, int64_t chunk) {
   return {loss.detach(), x.grad(), w.grad()};
 }
 
-void expect_close(const at::Tensor& a, const at::Tensor& b, double rel, const std::string& what) {
-  ASSERT_TRUE(a.defined() && b.defined()) << what;
-  const double scale = b.abs().max().item<double>();
-  const double err = (a - b).abs().max().item<double>();
-  EXPECT_LE(err, rel * scale + 1e-7) << what << ": error " << err << " (scale " << scale << ")";
-}
-
 void expect_equal_results(const Result& fused, const Result& ref, const std::string& what) {
   expect_close(fused.loss, ref.loss, 1e-6, what + " loss");
   expect_close(fused.dx, ref.dx, 1e-5, what + " dx");

@@ -26,13 +26,6 @@
 namespace meshtrain::test {
 namespace {
 
-void expect_close(const at::Tensor& a, const at::Tensor& b, double rel, const std::string& what) {
-  ASSERT_TRUE(a.defined() && b.defined()) << what;
-  const double scale = b.abs().max().item<double>();
-  const double err = (a - b).abs().max().item<double>();
-  EXPECT_LE(err, rel * scale + 1e-7) << what << ": error " << err << " (scale " << scale << ")";
-}
-
 TEST(FusedLossParallel, VocabParallelEqualsOneProcess) {
   Comm& tp = runtime().world();
   Comm solo("solo", runtime().rank());
