@@ -83,6 +83,7 @@ bench: build
 	./bench/tp_block.sh $(BUILD)
 	./bench/train.sh $(BUILD)
 	./bench/optim.sh $(BUILD)
+	./bench/fused_ops.sh $(BUILD)
 	./bench/dp.sh $(BUILD)
 	./bench/zero.sh $(BUILD)
 	./bench/pipeline.sh $(BUILD)

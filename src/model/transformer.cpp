@@ -9,10 +9,12 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/moe/layer.h"
 #include "meshtrain/nn/functional.h"
+#include "meshtrain/nn/fused_ops.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/tiled_attention.h"
 #include "meshtrain/parallel/context/attention.h"
@@ -174,12 +176,13 @@ at::Tensor Transformer::positions(int64_t local, int64_t past, const at::Tensor&
 }
 
 at::Tensor Transformer::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
+  if (fused_ops_) return nn::norm(x, {w, b, spec_.norm_eps, spec_.norm == plan::Norm::RMSNorm});
   return spec_.norm == plan::Norm::LayerNorm ? nn::layer_norm(x, w, b, spec_.norm_eps)
                                              : nn::rms_norm(x, w, spec_.norm_eps);
 }
 
 at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache, int64_t layer,
-                                  const at::Tensor& docs) const {
+                                  const at::Tensor& docs, at::Tensor* deferred_bias) const {
   at::Tensor in = tp_.enter(x);  // [s, b, h]
   const int64_t s = in.size(0), b = in.size(1), d = spec_.head_dim();
   const int64_t hq = spec_.heads / tp_.size(), hkv = spec_.kv_heads / tp_.size();
@@ -242,17 +245,28 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   } else {
     ctx = core({q, k, v})[0];
   }
-  return blk.o.forward(ctx.permute({2, 0, 1, 3}).reshape({s, b, hq * d}));
+  if (deferred_bias) *deferred_bias = blk.o.bias;
+  return blk.o.forward(ctx.permute({2, 0, 1, 3}).reshape({s, b, hq * d}), !deferred_bias);
 }
 
-at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x, bool train) const {
+at::Tensor Transformer::mlp(const Block& blk, const at::Tensor& x, bool train, at::Tensor* deferred_bias) const {
   at::Tensor out;
   if (blk.dense_ffn) {
     at::Tensor in = tp_.enter(x);
-    at::Tensor hidden = spec_.activation == plan::Activation::SwiGLU
-                            ? at::silu(blk.gate.forward_entered(in)) * blk.up.forward_entered(in)
-                            : at::gelu(blk.fc1.forward_entered(in), "tanh");
-    out = blk.fc2.forward(hidden);
+    at::Tensor hidden;
+    if (!fused_ops_) {
+      hidden = spec_.activation == plan::Activation::SwiGLU
+                   ? at::silu(blk.gate.forward_entered(in)) * blk.up.forward_entered(in)
+                   : at::gelu(blk.fc1.forward_entered(in), "tanh");
+    } else if (spec_.activation == plan::Activation::SwiGLU) {
+      hidden = nn::swiglu(blk.gate.forward_entered(in), blk.up.forward_entered(in));
+    } else {
+      hidden = nn::bias_gelu(blk.fc1.forward_entered(in, false), blk.fc1.bias);
+    }
+    // The bias is deferred only where out is the whole branch (no routed experts added).
+    const bool defer = deferred_bias && !blk.moe;
+    if (defer) *deferred_bias = blk.fc2.bias;
+    out = blk.fc2.forward(hidden, !defer);
   }
   if (!blk.moe) return out;
   // The routed experts see the rows this rank holds (its sequence shard with sequence parallelism).
@@ -367,6 +381,7 @@ at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train
   const Block& blk = blocks_.at(i);
   const double p = train ? spec_.dropout : 0.0;
   at::Tensor x = profiler_ ? profiler_->mark(input, static_cast<int>(i), false) : input;
+  if (fused_ops_) return run_block_fused(blk, i, x, p, train, cache, docs);
   {
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward attention"});
@@ -382,6 +397,33 @@ at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train
     x = x + nn::dropout(m, p, residual_rng());
   }
   return profiler_ ? profiler_->mark(x, static_cast<int>(i), true) : x;
+}
+
+// run_block with nn/fused_ops.h: each branch's output bias, dropout and residual add are one
+// pass with the next norm (the same masks as nn::dropout draws, from the same generator).
+at::Tensor Transformer::run_block_fused(const Block& blk, int64_t i, const at::Tensor& x, double p, bool train,
+                                        KVCache* cache, const at::Tensor& docs) {
+  const nn::NormWeights norm2{blk.norm2_w, blk.norm2_b, spec_.norm_eps, spec_.norm == plan::Norm::RMSNorm};
+  auto join = [&](const at::Tensor& branch, const at::Tensor& bias) {
+    return nn::BranchJoin{bias, p > 0 ? nn::dropout_keep(branch, p, residual_rng()) : at::Tensor(), p};
+  };
+  at::Tensor mid, normed;
+  {
+    std::optional<SegmentProfiler::Scope> t;
+    if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward attention"});
+    at::Tensor bias;
+    at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train, cache, i, docs,
+                             blk.adapter_attn ? nullptr : &bias);
+    if (blk.adapter_attn) a = blk.adapter_attn->forward(a);
+    std::tie(mid, normed) = nn::add_norm(x, a, join(a, bias), norm2);
+  }
+  std::optional<SegmentProfiler::Scope> t;
+  if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward ffn"});
+  at::Tensor bias;
+  at::Tensor m = mlp(blk, normed, train, blk.adapter_mlp ? nullptr : &bias);
+  if (blk.adapter_mlp) m = blk.adapter_mlp->forward(m);
+  at::Tensor out = nn::add_norm(mid, m, join(m, bias), {}).first;
+  return profiler_ ? profiler_->mark(out, static_cast<int>(i), true) : out;
 }
 
 at::Tensor Transformer::head(const at::Tensor& h) {

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "meshtrain/nn/fused_ops.h"
+
 namespace meshtrain::nn {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -38,8 +40,7 @@ at::Tensor rope(const at::Tensor& x, double theta, const at::Tensor& positions) 
 
 at::Tensor dropout(const at::Tensor& x, double p, at::Generator& gen) {
   if (p <= 0) return x;
-  at::Tensor keep = at::empty_like(x).bernoulli_(1.0 - p, gen);
-  return x * keep * (1.0 / (1.0 - p));
+  return x * dropout_keep(x, p, gen) * (1.0 / (1.0 - p));
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p,

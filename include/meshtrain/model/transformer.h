@@ -165,6 +165,13 @@ class Transformer {
   void set_fused_loss(bool on) { fused_loss_ = on; }
   bool fused_loss() const { return fused_loss_; }
 
+  // The block's elementwise operations fused (nn/fused_ops.h; on by default):
+  // the norms; the output projections' bias, residual dropout and add with the
+  // next norm; the fc1 bias with GELU; SwiGLU. Off: the ATen compositions.
+  // Equal within fp32 rounding (the same dropout masks).
+  void set_fused_ops(bool on) { fused_ops_ = on; }
+  bool fused_ops() const { return fused_ops_; }
+
   // This rank's (or stage's) MoE layers, in layer order.
   std::vector<MoeLayer*> moe_layers();
   // The weight of each training forward's router losses (moe/layer.h): 1 /
@@ -189,10 +196,14 @@ class Transformer {
  private:
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
   // `docs`: the batch's document ids [b, s] or undefined (see forward).
+  // `deferred_bias` not null: the output projection's bias is not added but returned there
+  // (as mlp's; undefined when there is none to defer).
   at::Tensor attention(const Block& blk, const at::Tensor& x, bool train, KVCache* cache, int64_t layer,
-                       const at::Tensor& docs) const;
+                       const at::Tensor& docs, at::Tensor* deferred_bias = nullptr) const;
   at::Tensor run_block(int64_t i, const at::Tensor& x, bool train, KVCache* cache, const at::Tensor& docs = {});
-  at::Tensor mlp(const Block& blk, const at::Tensor& x, bool train) const;
+  at::Tensor run_block_fused(const Block& blk, int64_t i, const at::Tensor& x, double p, bool train, KVCache* cache,
+                             const at::Tensor& docs);
+  at::Tensor mlp(const Block& blk, const at::Tensor& x, bool train, at::Tensor* deferred_bias = nullptr) const;
   at::Tensor hidden_states(const at::Tensor& tokens, bool train, KVCache* cache = nullptr,
                            const at::Tensor& docs = {});
   at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs = {});
@@ -227,6 +238,7 @@ class Transformer {
   mutable at::Generator rng_replicated_, rng_split_;
   nn::Recompute recompute_ = nn::Recompute::None;
   bool fused_loss_ = true;
+  bool fused_ops_ = true;
   // While a loss forward runs through the fused loss with the head tied to the
   // embedding on this rank: the embedding's gradient is sparse, added into the
   // head's dense dW (VocabParallelEmbedding::forward).

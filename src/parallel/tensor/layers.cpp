@@ -35,9 +35,10 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
 }
 
 // LoRA's term trains only under autograd (GradMode on): evaluation and decoding run without its dropout.
-at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x) const {
-  at::Tensor y = nf4 ? nf4_linear(x, *nf4) : nn::linear(x, weight, bias);
-  if (nf4 && bias.defined()) y = y + bias;
+at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x, bool add_bias) const {
+  const at::Tensor b = add_bias ? bias : at::Tensor();
+  at::Tensor y = nf4 ? nf4_linear(x, *nf4) : nn::linear(x, weight, b);
+  if (nf4 && b.defined()) y = y + b;
   return lora && lora->active() ? y + lora->delta(x, at::GradMode::is_enabled()) : y;
 }
 
@@ -51,11 +52,11 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
   if (bias) this->bias = store.create(name + ".bias", {out}, Init::Zeros, 0, -1, tp.sequence_parallel);
 }
 
-at::Tensor RowParallelLinear::forward(const at::Tensor& x) const {
+at::Tensor RowParallelLinear::forward(const at::Tensor& x, bool add_bias) const {
   at::Tensor partial = nf4 ? nf4_linear(x, *nf4) : nn::linear(x, weight);
   if (lora && lora->active()) partial = partial + lora->delta(x, at::GradMode::is_enabled());
   at::Tensor y = tp_.leave(partial);
-  return bias.defined() ? y + bias : y;
+  return add_bias && bias.defined() ? y + bias : y;
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParamStore& store, const std::string& name, int64_t vocab,

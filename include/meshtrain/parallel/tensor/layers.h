@@ -42,7 +42,8 @@ class ColumnParallelLinear {
   ColumnParallelLinear(ParamStore& store, const std::string& name, int64_t in, int64_t out, bool bias, double std,
                        TensorParallel tp);
   // x already entered the region (whole sequence, this rank's copy): [s, b, in] -> [s, b, out/tp].
-  at::Tensor forward_entered(const at::Tensor& x) const;
+  // add_bias false: the caller adds `bias` (fused into the next operation, nn/fused_ops.h).
+  at::Tensor forward_entered(const at::Tensor& x, bool add_bias = true) const;
   // Enters the region itself.
   at::Tensor forward(const at::Tensor& x) const { return forward_entered(tp_.enter(x)); }
   at::Tensor weight, bias;
@@ -58,8 +59,9 @@ class RowParallelLinear {
   RowParallelLinear() = default;
   RowParallelLinear(ParamStore& store, const std::string& name, int64_t in, int64_t out, bool bias, double std,
                     TensorParallel tp);
-  // x: [s, b, in/tp] -> [s(/tp with SP), b, out], summed over tp ranks; bias added once.
-  at::Tensor forward(const at::Tensor& x) const;
+  // x: [s, b, in/tp] -> [s(/tp with SP), b, out], summed over tp ranks; bias added once
+  // (add_bias false: by the caller, fused into the residual add, nn/fused_ops.h).
+  at::Tensor forward(const at::Tensor& x, bool add_bias = true) const;
   at::Tensor weight, bias;
   std::shared_ptr<LoraAdapter> lora;  // peft/lora.h: added to the partial product before the reduction
   std::shared_ptr<Nf4Tensor> nf4;     // peft/qlora.h: the weight in NF4 (then `weight` is undefined)
