@@ -10,6 +10,9 @@ source "$(dirname "$0")/header.sh"
 BUILD=${1:-build}
 ROUNDS=${2:-9}
 OUT=docs/bench-fused-ops.md
+# The malloc tunables meshtrain gives its ranks (runtime/threads.h, PLATFORM.md): freed blocks are
+# reused, so a round's fresh outputs do not page-fault (as in training).
+export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
 CMD="$BUILD/meshtrain bench fused-ops --model gpt2-124m --micro-batch 4 --seq 256 --rounds $ROUNDS"
 RESULT=$($CMD)
 ratio() { echo "$RESULT" | awk -v op="$1" 'index($0, op) == 1 {print $NF}'; }
@@ -24,7 +27,8 @@ ratio() { echo "$RESULT" | awk -v op="$1" 'index($0, op) == 1 {print $NF}'; }
   echo "a warm-up round; medians. The compositions: at::layer_norm; nn::rms_norm (fp32 upcast, mean of squares,"
   echo "rsqrt, two products); the residual step as x + bias, + residual, at::layer_norm (both outputs used);"
   echo "bias + at::gelu(tanh) (in the model the unfused bias rides in the GEMM's addmm); at::silu(g) * u. bf16: the"
-  echo "branch (a GEMM's output under autocast) in bf16, the residual stream and the norm in fp32."
+  echo "branch (a GEMM's output under autocast) in bf16, the residual stream and the norm in fp32. Under"
+  echo "GLIBC_TUNABLES=$GLIBC_TUNABLES, as the ranks of \`meshtrain train\`."
   echo
   echo '```'
   echo "$RESULT"

@@ -211,23 +211,37 @@ MESHTRAIN_INLINE float row_sum(int64_t n, F f) {
   return s;
 }
 
+// A row of T as fp32: the row itself, or converted into buf (a loop of its own: see as_fp32).
+template <typename T>
+MESHTRAIN_INLINE const float* row_fp32(const T* p, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p;
+  } else {
+    for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_float(p[i]);
+    return buf;
+  }
+}
+
 template <typename T>
 MESHTRAIN_INLINE void rows_fwd(const RowArgs a, float* sum, float* y, float* mean, float* rstd, int64_t row0,
                                int64_t row1) {
   const T* branch = static_cast<const T*>(a.branch);
   const T* keep = static_cast<const T*>(a.keep);
   const int64_t n = a.cols;
-  std::vector<float> scratch(sum ? 0 : static_cast<size_t>(n));
+  // The sum's row when it is not kept, then the branch and mask rows as fp32.
+  std::vector<float> scratch(3 * static_cast<size_t>(n));
   for (int64_t r = row0; r < row1; ++r) {
     const int64_t o = r * n;
     float* s = sum ? sum + o : scratch.data();
+    const float* bv = row_fp32(branch + o, scratch.data() + n, n);
+    const float* kv = keep ? row_fp32(keep + o, scratch.data() + 2 * n, n) : nullptr;
     branch_on(a.residual != nullptr, [&](auto has_residual) MESHTRAIN_LAMBDA {
       branch_on(a.bias != nullptr, [&](auto has_bias) MESHTRAIN_LAMBDA {
         branch_on(keep != nullptr, [&](auto has_keep) MESHTRAIN_LAMBDA {
           for (int64_t c = 0; c < n; ++c) {
-            float v = load(branch, o + c);
+            float v = bv[c];
             if constexpr (has_bias) v += a.bias[c];
-            if constexpr (has_keep) v = v * (load(keep, o + c) * a.scale);
+            if constexpr (has_keep) v = v * (kv[c] * a.scale);
             if constexpr (has_residual) v = a.residual[o + c] + v;
             s[c] = v;
           }
@@ -264,9 +278,11 @@ MESHTRAIN_INLINE void rows_bwd(const RowArgs a, const float* s, const float* mea
   const T* keep = static_cast<const T*>(a.keep);
   T* d_branch = static_cast<T*>(out.d_branch);
   const int64_t n = a.cols;
-  // ds, then the three column sums where the caller wants none (written, not read).
-  std::vector<float> scratch(4 * static_cast<size_t>(n));
+  // ds, the three column sums where the caller wants none (written, not read), d_branch and the mask in fp32.
+  std::vector<float> scratch(6 * static_cast<size_t>(n));
   float* ds = scratch.data();
+  float* dbuf = scratch.data() + 4 * n;
+  float* kbuf = scratch.data() + 5 * n;
   float *bias_acc = nullptr, *w_acc = nullptr, *b_acc = nullptr;
   for (int64_t r = row0; r < row1; ++r) {
     if (r == row0 || r % kRowBlock == 0) {
@@ -309,19 +325,25 @@ MESHTRAIN_INLINE void rows_bwd(const RowArgs a, const float* s, const float* mea
         }
       }
     });
+    // d_branch's row in fp32 (in place of ds when the branch is fp32 too), converted after.
+    const float* kv = keep ? row_fp32(keep + o, kbuf, n) : nullptr;
+    float* db = std::is_same_v<T, float> && d_branch ? reinterpret_cast<float*>(d_branch) + o : dbuf;
     branch_on(keep != nullptr, [&](auto has_keep) MESHTRAIN_LAMBDA {
       branch_on(out.d_residual != nullptr, [&](auto has_residual) MESHTRAIN_LAMBDA {
-        branch_on(d_branch != nullptr, [&](auto has_branch) MESHTRAIN_LAMBDA {
-          for (int64_t c = 0; c < n; ++c) {
-            if constexpr (has_residual) out.d_residual[o + c] = ds[c];
-            float d = ds[c];
-            if constexpr (has_keep) d = d * (load(keep, o + c) * a.scale);
-            if constexpr (has_branch) store(d_branch, o + c, d);
-            bias_acc[c] += d;
-          }
-        });
+        for (int64_t c = 0; c < n; ++c) {
+          if constexpr (has_residual) out.d_residual[o + c] = ds[c];
+          float d = ds[c];
+          if constexpr (has_keep) d = d * (kv[c] * a.scale);
+          db[c] = d;
+          bias_acc[c] += d;
+        }
       });
     });
+    if constexpr (!std::is_same_v<T, float>) {
+      if (d_branch) {
+        for (int64_t c = 0; c < n; ++c) d_branch[o + c] = float_to_bf16(db[c]);
+      }
+    }
   }
 }
 
