@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
+#include <utility>
 #include <bit>
 #include <cmath>
 #include <vector>
@@ -211,6 +213,28 @@ MESHTRAIN_INLINE float row_sum(int64_t n, F f) {
   return s;
 }
 
+// Two sums of f(c) = {x, y} at once, in row_sum's order.
+template <typename F>
+MESHTRAIN_INLINE std::pair<float, float> row_sum2(int64_t n, F f) {
+  float lx[kLanes] = {}, ly[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const auto [x, y] = f(c + j);
+      lx[j] += x;
+      ly[j] += y;
+    }
+  }
+  float sx = 0, sy = 0;
+  for (int j = 0; j < kLanes; ++j) sx += lx[j], sy += ly[j];
+  for (; c < n; ++c) {
+    const auto [x, y] = f(c);
+    sx += x;
+    sy += y;
+  }
+  return {sx, sy};
+}
+
 // A row of T as fp32: the row itself, or converted into buf (a loop of its own: see as_fp32).
 template <typename T>
 MESHTRAIN_INLINE const float* row_fp32(const T* p, float* buf, int64_t n) {
@@ -235,15 +259,26 @@ MESHTRAIN_INLINE void rows_fwd(const RowArgs a, float* sum, float* y, float* mea
     float* s = sum ? sum + o : scratch.data();
     const float* bv = row_fp32(branch + o, scratch.data() + n, n);
     const float* kv = keep ? row_fp32(keep + o, scratch.data() + 2 * n, n) : nullptr;
+    // s, and in the same pass Σ s (LayerNorm's mean) or Σ s² (RMSNorm's).
+    float total = 0;
     branch_on(a.residual != nullptr, [&](auto has_residual) MESHTRAIN_LAMBDA {
       branch_on(a.bias != nullptr, [&](auto has_bias) MESHTRAIN_LAMBDA {
         branch_on(keep != nullptr, [&](auto has_keep) MESHTRAIN_LAMBDA {
-          for (int64_t c = 0; c < n; ++c) {
+          auto value = [&](int64_t c) MESHTRAIN_LAMBDA {
             float v = bv[c];
             if constexpr (has_bias) v += a.bias[c];
             if constexpr (has_keep) v = v * (kv[c] * a.scale);
             if constexpr (has_residual) v = a.residual[o + c] + v;
             s[c] = v;
+            return v;
+          };
+          if (a.rms) {
+            total = row_sum(n, [&](int64_t c) MESHTRAIN_LAMBDA {
+              const float v = value(c);
+              return v * v;
+            });
+          } else {
+            total = row_sum(n, value);
           }
         });
       });
@@ -251,9 +286,9 @@ MESHTRAIN_INLINE void rows_fwd(const RowArgs a, float* sum, float* y, float* mea
     if (!a.norm) continue;
     float m = 0, var;
     if (a.rms) {
-      var = row_sum(n, [&](int64_t c) MESHTRAIN_LAMBDA { return s[c] * s[c]; }) / static_cast<float>(n);
+      var = total / static_cast<float>(n);
     } else {
-      m = row_sum(n, [&](int64_t c) MESHTRAIN_LAMBDA { return s[c]; }) / static_cast<float>(n);
+      m = total / static_cast<float>(n);
       var = row_sum(n, [&](int64_t c) MESHTRAIN_LAMBDA { return (s[c] - m) * (s[c] - m); }) / static_cast<float>(n);
     }
     const float rs = 1.0f / std::sqrt(var + a.eps);
@@ -301,9 +336,18 @@ MESHTRAIN_INLINE void rows_bwd(const RowArgs a, const float* s, const float* mea
         const float m = mean[r], rs = rstd[r];
         const float* g = dy + o;
         const float* x = s + o;
-        const float c1 =
-            row_sum(n, [&](int64_t c) MESHTRAIN_LAMBDA { return g[c] * a.w[c] * ((x[c] - m) * rs); }) / static_cast<float>(n);
-        const float c2 = a.rms ? 0.0f : row_sum(n, [&](int64_t c) MESHTRAIN_LAMBDA { return g[c] * a.w[c]; }) / static_cast<float>(n);
+        // mean(g·ŝ) and mean(g) in one pass.
+        float c1, c2 = 0;
+        if (a.rms) {
+          c1 = row_sum(n, [&](int64_t c) MESHTRAIN_LAMBDA { return g[c] * a.w[c] * ((x[c] - m) * rs); });
+        } else {
+          std::tie(c1, c2) = row_sum2(n, [&](int64_t c) MESHTRAIN_LAMBDA {
+            const float gw = g[c] * a.w[c];
+            return std::pair{gw * ((x[c] - m) * rs), gw};
+          });
+        }
+        c1 /= static_cast<float>(n);
+        c2 /= static_cast<float>(n);
         for (int64_t c = 0; c < n; ++c) {
           const float hat = (x[c] - m) * rs;
           const float d = rs * (g[c] * a.w[c] - c2 - hat * c1);
