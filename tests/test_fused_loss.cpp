@@ -25,6 +25,7 @@
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
 #include "meshtrain/train/precision.h"
 #include "tests/parity.h"
+#include "tests/same_step.h"
 
 namespace meshtrain::test {
 namespace {
@@ -173,22 +174,13 @@ TEST(FusedLoss, TheModelTrainsTheSameWithItOnAndOff) {
       plain.set_fused_loss(false);
       ASSERT_TRUE(fused.fused_loss());
       const std::string what = fmt::format("tied={} recompute={}", tied, static_cast<int>(recompute));
-      double losses[2];
-      int i = 0;
-      for (Transformer* t : {&fused, &plain}) {
-        t->set_recompute(recompute);
-        at::Tensor loss = t->forward(b.tokens, b.targets).sum() / b.count;
-        loss.backward();
-        losses[i++] = loss.item<double>();
-      }
-      EXPECT_NEAR(losses[0], losses[1], 1e-6 * losses[1]) << what;
-      const auto& fp = fused.params().params();
-      const auto& pp = plain.params().params();
-      for (size_t k = 0; k < fp.size(); ++k) {
+      fused.set_recompute(recompute);
+      plain.set_recompute(recompute);
+      expect_same_step(fused, plain, b, false, what, [&](const Param& f, const Param& p) {
         // The tied weight's embedding rows arrive sparse and are added into the head's dense dW.
-        ASSERT_FALSE(fp[k].tensor.grad().is_sparse()) << what << " " << fp[k].name;
-        expect_close(fp[k].tensor.grad(), pp[k].tensor.grad(), 1e-5, what + " " + fp[k].name);
-      }
+        ASSERT_FALSE(f.tensor.grad().is_sparse()) << what << " " << f.name;
+        expect_close(f.tensor.grad(), p.tensor.grad(), 1e-5, what + " " + f.name);
+      });
     }
   }
 }

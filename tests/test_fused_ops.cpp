@@ -20,6 +20,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/nn/fused_ops.h"
 #include "tests/parity.h"
+#include "tests/same_step.h"
 
 namespace meshtrain::test {
 namespace {
@@ -198,20 +199,11 @@ TEST(FusedOps, TheModelTrainsTheSameWithThemOnAndOff) {
       plain.set_fused_ops(false);
       ASSERT_TRUE(fused.fused_ops());
       const std::string what = fmt::format("{} recompute={}", preset, static_cast<int>(recompute));
-      double losses[2];
-      int i = 0;
-      for (Transformer* t : {&fused, &plain}) {
-        t->set_recompute(recompute);
-        at::Tensor loss = t->forward(b.tokens, b.targets).sum() / b.count;
-        loss.backward();
-        losses[i++] = loss.item<double>();
-      }
-      EXPECT_NEAR(losses[0], losses[1], 1e-6 * losses[1]) << what;
-      const auto& fp = fused.params().params();
-      const auto& pp = plain.params().params();
-      for (size_t k = 0; k < fp.size(); ++k) {
-        expect_close(fp[k].tensor.grad(), pp[k].tensor.grad(), kRel, what + " " + fp[k].name);
-      }
+      fused.set_recompute(recompute);
+      plain.set_recompute(recompute);
+      expect_same_step(fused, plain, b, false, what, [&](const Param& f, const Param& p) {
+        expect_close(f.tensor.grad(), p.tensor.grad(), kRel, what + " " + f.name);
+      });
     }
   }
 }

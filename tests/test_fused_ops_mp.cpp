@@ -12,6 +12,7 @@
 #include "meshtrain/model/transformer.h"
 #include "tests/mp.h"
 #include "tests/parity.h"
+#include "tests/same_step.h"
 
 namespace meshtrain::test {
 namespace {
@@ -28,23 +29,9 @@ TEST(FusedOpsParallel, TheModelUnderTpTrainsTheSameWithThemOnAndOff) {
       const TokenBatch b = random_batch(m, 1, 2);
       Transformer fused(m, tp, sp, 9), plain(m, tp, sp, 9);
       plain.set_fused_ops(false);
-      double losses[2];
-      int i = 0;
-      for (Transformer* t : {&fused, &plain}) {
-        at::Tensor loss = t->forward(b.tokens, b.targets).sum() / b.count;
-        loss.backward();
-        t->finalize_grads();
-        losses[i++] = loss.item<double>();
-      }
-      EXPECT_NEAR(losses[0], losses[1], 1e-6 * losses[1]) << what;
-      const auto& fp = fused.params().params();
-      const auto& pp = plain.params().params();
-      for (size_t k = 0; k < fp.size(); ++k) {
-        auto whole = [&](const Param& p) {
-          return p.tp_dim >= 0 ? gather_along(p.tensor.grad(), tp, p.tp_dim) : p.tensor.grad();
-        };
-        expect_grad_parity(whole(fp[k]), whole(pp[k]), fp[k].name, m.vocab, what);
-      }
+      expect_same_step(fused, plain, b, true, what, [&](const Param& f, const Param& p) {
+        expect_grad_parity(whole_grad(f, tp), whole_grad(p, tp), f.name, m.vocab, what);
+      });
     }
   }
 }
