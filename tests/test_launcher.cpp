@@ -418,8 +418,8 @@ TEST(Launcher, MeshErrorsFromTheCli) {
   r = run(kBin + " bench block --iters 0");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--iters 0 must be positive"), std::string::npos) << r.output;
-  r = run(kBin + " plan --model llama2-7b --gpus 8 --achievable 1.5");
-  EXPECT_NE(r.output.find("--achievable 1.5 must be a fraction"), std::string::npos) << r.output;
+  r = run(kBin + " plan --model llama2-7b --gpus 8 --top 0");
+  EXPECT_NE(r.output.find("--top 0 must be at least 1"), std::string::npos) << r.output;
 }
 
 }  // namespace

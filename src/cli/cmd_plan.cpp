@@ -51,8 +51,7 @@ Run add_plan(CLI::App& app) {
     int64_t seq = 0, global_batch = 0;
     int tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0, dp = 0, zero = -1;
     int64_t micro_batch = 0;
-    double achievable = 0.5;
-    bool json = false, causal = false;
+    bool json = false, causal = false, tp_overlap = false, no_dp_overlap = false;
     std::string method = "pretrain", lora_targets = "qv";
     int64_t lora_rank = 8;
   };
@@ -84,7 +83,8 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--zero", o->zero, "fix the ZeRO stage (0-3)");
   cmd->add_option("--micro-batch", o->micro_batch, "fix the micro-batch size");
   cmd->add_option("--recompute", o->recompute, "fix recomputation: none selective full");
-  cmd->add_option("--achievable", o->achievable, "fraction of peak FLOP/s compute reaches (default 0.5)");
+  cmd->add_flag("--tp-overlap", o->tp_overlap, "tp collectives run under GEMMs (Transformer Engine's userbuffers)");
+  cmd->add_flag("--no-dp-overlap", o->no_dp_overlap, "gradients reduced after the backward, not during it");
   cmd->add_flag("--causal-flops", o->causal, "count half the attention square in model FLOPs");
   cmd->add_option("--top", o->top, "how many ranked plans to print");
   cmd->add_flag("--json", o->json, "machine-readable output");
@@ -122,16 +122,14 @@ Run add_plan(CLI::App& app) {
     in.gpu = plan::gpu_preset(o->gpu);
     if (o->per_node < 0) throw std::invalid_argument(fmt::format("--gpus-per-node {} must be positive", o->per_node));
     if (o->per_node > 0) in.gpu.per_node = o->per_node;
-    if (!(o->achievable > 0 && o->achievable <= 1)) {
-      throw std::invalid_argument(fmt::format("--achievable {} must be a fraction of peak in (0, 1]", o->achievable));
-    }
     if (o->top < 1) throw std::invalid_argument(fmt::format("--top {} must be at least 1", o->top));
     in.gpus = o->gpus;
     in.seq = o->seq > 0 ? o->seq : in.model.seq;
     if (o->seq < 0) throw std::invalid_argument(fmt::format("--seq {} must be positive", o->seq));
     in.global_batch = o->global_batch != 0 ? o->global_batch : 4LL * o->gpus;
     in.precision = plan::parse_precision(o->precision);
-    in.estimate.achievable = o->achievable;
+    in.estimate.time.tp_overlap = o->tp_overlap;
+    in.estimate.time.dp_overlap = !o->no_dp_overlap;
     in.estimate.attn = o->causal ? plan::AttnFlops::Causal : plan::AttnFlops::Full;
     auto fix = [](int v, const char* flag) -> std::optional<int> {
       if (v < 0) throw std::invalid_argument(fmt::format("{} {} must be positive", flag, v));
@@ -237,8 +235,13 @@ Run add_plan(CLI::App& app) {
       fmt::print("  {:<3} {:>12}  {:>8.3f} s  {}\n", axis, plan::human_bytes(t.bytes), t.seconds,
                  t.inter_node ? "across nodes" : "inside a node");
     }
-    fmt::print("Step: compute {:.3f} s + bubble {:.3f} s + exposed communication {:.3f} s = {:.3f} s\n",
-               best.estimate.compute_s, best.estimate.bubble_s, best.estimate.exposed_comm_s, best.estimate.step_s);
+    const auto& w = best.estimate.microbatch;
+    fmt::print("One micro-batch through the slowest stage: GEMMs {:.4f} s, attention {:.4f} s, memory-bound {:.4f} s, "
+               "exposed tp {:.4f} s, cp {:.4f} s, ep {:.4f} s\n",
+               w.gemm, w.attention, w.memory, w.tp, w.cp, w.ep);
+    fmt::print("Step: compute {:.3f} s + bubble {:.3f} s + exposed communication {:.3f} s + optimizer {:.3f} s = {:.3f} s\n",
+               best.estimate.compute_s, best.estimate.bubble_s, best.estimate.exposed_comm_s,
+               best.estimate.optimizer_s, best.estimate.step_s);
     return 0;
   };
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "meshtrain/plan/op_time.h"
+
 namespace meshtrain::plan {
 
 bool axis_crosses_nodes(const Strategy& s, const std::string& axis, int per_node) {
@@ -41,9 +43,6 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
     extra = (o.attn == AttnFlops::Full ? 4.0 : 2.0) * m.layers * seq * m.heads * m.head_dim();
   }
   e.hardware_flops = (per_token + extra) * tokens;
-  e.compute_s = e.hardware_flops / s.world() / (gpu.peak_flops * o.achievable);
-  e.bubble_fraction = bubble_fraction(s);
-  e.bubble_s = e.compute_s * e.bubble_fraction;
 
   const double mb = static_cast<double>(s.microbatches()), b = static_cast<double>(s.micro_batch);
   const double sl = static_cast<double>(seq) / s.cp, h = m.hidden;
@@ -57,7 +56,8 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   const ParamCount c = count_params(m, 128 * s.tp);
   const double moe_layers = static_cast<double>(c.moe_layers) / s.pp;
   e.traffic["ep"].bytes = m.moe() ? moe_layers * mb * 4 * ring(s.ep) * b * sl * m.top_k * h * act : 0;
-  e.traffic["pp"].bytes = s.pp > 1 ? mb * s.vpp * 2 * b * sl * h * act / (s.sp ? s.tp : 1) : 0;
+  const double pp_send = b * sl * h * act / (o.time.pp_scatter_gather || s.sp ? s.tp : 1);
+  e.traffic["pp"].bytes = s.pp > 1 ? mb * s.vpp * 2 * pp_send : 0;
   // Data parallel: the parameters of one rank (most loaded stage, roughly total / (tp pp)): dense ones
   // reduced over dp x cp x ep, routed experts (split over ep, whole on every tp rank) over dp x cp.
   const double expert_total = static_cast<double>(c.moe_layer.expert * c.moe_layers);
@@ -65,25 +65,57 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   const double experts = expert_total / (s.ep * s.pp);
   // Gradients are reduced in fp32 (DESIGN.md); parameters gathered in their own dtype.
   const double pb = s.precision == Precision::Fp32 ? 4 : 2;
+  int dp_collectives = 0;  // ring steps' latency: counted per collective below
   auto reduce = [&](double params, int n) {
     double dp = 0;
-    if (s.zero == 0) dp = 2 * ring(n) * params * 4;
-    else if (s.zero <= 2) dp = ring(n) * params * 4 + ring(n) * params * pb;
-    else dp = ring(n) * params * 4 + 2 * ring(n) * params * pb;
+    if (n <= 1) return dp;
+    if (s.zero == 0) dp = 2 * ring(n) * params * 4, dp_collectives += 2 * (n - 1);
+    else if (s.zero <= 2) dp = ring(n) * params * 4 + ring(n) * params * pb, dp_collectives += 2 * (n - 1);
+    else dp = ring(n) * params * 4 + 2 * ring(n) * params * pb, dp_collectives += 3 * (n - 1);
     if (s.dp_shard > 0 && s.dp / s.dp_shard > 1) dp += 2 * ring(s.dp / s.dp_shard) * params / s.dp_shard * 4;
     return dp;
   };
   e.traffic["dp"].bytes = reduce(dense, s.shard_group() * s.cp * s.ep) + reduce(experts, s.shard_group() * s.cp);
 
-  double exposed = 0;
-  for (auto& [axis, t] : e.traffic) {
-    t.inter_node = axis_crosses_nodes(s, axis, gpu.per_node);
-    t.seconds = t.bytes / (t.inter_node ? gpu.inter_node_bw : gpu.intra_node_bw);
-    if (axis == "dp") exposed += std::max(0.0, t.seconds - e.compute_s * 2.0 / 3.0);
-    else exposed += t.seconds;
+  // One micro-batch through each stage: its layers, the embedding on the first, the output layer on the last.
+  const TimeOptions& to = o.time;
+  const double moe_share = static_cast<double>(c.moe_layers) / m.layers;
+  Work layer = layer_work(m, s, gpu, false, to) * (1 - moe_share);
+  if (c.moe_layers > 0) layer += layer_work(m, s, gpu, true, to) * moe_share;
+  const Work body = layer * layers;
+  Work first = body, last = body;
+  first += embedding_work(m, s, gpu);
+  last += output_work(m, s, gpu, c.vocab_padded);
+  if (s.pp == 1) first += output_work(m, s, gpu, c.vocab_padded), last = first;
+  e.microbatch = first.total() >= last.total() ? first : last;
+  const double mean_stage = s.pp == 1 ? first.total() : ((s.pp - 2) * body.total() + first.total() + last.total()) / s.pp;
+
+  e.compute_s = mb * e.microbatch.compute();
+  e.bubble_fraction = bubble_fraction(s);
+  e.bubble_s = e.bubble_fraction * mb * mean_stage;
+
+  for (auto& [axis, t] : e.traffic) t.inter_node = axis_crosses_nodes(s, axis, gpu.per_node);
+  // Pipeline sends: forward activation and backward gradient per micro-batch and virtual stage, on the
+  // critical path of 1F1B's steady state and of the ramps.
+  double pp_s = 0;
+  if (s.pp > 1) {
+    const double send = collective_seconds(Collective::Send, pp_send, 2, axis_link(s, "pp", gpu));
+    pp_s = 2 * (mb * s.vpp + s.pp - 1) * send;
+    // Tied embedding: the first and last stages sum their copies' fp32 gradients.
+    if (m.tied) pp_s += collective_seconds(Collective::AllReduce, c.embedding / s.tp * 4.0, 2, axis_link(s, "pp", gpu));
   }
-  e.exposed_comm_s = exposed;
-  e.step_s = e.compute_s + e.bubble_s + exposed;
+  const LinkSpec& dp_link = axis_link(s, "dp", gpu);
+  const double dp_s = e.traffic["dp"].bytes / (dp_link.bandwidth * dp_link.efficiency) + dp_collectives * dp_link.latency;
+  // Overlapped: gradient buckets reduce under the last micro-batch's backward (about 2/3 of its work).
+  const double dp_exposed = to.dp_overlap ? std::max(0.0, dp_s - e.microbatch.compute() * 2.0 / 3.0) : dp_s;
+  e.traffic["tp"].seconds = mb * e.microbatch.tp;
+  e.traffic["cp"].seconds = mb * e.microbatch.cp;
+  e.traffic["ep"].seconds = mb * e.microbatch.ep;
+  e.traffic["pp"].seconds = pp_s;
+  e.traffic["dp"].seconds = dp_s;
+  e.exposed_comm_s = mb * e.microbatch.comm() + pp_s + dp_exposed;
+  e.optimizer_s = optimizer_seconds(dense + experts, s, gpu);
+  e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;
   e.tokens_per_s = tokens / e.step_s;
   e.mfu = e.model_flops / (e.step_s * s.world() * gpu.peak_flops);
   return e;

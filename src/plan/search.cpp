@@ -93,9 +93,8 @@ void explain(const SearchInput& in, SearchResult& r) {
                               human_bytes(b.line("activations").bytes)));
   }
   out.push_back(fmt::format("2. Fast enough? -> DP={} replicas; estimated {:.3f} s per step, {:.0f} tokens/s, MFU "
-                            "{:.1f}% (at {:.0f}% of peak for compute).",
-                            s.dp, best.estimate.step_s, best.estimate.tokens_per_s, 100 * best.estimate.mfu,
-                            100 * in.estimate.achievable));
+                            "{:.1f}%.",
+                            s.dp, best.estimate.step_s, best.estimate.tokens_per_s, 100 * best.estimate.mfu));
   out.push_back("Mesh order, most frequent traffic on the fastest link: " + mesh_order(s, in.gpu.per_node));
 }
 

@@ -142,24 +142,4 @@ void validate(const Strategy& s, const ModelSpec& m) {
   }
 }
 
-const GpuSpec& gpu_preset(const std::string& name) {
-  static const std::map<std::string, GpuSpec> gpus{
-      {"h100", {"h100", 989e12, 80e9, 450e9, 50e9, 8}},
-      {"h200", {"h200", 989e12, 141e9, 450e9, 50e9, 8}},
-      {"a100", {"a100", 312e12, 80e9, 300e9, 25e9, 8}},
-      {"a100-40g", {"a100-40g", 312e12, 40e9, 300e9, 25e9, 8}},
-      {"v100", {"v100", 125e12, 32e9, 150e9, 12.5e9, 8}},
-      {"b200", {"b200", 2250e12, 192e9, 900e9, 50e9, 8}},
-      // This project's 2-core machine: bf16 GEMM ~0.7 TFLOP/s, loopback ~1 GB/s (PLATFORM.md).
-      {"cpu", {"cpu", 0.7e12, 24e9, 1e9, 1e9, 4}},
-  };
-  auto it = gpus.find(name);
-  if (it == gpus.end()) {
-    std::vector<std::string> names;
-    for (const auto& [k, v] : gpus) names.push_back(k);
-    throw std::invalid_argument(fmt::format("unknown gpu '{}'; known: {}", name, fmt::join(names, ", ")));
-  }
-  return it->second;
-}
-
 }  // namespace meshtrain::plan

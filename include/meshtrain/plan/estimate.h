@@ -9,9 +9,11 @@
 //   pp  one b.s.h activation forward and one gradient backward per micro-batch (x v)
 //   dp  DDP all-reduce of fp32 gradients; ZeRO-1/2 reduce-scatter fp32 grads +
 //       all-gather 16-bit params; ZeRO-3 all-gather twice + reduce-scatter (~1.5x DDP)
-// Time: compute at a stated fraction of peak; tp, cp, ep, pp traffic exposed;
-// dp traffic overlapped with the backward pass (2/3 of compute); the schedule's
-// bubble; MFU after PaLM (model FLOPs / (time x GPUs x peak)).
+// Time (plan/step_time.h, plan/op_time.h): each stage's layers, operation by
+// operation, per micro-batch; the slowest stage sets the pace: step = m x
+// (slowest stage's micro-batch) + the schedule's bubble over the mean stage +
+// pipeline sends + dp traffic not hidden under the backward + the optimizer.
+// MFU after PaLM (model FLOPs / (time x GPUs x peak)).
 #pragma once
 
 #include <map>
@@ -19,6 +21,7 @@
 
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/spec.h"
+#include "meshtrain/plan/step_time.h"
 #include "meshtrain/plan/strategy.h"
 
 namespace meshtrain::plan {
@@ -30,15 +33,16 @@ struct AxisTraffic {
 };
 
 struct EstimateOptions {
-  double achievable = 0.5;  // fraction of peak a GEMM-bound step reaches (stated, not measured)
-  AttnFlops attn = AttnFlops::Full;
+  AttnFlops attn = AttnFlops::Full;  // the MFU's FLOPs convention
+  TimeOptions time;
 };
 
 struct StepEstimate {
   std::map<std::string, AxisTraffic> traffic;  // tp, cp, ep, pp, dp
   double model_flops = 0;   // per step, whole job
   double hardware_flops = 0;  // with recomputation
-  double compute_s = 0, bubble_fraction = 0, bubble_s = 0, exposed_comm_s = 0, step_s = 0;
+  Work microbatch;  // one micro-batch through the slowest stage, by kind of work
+  double compute_s = 0, bubble_fraction = 0, bubble_s = 0, exposed_comm_s = 0, optimizer_s = 0, step_s = 0;
   double tokens_per_s = 0, mfu = 0;
 };
 

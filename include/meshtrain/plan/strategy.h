@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "meshtrain/plan/hardware.h"
 #include "meshtrain/plan/spec.h"
 
 namespace meshtrain::plan {
@@ -67,17 +68,5 @@ void validate(const Strategy& s, const ModelSpec& m);
 // naming the values and the fix.
 void validate_context_parallel(const ModelSpec& m, int64_t seq, int cp, int tp, bool sp, CpImpl impl);
 
-struct GpuSpec {
-  std::string name;
-  double peak_flops = 0;    // dense bf16 FLOP/s
-  double memory_bytes = 0;
-  double intra_node_bw = 0;  // bytes/s per GPU per direction (NVLink)
-  double inter_node_bw = 0;  // bytes/s per GPU per direction (NIC)
-  int per_node = 8;
-};
-
-// h100, h200, a100, a100-40g, v100, b200, cpu (this 2-core machine).
-// Peaks and links as published by NVIDIA (recalled, see reference/formulas.md C4).
-const GpuSpec& gpu_preset(const std::string& name);
 
 }  // namespace meshtrain::plan

@@ -1,0 +1,46 @@
+// The machine a plan runs on: what the time model (plan/op_time.h) needs to
+// know about one accelerator and its links. Plain data, no libtorch.
+//
+// Every preset's numbers come from a public source named in hardware.cpp:
+// peaks and bandwidths from the vendor's data sheet, the fraction of peak a
+// large GEMM reaches from a published measurement (Bekman's "maximum
+// achievable matmul FLOPS", MAMF), link efficiencies and latencies from a
+// published, validated model (Calculon, Isaev et al. SC'23). None is fitted to
+// the runs the planner is validated against (tests/test_plan_time.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace meshtrain::plan {
+
+// One class of link (NVLink inside a node, the NIC between nodes), per GPU per
+// direction.
+struct LinkSpec {
+  double bandwidth = 0;   // bytes/s
+  double efficiency = 1;  // fraction of `bandwidth` a large collective's bus bandwidth reaches
+  double latency = 0;     // seconds per hop of a ring or tree step
+};
+
+struct GpuSpec {
+  std::string name;
+  double peak_flops = 0;    // dense 16-bit matrix FLOP/s
+  double memory_bytes = 0;  // device memory
+  double intra_node_bw = 0;  // bytes/s per GPU per direction (NVLink): intra.bandwidth
+  double inter_node_bw = 0;  // bytes/s per GPU per direction (NIC): inter.bandwidth
+  int per_node = 8;
+  // Time model (plan/op_time.h).
+  double matmul_efficiency = 0.8;  // large, well-shaped GEMM: achieved / peak (MAMF)
+  int sms = 0;                     // streaming multiprocessors: GEMM tiles run in waves of this many (0: no waves)
+  double memory_bw = 0;            // bytes/s of device memory
+  double memory_efficiency = 0.9;  // a streaming kernel's share of memory_bw
+  double flash_efficiency = 0.6;   // a flash-attention kernel's fraction of peak, forward + backward, long sequences
+  LinkSpec intra, inter;
+  std::string source;  // where the numbers come from, printed with a plan
+};
+
+// h100, h200, a100, a100-40g, v100, b200, cpu (this 2-core machine).
+const GpuSpec& gpu_preset(const std::string& name);
+std::vector<std::string> gpu_preset_names();
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,35 @@
+// How long one operation takes on one GPU, and one collective on one link
+// class: the time model's primitives (plan/step_time.h adds them up).
+//
+//   GEMM        max(FLOPs / (peak x matmul_efficiency x wave utilisation), bytes / (memory_bw x efficiency)):
+//               the roofline (Williams, Waterman, Patterson, CACM 2009) with the tiles of the output run in
+//               waves of one tile per SM, a partly filled last wave costing a whole one (NVIDIA, "Matrix
+//               Multiplication Background User's Guide", sec. 3.2 wave quantization; 128 x 128 tiles).
+//   streaming   bytes / (memory_bw x memory_efficiency): norms, activations, softmax, dropout, the optimizer.
+//   collective  ring: all-reduce 2(n-1) steps, all-gather / reduce-scatter / all-to-all (n-1), each step
+//               moving bytes/n; a send is one step. Time = steps x latency + bus bytes / (bandwidth x
+//               efficiency), bus bytes as nccl-tests count them (2(n-1)/n of the buffer for all-reduce,
+//               (n-1)/n for the others). All-reduce takes the better of the ring and a tree (2 log2 n steps of
+//               latency, the same bus bandwidth: NCCL's double binary tree, Sanders et al. 2009).
+#pragma once
+
+#include "meshtrain/plan/hardware.h"
+
+namespace meshtrain::plan {
+
+// C[m x n] = A[m x k] B[k x n], `batch` independent ones; 16-bit operands unless stated.
+struct Gemm {
+  double m = 0, n = 0, k = 0, batch = 1;
+  double flops() const { return 2 * m * n * k * batch; }
+};
+
+// The fraction of SMs a GEMM's last-wave-padded tiles keep busy: tiles / (waves x SMs); 1 without SMs.
+double wave_utilisation(const Gemm& g, const GpuSpec& gpu);
+double gemm_seconds(const Gemm& g, const GpuSpec& gpu, double bytes_per_element = 2);
+double memory_seconds(double bytes, const GpuSpec& gpu);
+
+enum class Collective { AllReduce, AllGather, ReduceScatter, AllToAll, Send };
+// `bytes`: the whole buffer (all-gather: the gathered result; reduce-scatter: the input), `n` ranks.
+double collective_seconds(Collective c, double bytes, int n, const LinkSpec& link);
+
+}  // namespace meshtrain::plan

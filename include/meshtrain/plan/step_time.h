@@ -1,0 +1,66 @@
+// The time of one micro-batch through a layer, the embedding and the output
+// layer on one rank, by kind of work (plan/estimate.h assembles the step).
+//
+// Each layer is its list of operations, forward and backward (and the
+// recomputed forward), timed by plan/op_time.h:
+//   GEMMs      q k v, o, the FFN's (a MoE layer: its experts' GEMMs at the rows each expert receives), forward
+//              x W, backward dX = dY W^T and dW = X^T dY, each with its own shape;
+//   attention  materialised: Q K^T and P V as per-head batched GEMMs (backward: four), plus the softmax and
+//              dropout over the scores as streaming passes; flash: the FLOPs (causal: half the square) at the
+//              GPU's flash_efficiency, backward 2.5x the forward (FlashAttention-2's 5 vs 2 matmuls);
+//   streaming  norms, bias + dropout + residual adds, the activation, RoPE: bytes read and written, backward
+//              twice the forward's;
+//   tp         no SP: 2 all-reduces forward, 2 backward; SP: 2 all-gathers + 2 reduce-scatters forward, as
+//              many backward plus the all-gathers Megatron repeats for the weight gradients (Korthikanti et
+//              al. sec. 4.2.2). Backward collectives of the column-parallel linears overlap their GEMMs
+//              (Megatron's asynchronous tp communication) unless TimeOptions says otherwise;
+//   cp         ring: K and V blocks pass c-1 hops, each hidden behind one block of attention; Ulysses: 4
+//              all-to-alls each way; all-gather: K and V gathered, their gradients reduce-scattered;
+//   ep         dispatch and combine all-to-alls, forward and backward.
+// Recomputation adds the forward again: the attention core (selective) or everything (full, with its tp
+// communication).
+#pragma once
+
+#include "meshtrain/plan/hardware.h"
+#include "meshtrain/plan/spec.h"
+#include "meshtrain/plan/strategy.h"
+
+namespace meshtrain::plan {
+
+struct TimeOptions {
+  // Backward tp collectives of the column-parallel linears run under their GEMMs (Megatron-LM since 2022).
+  bool tp_overlap_backward = true;
+  // Every tp collective runs under a GEMM (Transformer Engine's userbuffers, --tp-comm-overlap).
+  bool tp_overlap = false;
+  // Gradient buckets are reduced during the backward (DDP, FSDP, Megatron's --overlap-grad-reduce); off in
+  // the Megatron-LM runs of 2021-22.
+  bool dp_overlap = true;
+  // Pipeline sends carry 1/tp of the activation and all-gather it inside the node (Narayanan et al. 2021,
+  // sec. 4.1).
+  bool pp_scatter_gather = true;
+};
+
+// Seconds by kind of work.
+struct Work {
+  double gemm = 0, attention = 0, memory = 0;  // compute
+  double tp = 0, cp = 0, ep = 0;               // exposed communication
+  double compute() const { return gemm + attention + memory; }
+  double comm() const { return tp + cp + ep; }
+  double total() const { return compute() + comm(); }
+  Work& operator+=(const Work& w);
+  Work operator*(double k) const;
+};
+
+// One micro-batch through one layer (forward, backward, recomputation) on one rank.
+Work layer_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, bool moe_layer, const TimeOptions& o = {});
+// The first stage's embedding (lookup, tp reduction) and the last stage's final norm, logits and
+// cross-entropy, forward and backward.
+Work embedding_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu);
+Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int64_t vocab_padded);
+// The optimizer step over `params` local parameters (AdamW, reading and writing the precision's states;
+// sharded by ZeRO), with gradient zeroing and the norm for clipping.
+double optimizer_seconds(double params, const Strategy& s, const GpuSpec& gpu);
+// The link an axis's groups use: inside a node or across (mesh order tp, cp, ep, dp, pp).
+const LinkSpec& axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu);
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,50 @@
+#include "meshtrain/plan/op_time.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace meshtrain::plan {
+
+namespace {
+constexpr double kTile = 128;  // output tile edge (NVIDIA's GEMM guide; cuBLAS's smallest full-rate tile)
+}  // namespace
+
+double wave_utilisation(const Gemm& g, const GpuSpec& gpu) {
+  if (gpu.sms <= 0) return 1;
+  const double tiles = std::ceil(g.m / kTile) * std::ceil(g.n / kTile) * g.batch;
+  const double waves = std::ceil(tiles / gpu.sms);
+  return tiles / (waves * gpu.sms);
+}
+
+double gemm_seconds(const Gemm& g, const GpuSpec& gpu, double bytes_per_element) {
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
+  const double compute = g.flops() / (gpu.peak_flops * gpu.matmul_efficiency * wave_utilisation(g, gpu));
+  const double bytes = bytes_per_element * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n);
+  return std::max(compute, memory_seconds(bytes, gpu));
+}
+
+double memory_seconds(double bytes, const GpuSpec& gpu) {
+  return bytes > 0 ? bytes / (gpu.memory_bw * gpu.memory_efficiency) : 0;
+}
+
+double collective_seconds(Collective c, double bytes, int n, const LinkSpec& link) {
+  if (bytes <= 0) return 0;
+  const double rate = link.bandwidth * link.efficiency;
+  if (c == Collective::Send) return link.latency + bytes / rate;
+  if (n <= 1) return 0;
+  const double frac = (n - 1.0) / n;
+  switch (c) {
+    case Collective::AllReduce: {
+      const double wire = 2 * frac * bytes / rate;
+      const double ring = 2 * (n - 1) * link.latency, tree = 2 * std::ceil(std::log2(n)) * link.latency;
+      return std::min(ring, tree) + wire;
+    }
+    case Collective::AllGather:
+    case Collective::ReduceScatter:
+    case Collective::AllToAll: return (n - 1) * link.latency + frac * bytes / rate;
+    case Collective::Send: break;
+  }
+  return 0;
+}
+
+}  // namespace meshtrain::plan

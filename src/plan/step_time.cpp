@@ -1,0 +1,243 @@
+#include "meshtrain/plan/step_time.h"
+
+#include <algorithm>
+
+#include "meshtrain/plan/estimate.h"
+#include "meshtrain/plan/op_time.h"
+
+namespace meshtrain::plan {
+
+Work& Work::operator+=(const Work& w) {
+  gemm += w.gemm, attention += w.attention, memory += w.memory;
+  tp += w.tp, cp += w.cp, ep += w.ep;
+  return *this;
+}
+
+Work Work::operator*(double k) const {
+  Work w = *this;
+  w.gemm *= k, w.attention *= k, w.memory *= k, w.tp *= k, w.cp *= k, w.ep *= k;
+  return w;
+}
+
+const LinkSpec& axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu) {
+  return axis_crosses_nodes(s, axis, gpu.per_node) ? gpu.inter : gpu.intra;
+}
+
+namespace {
+
+// One rank's share of a micro-batch.
+struct Shape {
+  double b, sq, sk, tokens, tokens_sp, h, heads, kv_heads, d, e;
+};
+
+Shape shape_of(const ModelSpec& m, const Strategy& s) {
+  const double seq = static_cast<double>(s.seq > 0 ? s.seq : m.seq);
+  Shape x;
+  x.b = static_cast<double>(s.micro_batch);
+  x.sq = seq / s.cp;  // queries on this rank
+  x.sk = seq;         // keys each query block meets over the cp ring
+  x.tokens = x.b * x.sq;
+  x.tokens_sp = s.sp ? x.tokens / s.tp : x.tokens;  // what norms and dropout see
+  x.h = static_cast<double>(m.hidden);
+  x.heads = static_cast<double>(m.heads) / s.tp;
+  x.kv_heads = std::max(1.0, static_cast<double>(m.kv_heads) / s.tp);  // fewer kv heads than tp: replicated
+  x.d = static_cast<double>(m.head_dim());
+  x.e = s.precision == Precision::Fp32 ? 4 : 2;
+  return x;
+}
+
+// Forward and backward halves of a layer, kept apart for recomputation.
+struct Halves {
+  Work fwd, bwd;
+  double core_fwd = 0;        // attention core forward: its GEMMs (or the flash kernel) and the score passes
+  double col_bwd_gemm = 0;    // backward GEMMs of the column-parallel linears (what hides their collectives)
+};
+
+// y = x W over `rows` rows, `count` such linears: forward, then dgrad and wgrad.
+void linear(Halves& l, const Shape& x, const GpuSpec& gpu, double rows, double out, double in, double count = 1,
+            bool column = false) {
+  if (rows <= 0 || count <= 0) return;
+  l.fwd.gemm += count * gemm_seconds({rows, out, in}, gpu, x.e);
+  const double bwd = count * (gemm_seconds({rows, in, out}, gpu, x.e) + gemm_seconds({in, out, rows}, gpu, x.e));
+  l.bwd.gemm += bwd;
+  if (column) l.col_bwd_gemm += bwd;
+}
+
+void attention_core(Halves& l, const ModelSpec& m, const Strategy& s, const Shape& x, const GpuSpec& gpu) {
+  const double batch = x.b * x.heads;
+  if (s.flash) {
+    const double flops = 4 * batch * x.sq * x.sk * x.d * 0.5;  // Q K^T and P V over the causal half
+    const double fwd = flops / (gpu.peak_flops * gpu.flash_efficiency);
+    l.fwd.attention += fwd;
+    l.bwd.attention += 2.5 * fwd;
+    l.core_fwd += fwd;
+    return;
+  }
+  const double fwd = gemm_seconds({x.sq, x.sk, x.d, batch}, gpu, x.e) + gemm_seconds({x.sq, x.d, x.sk, batch}, gpu, x.e);
+  l.fwd.attention += fwd;
+  l.bwd.attention += gemm_seconds({x.sq, x.sk, x.d, batch}, gpu, x.e) + gemm_seconds({x.sk, x.d, x.sq, batch}, gpu, x.e) +
+                     gemm_seconds({x.sq, x.d, x.sk, batch}, gpu, x.e) + gemm_seconds({x.sk, x.d, x.sq, batch}, gpu, x.e);
+  // Scale + mask + softmax: read and write the scores; dropout: read, write and a 1-byte mask.
+  const double scores = batch * x.sq * x.sk;
+  const double bytes = 2 * x.e * scores + (m.dropout > 0 ? (2 * x.e + 1) * scores : 0);
+  l.fwd.memory += memory_seconds(bytes, gpu);
+  l.bwd.memory += 2 * memory_seconds(bytes, gpu);
+  l.core_fwd += fwd + memory_seconds(bytes, gpu);
+}
+
+void context_comm(Halves& l, const ModelSpec& m, const Strategy& s, const Shape& x, const GpuSpec& gpu) {
+  if (s.cp == 1) return;
+  const LinkSpec& link = axis_link(s, "cp", gpu);
+  const double kv = 2 * x.b * x.sq * x.kv_heads * x.d * x.e;  // this rank's K and V
+  switch (s.cp_impl) {
+    case CpImpl::Ring: {
+      // c-1 hops; each hides behind one of the c blocks of attention; backward sends K, V and dK, dV.
+      const double block_f = l.fwd.attention / s.cp, block_b = l.bwd.attention / s.cp;
+      l.fwd.cp += (s.cp - 1) * std::max(0.0, collective_seconds(Collective::Send, kv, 2, link) - block_f);
+      l.bwd.cp += (s.cp - 1) * std::max(0.0, collective_seconds(Collective::Send, 2 * kv, 2, link) - block_b);
+      break;
+    }
+    case CpImpl::Ulysses: {
+      // q, k, v to head shards and the output back; the same backward.
+      const double qkvo = x.b * x.sq * (2 * x.heads + 2 * x.kv_heads) * x.d * x.e * s.cp;
+      l.fwd.cp += collective_seconds(Collective::AllToAll, qkvo, s.cp, link);
+      l.bwd.cp += collective_seconds(Collective::AllToAll, qkvo, s.cp, link);
+      break;
+    }
+    case CpImpl::AllGather:
+      l.fwd.cp += collective_seconds(Collective::AllGather, kv * s.cp, s.cp, link);
+      l.bwd.cp += collective_seconds(Collective::ReduceScatter, kv * s.cp, s.cp, link);
+      break;
+  }
+  (void)m;
+}
+
+void tensor_comm(Halves& l, const Strategy& s, const Shape& x, const GpuSpec& gpu, const TimeOptions& o) {
+  if (s.tp == 1) return;
+  const LinkSpec& link = axis_link(s, "tp", gpu);
+  const double X = x.tokens * x.h * x.e;  // the layer's activation, whole
+  double fwd = 0, bwd_row = 0, bwd_col = 0;
+  if (s.sp) {
+    const double ag = collective_seconds(Collective::AllGather, X, s.tp, link);
+    const double rs = collective_seconds(Collective::ReduceScatter, X, s.tp, link);
+    fwd = 2 * ag + 2 * rs;
+    bwd_row = 2 * ag;            // gradients of o and fc2's outputs gathered
+    bwd_col = 2 * ag + 2 * rs;   // inputs of qkv and fc1 gathered again for dW; their input gradients scattered
+  } else {
+    fwd = 2 * collective_seconds(Collective::AllReduce, X, s.tp, link);
+    bwd_col = fwd;  // input gradients of qkv and fc1
+  }
+  if (o.tp_overlap) {
+    l.fwd.tp += std::max(0.0, fwd - l.fwd.gemm);
+    l.bwd.tp += std::max(0.0, bwd_row + bwd_col - l.bwd.gemm);
+    return;
+  }
+  l.fwd.tp += fwd;
+  l.bwd.tp += bwd_row + (o.tp_overlap_backward ? std::max(0.0, bwd_col - l.col_bwd_gemm) : bwd_col);
+}
+
+}  // namespace
+
+Work layer_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, bool moe_layer, const TimeOptions& o) {
+  const Shape x = shape_of(m, s);
+  Halves l;
+  const double t = s.tp;
+  linear(l, x, gpu, x.tokens, (x.heads + 2 * x.kv_heads) * x.d, x.h, 1, true);  // q, k, v
+  linear(l, x, gpu, x.tokens, x.h, x.heads * x.d);                                // o
+  const double gate = m.activation == Activation::SwiGLU ? 2 : 1;
+  // The FFN: dense, or a MoE layer's shared experts (one FFN shared x expert_ffn wide) and routed experts.
+  double ffn_rows = x.tokens, ffn_width = static_cast<double>(m.ffn) / t, ffn_count = 1;
+  if (moe_layer) {
+    const double fe = static_cast<double>(m.expert_width());
+    const double shared = static_cast<double>(m.shared_experts) * fe / t;
+    linear(l, x, gpu, x.tokens, gate * shared, x.h, 1, true);
+    linear(l, x, gpu, x.tokens, x.h, shared);
+    linear(l, x, gpu, x.tokens, static_cast<double>(m.experts), x.h);  // router
+    // Each rank's tokens x top_k routes spread over all experts; a rank holds experts / ep of them.
+    ffn_count = static_cast<double>(m.experts) / s.ep;
+    ffn_rows = x.tokens * static_cast<double>(m.top_k) * s.ep / static_cast<double>(m.experts);
+    ffn_width = fe;
+    if (s.ep > 1) {
+      const double routed = x.tokens * static_cast<double>(m.top_k) * x.h * x.e;
+      const LinkSpec& link = axis_link(s, "ep", gpu);
+      l.fwd.ep += 2 * collective_seconds(Collective::AllToAll, routed, s.ep, link);
+      l.bwd.ep += 2 * collective_seconds(Collective::AllToAll, routed, s.ep, link);
+    }
+  }
+  linear(l, x, gpu, ffn_rows, gate * ffn_width, x.h, ffn_count, !moe_layer);
+  linear(l, x, gpu, ffn_rows, x.h, ffn_width, ffn_count);
+  attention_core(l, m, s, x, gpu);
+
+  // Streaming passes outside the attention core, forward bytes.
+  double bytes = 2 * 2 * x.e * x.tokens_sp * x.h;                                // two norms
+  bytes += 2 * (3 * x.e + (m.dropout > 0 ? 1 : 0)) * x.tokens_sp * x.h;          // two bias + dropout + adds
+  bytes += (gate + 1) * x.e * ffn_rows * ffn_count * ffn_width;                   // the activation
+  if (m.position == Position::RoPE) bytes += 2 * x.e * x.tokens * (x.heads + x.kv_heads) * x.d;
+  l.fwd.memory += memory_seconds(bytes, gpu);
+  l.bwd.memory += 2 * memory_seconds(bytes, gpu);
+
+  context_comm(l, m, s, x, gpu);
+  tensor_comm(l, s, x, gpu, o);
+
+  Work w = l.fwd;
+  w += l.bwd;
+  if (s.recompute == Recompute::Full) w += l.fwd;
+  if (s.recompute == Recompute::Selective && !s.flash) w.attention += l.core_fwd;  // core GEMMs + score passes
+  return w;
+}
+
+Work embedding_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu) {
+  const Shape x = shape_of(m, s);
+  Work w;
+  // Lookup (+ positions) forward, the gradient's scatter-add backward.
+  w.memory = 3 * memory_seconds(x.tokens * x.h * x.e, gpu);
+  if (s.tp > 1) {
+    const double X = x.tokens * x.h * x.e;
+    w.tp = collective_seconds(s.sp ? Collective::ReduceScatter : Collective::AllReduce, X, s.tp, axis_link(s, "tp", gpu));
+  }
+  return w;
+}
+
+Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int64_t vocab_padded) {
+  const Shape x = shape_of(m, s);
+  Halves l;
+  const double v = static_cast<double>(vocab_padded) / s.tp;
+  linear(l, x, gpu, x.tokens, v, x.h);
+  // Final norm; vocab-parallel cross-entropy (Megatron): forward reads the logits for the max, the sum of
+  // exponentials and the target and writes fp32 softmax; backward reads it and writes the logits' gradient.
+  const double norm = 2 * x.e * x.tokens_sp * x.h;
+  l.fwd.memory += memory_seconds(norm + (3 * x.e + 4) * x.tokens * v, gpu);
+  l.bwd.memory += memory_seconds(2 * norm + (4 + x.e) * x.tokens * v, gpu);
+  if (s.tp > 1) {
+    const LinkSpec& link = axis_link(s, "tp", gpu);
+    const double X = x.tokens * x.h * x.e;
+    // SP: the final norm's output gathered, its gradient scattered; the loss's max, sum and target all-reduced.
+    if (s.sp) {
+      l.fwd.tp += collective_seconds(Collective::AllGather, X, s.tp, link);
+      l.bwd.tp += collective_seconds(Collective::ReduceScatter, X, s.tp, link);
+    } else {
+      l.bwd.tp += collective_seconds(Collective::AllReduce, X, s.tp, link);
+    }
+    l.fwd.tp += 3 * collective_seconds(Collective::AllReduce, x.tokens * 4, s.tp, link);
+  }
+  Work w = l.fwd;
+  w += l.bwd;
+  return w;
+}
+
+double optimizer_seconds(double params, const Strategy& s, const GpuSpec& gpu) {
+  // AdamW per parameter: read gradient, master, m, v; write master, m, v and the 16-bit copy.
+  double grad = 4, adam = 0;
+  switch (s.precision) {
+    case Precision::Fp32: adam = 4 + 16 + 12 - 4; break;   // the fp32 weight is the master: no copy
+    case Precision::Bf16: grad = 2, adam = 2 + 12 + 12 + 2; break;
+    case Precision::Megatron18: adam = 4 + 12 + 12 + 2; break;
+    case Precision::Fp8: grad = 2, adam = 2 + 12 + 12 + 2 + 1; break;
+  }
+  // Sharded optimizer: each rank updates its 1/shard of the states; gradients zeroed and normed where held.
+  const double shard = s.zero >= 1 ? s.shard_group() : 1;
+  const double grads_held = s.zero >= 2 ? params / shard : params;
+  return memory_seconds(params / shard * adam + grads_held * 2 * grad, gpu);
+}
+
+}  // namespace meshtrain::plan
