@@ -87,6 +87,7 @@ bench: build
 	./bench/dp.sh $(BUILD)
 	./bench/zero.sh $(BUILD)
 	./bench/pipeline.sh $(BUILD)
+	./bench/plan.sh $(BUILD)
 	./bench/precision.sh $(BUILD)
 	./bench/post_train.sh $(BUILD)
 	./bench/rl.sh $(BUILD)

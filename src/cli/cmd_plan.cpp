@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/search.h"
+#include "meshtrain/plan/validation.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -65,6 +66,7 @@ Run add_plan(CLI::App& app) {
   };
   auto so = std::make_shared<Sched>();
   auto sched = cmd->add_subcommand("schedule", "a pipeline schedule: checked, simulated, printed as a timeline");
+  auto validate = cmd->add_subcommand("validate", "the time model against published, measured runs (a table)");
   sched->add_option("--pp", so->pp, "pipeline ranks")->capture_default_str();
   sched->add_option("--microbatches", so->micro, "micro-batches per step")->capture_default_str();
   sched->add_option("--schedule", so->schedule, "gpipe 1f1b interleaved zb-h1")->capture_default_str();
@@ -91,7 +93,11 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo grpo");
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank");
   cmd->add_option("--lora-targets", o->lora_targets, "qv or all");
-  return [o, so, sched]() {
+  return [o, so, sched, validate]() {
+    if (validate->parsed()) {
+      fmt::print("{}", plan::validation_table());
+      return 0;
+    }
     if (sched->parsed()) {
       const plan::Schedule kind = plan::parse_schedule(so->schedule);
       plan::PipelineSchedule s = plan::build_schedule(kind, so->pp, so->micro, so->v);
@@ -116,7 +122,9 @@ Run add_plan(CLI::App& app) {
       fmt::print("{}", plan::timeline(s, r, c));
       return 0;
     }
-    if (o->model.empty()) throw std::invalid_argument("plan needs --model NAME (or the subcommand `schedule`)");
+    if (o->model.empty()) {
+      throw std::invalid_argument("plan needs --model NAME (or a subcommand: `schedule`, `validate`)");
+    }
     plan::SearchInput in;
     in.model = plan::preset(o->model);
     in.gpu = plan::gpu_preset(o->gpu);

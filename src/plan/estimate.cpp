@@ -1,19 +1,35 @@
 #include "meshtrain/plan/estimate.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "meshtrain/plan/op_time.h"
 
 namespace meshtrain::plan {
 
-bool axis_crosses_nodes(const Strategy& s, const std::string& axis, int per_node) {
+namespace {
+
+// The axis's size and stride (the product of the sizes before it) under the mesh order.
+std::pair<int, int> axis_size_stride(const Strategy& s, const std::string& axis) {
   const std::pair<const char*, int> order[] = {{"tp", s.tp}, {"cp", s.cp}, {"ep", s.ep}, {"dp", s.dp}, {"pp", s.pp}};
   int stride = 1;
   for (const auto& [name, size] : order) {
-    if (axis == name) return size > 1 && (stride * size > per_node || per_node % (stride * size) != 0);
+    if (axis == name) return {size, stride};
     stride *= size;
   }
-  return true;
+  throw std::invalid_argument("unknown mesh axis '" + axis + "'");
+}
+
+}  // namespace
+
+bool axis_crosses_nodes(const Strategy& s, const std::string& axis, int per_node) {
+  const auto [size, stride] = axis_size_stride(s, axis);
+  return size > 1 && (stride * size > per_node || per_node % (stride * size) != 0);
+}
+
+int axis_members_per_node(const Strategy& s, const std::string& axis, int per_node) {
+  const auto [size, stride] = axis_size_stride(s, axis);
+  return stride >= per_node ? 1 : std::max(1, std::min(size, per_node / stride));
 }
 
 double bubble_fraction(const Strategy& s) {
@@ -63,16 +79,19 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   const double expert_total = static_cast<double>(c.moe_layer.expert * c.moe_layers);
   const double dense = (static_cast<double>(c.total) - expert_total) / (s.tp * s.pp);
   const double experts = expert_total / (s.ep * s.pp);
-  // Gradients are reduced in fp32 (DESIGN.md); parameters gathered in their own dtype.
+  // Gradients are reduced in fp32 (DESIGN.md) unless the options say otherwise; parameters gathered in their
+  // own dtype.
   const double pb = s.precision == Precision::Fp32 ? 4 : 2;
+  const bool fp32_grads = o.time.fp32_grad_reduce || s.precision == Precision::Fp32 || s.precision == Precision::Megatron18;
+  const double gb = fp32_grads ? 4 : 2;
   int dp_collectives = 0;  // ring steps' latency: counted per collective below
   auto reduce = [&](double params, int n) {
     double dp = 0;
     if (n <= 1) return dp;
-    if (s.zero == 0) dp = 2 * ring(n) * params * 4, dp_collectives += 2 * (n - 1);
-    else if (s.zero <= 2) dp = ring(n) * params * 4 + ring(n) * params * pb, dp_collectives += 2 * (n - 1);
-    else dp = ring(n) * params * 4 + 2 * ring(n) * params * pb, dp_collectives += 3 * (n - 1);
-    if (s.dp_shard > 0 && s.dp / s.dp_shard > 1) dp += 2 * ring(s.dp / s.dp_shard) * params / s.dp_shard * 4;
+    if (s.zero == 0) dp = 2 * ring(n) * params * gb, dp_collectives += 2 * (n - 1);
+    else if (s.zero <= 2) dp = ring(n) * params * gb + ring(n) * params * pb, dp_collectives += 2 * (n - 1);
+    else dp = ring(n) * params * gb + 2 * ring(n) * params * pb, dp_collectives += 3 * (n - 1);
+    if (s.dp_shard > 0 && s.dp / s.dp_shard > 1) dp += 2 * ring(s.dp / s.dp_shard) * params / s.dp_shard * gb;
     return dp;
   };
   e.traffic["dp"].bytes = reduce(dense, s.shard_group() * s.cp * s.ep) + reduce(experts, s.shard_group() * s.cp);
@@ -88,7 +107,12 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   last += output_work(m, s, gpu, c.vocab_padded);
   if (s.pp == 1) first += output_work(m, s, gpu, c.vocab_padded), last = first;
   e.microbatch = first.total() >= last.total() ? first : last;
-  const double mean_stage = s.pp == 1 ? first.total() : ((s.pp - 2) * body.total() + first.total() + last.total()) / s.pp;
+  double mean_stage = s.pp == 1 ? first.total() : ((s.pp - 2) * body.total() + first.total() + last.total()) / s.pp;
+  if (!to.grad_accumulation_fusion && mb > 1) {
+    const double add = memory_seconds(3 * gb * (dense + experts), gpu) * (mb - 1) / mb;
+    e.microbatch.memory += add;
+    mean_stage += add;
+  }
 
   e.compute_s = mb * e.microbatch.compute();
   e.bubble_fraction = bubble_fraction(s);
@@ -104,8 +128,10 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
     // Tied embedding: the first and last stages sum their copies' fp32 gradients.
     if (m.tied) pp_s += collective_seconds(Collective::AllReduce, c.embedding / s.tp * 4.0, 2, axis_link(s, "pp", gpu));
   }
-  const LinkSpec& dp_link = axis_link(s, "dp", gpu);
-  const double dp_s = e.traffic["dp"].bytes / (dp_link.bandwidth * dp_link.efficiency) + dp_collectives * dp_link.latency;
+  const LinkSpec dp_link = axis_link(s, "dp", gpu);
+  const double dp_rate = dp_link.bandwidth * dp_link.efficiency;
+  const double dp_ring_rate = dp_link.rails > 1 ? std::min(dp_rate * dp_link.rails, dp_link.rail_limit) : dp_rate;
+  const double dp_s = e.traffic["dp"].bytes / dp_ring_rate + dp_collectives * dp_link.latency;
   // Overlapped: gradient buckets reduce under the last micro-batch's backward (about 2/3 of its work).
   const double dp_exposed = to.dp_overlap ? std::max(0.0, dp_s - e.microbatch.compute() * 2.0 / 3.0) : dp_s;
   e.traffic["tp"].seconds = mb * e.microbatch.tp;

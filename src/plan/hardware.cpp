@@ -17,18 +17,21 @@ namespace {
 //         SM counts from the architecture white papers (GA100 108, GH100 SXM5 132, GB200 148, GV100 80).
 //  [NIC]  DGX systems: one NIC per GPU: DGX-1 V100 EDR 100 Gb/s, DGX A100 HDR 200 Gb/s, DGX H100/H200 and
 //         B200 NDR 400 Gb/s.
-//  [MAMF] S. Bekman, Machine Learning Engineering, compute/accelerator/README.md, "Maximum Achievable Matmul
-//         FLOPS comparison table" (bf16 matmul, best shape, mean of 100 runs): A100 SXM 267.9 of 312
-//         (85.9%), H100 SXM 792.1 of 989 (80.1%), GH200 821.0 of 989 (83.0%; the H200 has the same die and
-//         HBM3e), B200 1745 of 2250 (77.6%). No V100 entry: the A100's fraction is assumed.
+//  [MAMF] S. Bekman, Machine Learning Engineering (github.com/stas00/ml-engineering, commit 744d01e),
+//         compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table" (bf16 matmul,
+//         best shape, mean of 100 runs): A100 SXM 271.2 of 312, H100 SXM 794.5 of 989 ("H200 is the same"),
+//         B200 SXM 1745.0 of 2250. No V100 entry: the A100's fraction is assumed.
 //  [CAL]  Calculon (Isaev et al., SC'23; calculon-ai/calculon systems/a100_80g.json, h100_80g_nvl8.json):
 //         NVLink collectives at 0.6 of link bandwidth with 1 us per step, the NIC at 0.9 with 2 us; streaming
-//         memory kernels at 0.9 of memory bandwidth (transfers of 100 MB and more).
+//         memory kernels at 0.9 of memory bandwidth (transfers of 100 MB and more). Its "ops" factors: on
+//         NVLink, all-gather and reduce-scatter take 1.5x their ideal ring time (A100 and H100), and the H100's
+//         all-reduce moves the buffer once (NVLink SHARP in the NVSwitch); on the NIC, the ring's ideal.
 //  [FA2]  Dao, FlashAttention-2 (arXiv 2307.08691): 50-73% of the A100's peak forward + backward; 0.6 taken.
 //  [FA3]  Shah et al., FlashAttention-3 (arXiv 2407.08608): H100 forward up to 75% of peak, the backward
 //         about half: 0.55 over forward + backward (2.5x the forward's FLOPs) taken for Hopper and later.
-constexpr LinkSpec kNvLink(double bw) { return {bw, 0.6, 1e-6}; }  // [DS] bandwidth, [CAL] efficiency, latency
-constexpr LinkSpec kNic(double bw) { return {bw, 0.9, 2e-6}; }     // [NIC] bandwidth, [CAL] efficiency, latency
+// [DS] bandwidth; [CAL] efficiency, latency and the gather factor; NVLink SHARP from the NVSwitch generation.
+constexpr LinkSpec kNvLink(double bw, bool sharp) { return {bw, 0.6, 1e-6, 1.5, sharp}; }
+constexpr LinkSpec kNic(double bw) { return {bw, 0.9, 2e-6}; }  // [NIC] bandwidth, [CAL] efficiency, latency
 
 GpuSpec gpu(std::string name, double peak, double mem, double mem_bw, int sms, double mamf, double flash,
             LinkSpec intra, LinkSpec inter, std::string source) {
@@ -52,12 +55,12 @@ std::map<std::string, GpuSpec> make_presets() {
   std::map<std::string, GpuSpec> p;
   auto add = [&](GpuSpec g) { p[g.name] = g; };
   const std::string nv = "NVIDIA data sheet; MAMF (Bekman); links as Calculon (SC'23)";
-  add(gpu("a100", 312e12, 80e9, 2039e9, 108, 267.9 / 312, 0.6, kNvLink(300e9), kNic(25e9), nv));
-  add(gpu("a100-40g", 312e12, 40e9, 1555e9, 108, 267.9 / 312, 0.6, kNvLink(300e9), kNic(25e9), nv));
-  add(gpu("h100", 989e12, 80e9, 3350e9, 132, 792.1 / 989, 0.55, kNvLink(450e9), kNic(50e9), nv));
-  add(gpu("h200", 989e12, 141e9, 4800e9, 132, 821.0 / 989, 0.55, kNvLink(450e9), kNic(50e9), nv));
-  add(gpu("b200", 2250e12, 192e9, 8000e9, 148, 1745.0 / 2250, 0.55, kNvLink(900e9), kNic(50e9), nv));
-  add(gpu("v100", 125e12, 32e9, 900e9, 80, 267.9 / 312, 0.6, kNvLink(150e9), kNic(12.5e9),
+  add(gpu("a100", 312e12, 80e9, 2039e9, 108, 271.2 / 312, 0.6, kNvLink(300e9, false), kNic(25e9), nv));
+  add(gpu("a100-40g", 312e12, 40e9, 1555e9, 108, 271.2 / 312, 0.6, kNvLink(300e9, false), kNic(25e9), nv));
+  add(gpu("h100", 989e12, 80e9, 3350e9, 132, 794.5 / 989, 0.55, kNvLink(450e9, true), kNic(50e9), nv));
+  add(gpu("h200", 989e12, 141e9, 4800e9, 132, 794.5 / 989, 0.55, kNvLink(450e9, true), kNic(50e9), nv));
+  add(gpu("b200", 2250e12, 192e9, 8000e9, 148, 1745.0 / 2250, 0.55, kNvLink(900e9, true), kNic(50e9), nv));
+  add(gpu("v100", 125e12, 32e9, 900e9, 80, 271.2 / 312, 0.6, kNvLink(150e9, false), kNic(12.5e9),
           "NVIDIA data sheet; MAMF of the A100 assumed (none published)"));
   // This project's 2-core machine: placeholders until `meshtrain plan --gpu cpu` measures them (cli/cmd_plan.cpp):
   // bf16 GEMM ~0.7 TFLOP/s, loopback ~1 GB/s (PLATFORM.md).

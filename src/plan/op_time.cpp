@@ -20,7 +20,7 @@ double gemm_seconds(const Gemm& g, const GpuSpec& gpu, double bytes_per_element)
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
   const double compute = g.flops() / (gpu.peak_flops * gpu.matmul_efficiency * wave_utilisation(g, gpu));
   const double bytes = bytes_per_element * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n);
-  return std::max(compute, memory_seconds(bytes, gpu));
+  return compute + memory_seconds(bytes, gpu);
 }
 
 double memory_seconds(double bytes, const GpuSpec& gpu) {
@@ -33,14 +33,16 @@ double collective_seconds(Collective c, double bytes, int n, const LinkSpec& lin
   if (c == Collective::Send) return link.latency + bytes / rate;
   if (n <= 1) return 0;
   const double frac = (n - 1.0) / n;
+  // Ring collectives run one ring per rail; an all-to-all's traffic leaves through each rank's own NIC.
+  const double ring_rate = link.rails > 1 ? std::min(rate * link.rails, link.rail_limit) : rate;
   switch (c) {
     case Collective::AllReduce: {
-      const double wire = 2 * frac * bytes / rate;
+      const double wire = (link.switch_all_reduce ? 1 : 2 * frac) * bytes / ring_rate;
       const double ring = 2 * (n - 1) * link.latency, tree = 2 * std::ceil(std::log2(n)) * link.latency;
       return std::min(ring, tree) + wire;
     }
     case Collective::AllGather:
-    case Collective::ReduceScatter:
+    case Collective::ReduceScatter: return (n - 1) * link.latency + link.gather_cost * frac * bytes / ring_rate;
     case Collective::AllToAll: return (n - 1) * link.latency + frac * bytes / rate;
     case Collective::Send: break;
   }

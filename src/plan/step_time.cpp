@@ -19,8 +19,12 @@ Work Work::operator*(double k) const {
   return w;
 }
 
-const LinkSpec& axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu) {
-  return axis_crosses_nodes(s, axis, gpu.per_node) ? gpu.inter : gpu.intra;
+LinkSpec axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu) {
+  if (!axis_crosses_nodes(s, axis, gpu.per_node)) return gpu.intra;
+  LinkSpec link = gpu.inter;
+  link.rails = axis_members_per_node(s, axis, gpu.per_node);
+  link.rail_limit = gpu.intra.bandwidth * gpu.intra.efficiency;
+  return link;
 }
 
 namespace {

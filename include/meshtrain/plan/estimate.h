@@ -48,6 +48,8 @@ struct StepEstimate {
 
 // Whether an axis's groups span nodes under the mesh order tp, cp, ep, dp, pp.
 bool axis_crosses_nodes(const Strategy& s, const std::string& axis, int per_node);
+// How many members of one of the axis's groups share a node (1 when its stride spans a node).
+int axis_members_per_node(const Strategy& s, const std::string& axis, int per_node);
 
 StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, const EstimateOptions& o = {});
 

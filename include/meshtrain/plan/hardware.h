@@ -20,6 +20,12 @@ struct LinkSpec {
   double bandwidth = 0;   // bytes/s
   double efficiency = 1;  // fraction of `bandwidth` a large collective's bus bandwidth reaches
   double latency = 0;     // seconds per hop of a ring or tree step
+  double gather_cost = 1;          // all-gather / reduce-scatter time over the ring's ideal
+  bool switch_all_reduce = false;  // all-reduce reduced in the switch: the buffer crosses once (NVLink SHARP)
+  // Across nodes: a group with several members in each node drives that many NICs at once (NCCL runs one
+  // ring per NIC), up to the node's own NVLink rate (rail_limit, bytes/s). axis_link sets both.
+  int rails = 1;
+  double rail_limit = 0;
 };
 
 struct GpuSpec {

@@ -38,6 +38,15 @@ struct TimeOptions {
   // Pipeline sends carry 1/tp of the activation and all-gather it inside the node (Narayanan et al. 2021,
   // sec. 4.1).
   bool pp_scatter_gather = true;
+  // The weight-gradient GEMMs accumulate straight into the gradient buffer (Megatron-LM's
+  // --gradient-accumulation-fusion, APEX fused_weight_gradient_mlp_cuda, since late 2021). Off: each further
+  // micro-batch's gradients are added into it in a pass of their own (read both, write one: Megatron-LM of
+  // early 2021, its main_grad.add_ hook, or autograd accumulating into .grad).
+  bool grad_accumulation_fusion = true;
+  // Gradients are accumulated and reduced in fp32 (meshtrain, DESIGN.md; Megatron-LM's
+  // --accumulate-allreduce-grads-in-fp32 and its 18-byte precision). Off: in the 16-bit gradients' own dtype
+  // where the precision has them (Megatron-LM's fp16 default of 2021).
+  bool fp32_grad_reduce = true;
 };
 
 // Seconds by kind of work.
@@ -60,7 +69,8 @@ Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int6
 // The optimizer step over `params` local parameters (AdamW, reading and writing the precision's states;
 // sharded by ZeRO), with gradient zeroing and the norm for clipping.
 double optimizer_seconds(double params, const Strategy& s, const GpuSpec& gpu);
-// The link an axis's groups use: inside a node or across (mesh order tp, cp, ep, dp, pp).
-const LinkSpec& axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu);
+// The link an axis's groups use: inside a node or across (mesh order tp, cp, ep, dp, pp); across nodes, with
+// as many rails as the group has members in one node.
+LinkSpec axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu);
 
 }  // namespace meshtrain::plan
