@@ -14,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "meshtrain/plan/posttrain.h"
+#include "meshtrain/plan/explain.h"
 #include "meshtrain/plan/search.h"
 #include "meshtrain/plan/validation.h"
 
@@ -39,7 +40,7 @@ nlohmann::json to_json(const plan::Candidate& c) {
                    {"exposed_comm_s", e.exposed_comm_s}, {"tokens_per_s", e.tokens_per_s}, {"mfu", e.mfu},
                    {"model_flops", e.model_flops}};
   for (const auto& [axis, t] : e.traffic)
-    j["traffic"][axis] = {{"bytes", t.bytes}, {"inter_node", t.inter_node}, {"seconds", t.seconds}};
+    j["traffic"][axis] = {{"bytes", t.bytes}, {"inter_node", t.inter_node}, {"seconds", t.seconds}, {"exposed", t.exposed}};
   return j;
 }
 
@@ -52,7 +53,7 @@ Run add_plan(CLI::App& app) {
     int64_t seq = 0, global_batch = 0;
     int tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0, dp = 0, zero = -1;
     int64_t micro_batch = 0;
-    bool json = false, causal = false, tp_overlap = false, no_dp_overlap = false;
+    bool json = false, causal = false, tp_overlap = false, no_dp_overlap = false, explain = false;
     std::string method = "pretrain", lora_targets = "qv";
     int64_t lora_rank = 8;
   };
@@ -90,6 +91,7 @@ Run add_plan(CLI::App& app) {
   cmd->add_flag("--causal-flops", o->causal, "count half the attention square in model FLOPs");
   cmd->add_option("--top", o->top, "how many ranked plans to print");
   cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_flag("--explain", o->explain, "also list every rule the search applied and what each rejected");
   cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo grpo");
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank");
   cmd->add_option("--lora-targets", o->lora_targets, "qv or all");
@@ -200,6 +202,7 @@ Run add_plan(CLI::App& app) {
       j["considered"] = r.considered;
       j["feasible"] = r.feasible;
       j["explanation"] = r.explanation;
+      j["rules"] = r.rules;
       j["flops_convention"] = plan::flops_formula(in.estimate.attn);
       j["ranked"] = nlohmann::json::array();
       for (int i = 0; i < static_cast<int>(r.ranked.size()) && i < o->top; ++i) j["ranked"].push_back(to_json(r.ranked[i]));
@@ -228,11 +231,17 @@ Run add_plan(CLI::App& app) {
       if (r.leanest) fmt::print("\nLeanest plan's ledger:\n{}", plan::format_ledger(r.leanest->memory.peak()));
       return 3;
     }
-    fmt::print("\n{:<4} {:<64} {:>11} {:>9} {:>11} {:>6}\n", "rank", "strategy", "peak mem", "step s", "tokens/s", "MFU");
+    if (o->explain) {
+      fmt::print("\nRules applied:\n");
+      for (const auto& line : r.rules) fmt::print("  {}\n", line);
+    }
+    fmt::print("\n{:<4} {:<64} {:>11} {:>9} {:>11} {:>6}  {}\n", "rank", "strategy", "peak mem", "step s", "tokens/s",
+               "MFU", "vs #1");
     for (int i = 0; i < static_cast<int>(r.ranked.size()) && i < o->top; ++i) {
       const auto& c = r.ranked[i];
-      fmt::print("{:<4} {:<64} {:>11} {:>9.3f} {:>11.0f} {:>5.1f}%\n", i + 1, c.strategy.describe(),
-                 plan::human_bytes(c.peak_bytes), c.estimate.step_s, c.estimate.tokens_per_s, 100 * c.estimate.mfu);
+      fmt::print("{:<4} {:<64} {:>11} {:>9.3f} {:>11.0f} {:>5.1f}%  {}\n", i + 1, c.strategy.describe(),
+                 plan::human_bytes(c.peak_bytes), c.estimate.step_s, c.estimate.tokens_per_s, 100 * c.estimate.mfu,
+                 i == 0 ? "" : plan::why_slower(c, r.ranked.front()));
     }
     const auto& best = r.ranked.front();
     fmt::print("\nLedger of the best plan (per rank):\n{}", plan::format_ledger(best.memory.first));

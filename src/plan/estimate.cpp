@@ -134,11 +134,16 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   const double dp_s = e.traffic["dp"].bytes / dp_ring_rate + dp_collectives * dp_link.latency;
   // Overlapped: gradient buckets reduce under the last micro-batch's backward (about 2/3 of its work).
   const double dp_exposed = to.dp_overlap ? std::max(0.0, dp_s - e.microbatch.compute() * 2.0 / 3.0) : dp_s;
-  e.traffic["tp"].seconds = mb * e.microbatch.tp;
-  e.traffic["cp"].seconds = mb * e.microbatch.cp;
-  e.traffic["ep"].seconds = mb * e.microbatch.ep;
+  e.traffic["tp"].seconds = mb * e.microbatch.tp_wire;
+  e.traffic["cp"].seconds = mb * e.microbatch.cp_wire;
+  e.traffic["ep"].seconds = mb * e.microbatch.ep_wire;
   e.traffic["pp"].seconds = pp_s;
   e.traffic["dp"].seconds = dp_s;
+  e.traffic["tp"].exposed = mb * e.microbatch.tp;
+  e.traffic["cp"].exposed = mb * e.microbatch.cp;
+  e.traffic["ep"].exposed = mb * e.microbatch.ep;
+  e.traffic["pp"].exposed = pp_s;
+  e.traffic["dp"].exposed = dp_exposed;
   e.exposed_comm_s = mb * e.microbatch.comm() + pp_s + dp_exposed;
   e.optimizer_s = optimizer_seconds(dense + experts, s, gpu);
   e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;

@@ -1,9 +1,14 @@
 #include "meshtrain/plan/search.h"
 
+#include <map>
+#include <regex>
+
 #include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "meshtrain/plan/explain.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -29,88 +34,7 @@ Strategy base_strategy(const SearchInput& in) {
   return s;
 }
 
-void explain(const SearchInput& in, SearchResult& r) {
-  auto& out = r.explanation;
-  const double mem = in.gpu.memory_bytes;
-  // The plain data-parallel baseline: every GPU holds the whole model.
-  Strategy base = base_strategy(in);
-  base.dp = in.gpus;
-  std::optional<MemoryPlan> plain;
-  try {
-    if (in.global_batch % in.gpus == 0) plain = memory_ledger(in.model, base, in.memory);
-  } catch (const std::invalid_argument&) {
-  }
-  if (r.ranked.empty()) {
-    if (r.leanest) {
-      out.push_back(fmt::format(
-          "Nothing fits: the leanest valid plan ({}) needs {} per GPU, more than the {} of a {}. Add GPUs, "
-          "use GPUs with more memory, offload optimizer states, or shorten the sequence.",
-          r.leanest->strategy.describe(), human_bytes(r.leanest->peak_bytes), human_bytes(mem), in.gpu.name));
-    } else {
-      out.push_back("Nothing is valid: no (tp, pp, cp, dp) divides the model and the GPU count as asked.");
-    }
-    return;
-  }
-  const Candidate& best = r.ranked.front();
-  const Strategy& s = best.strategy;
-  if (plain) {
-    const StageLedger& p = plain->peak();
-    const double states = p.line("parameters").bytes + p.line("gradients").bytes + p.line("optimizer states").bytes;
-    const double acts = p.line("activations").bytes;
-    if (p.device_total() <= mem) {
-      out.push_back(fmt::format("Fits as plain data parallelism ({} of {} per GPU).", human_bytes(p.device_total()),
-                                human_bytes(mem)));
-    } else {
-      out.push_back(fmt::format("1. Does it fit? Plain DP needs {} per GPU (model states {}, activations {}) > {}.",
-                                human_bytes(p.device_total()), human_bytes(states), human_bytes(acts),
-                                human_bytes(mem)));
-    }
-  }
-  const StageLedger& b = best.memory.peak();
-  if (s.zero > 0) {
-    out.push_back(fmt::format("   Redundant state -> ZeRO-{}: parameters + gradients + optimizer now {} per GPU.",
-                              s.zero,
-                              human_bytes(b.line("parameters").bytes + b.line("gradients").bytes +
-                                          b.line("optimizer states").bytes)));
-  }
-  if (s.tp > 1) {
-    out.push_back(fmt::format("   A layer too big -> TP={}{}: each layer's weights and activations split {} ways, "
-                              "inside one node ({} GPUs per node).",
-                              s.tp, s.sp ? " + SP" : "", s.tp, in.gpu.per_node));
-  }
-  if (s.pp > 1) {
-    out.push_back(fmt::format("   Too many layers -> PP={}{}: {} layers per stage; bubble {:.1f}% of the step.", s.pp,
-                              s.vpp > 1 ? fmt::format(" (interleaved, v={})", s.vpp) : "",
-                              in.model.layers / s.pp, 100 * best.estimate.bubble_fraction));
-  }
-  if (s.cp > 1) {
-    out.push_back(fmt::format("   Sequence too long -> CP={}: {} tokens per rank.", s.cp, (s.seq ? s.seq : in.model.seq) / s.cp));
-  }
-  if (s.recompute != Recompute::None || s.microbatches() > 1) {
-    out.push_back(fmt::format("   Activations -> {} recomputation, micro-batch {} with {} accumulation steps: "
-                              "activations {} per GPU.",
-                              to_string(s.recompute), s.micro_batch, s.microbatches(),
-                              human_bytes(b.line("activations").bytes)));
-  }
-  out.push_back(fmt::format("2. Fast enough? -> DP={} replicas; estimated {:.3f} s per step, {:.0f} tokens/s, MFU "
-                            "{:.1f}%.",
-                            s.dp, best.estimate.step_s, best.estimate.tokens_per_s, 100 * best.estimate.mfu));
-  out.push_back("Mesh order, most frequent traffic on the fastest link: " + mesh_order(s, in.gpu.per_node));
-}
-
 }  // namespace
-
-std::string mesh_order(const Strategy& s, int per_node) {
-  std::string out;
-  const std::pair<const char*, int> order[] = {{"tp", s.tp}, {"cp", s.cp}, {"ep", s.ep}, {"dp", s.dp}, {"pp", s.pp}};
-  for (const auto& [name, size] : order) {
-    if (size == 1) continue;
-    if (!out.empty()) out += " -> ";
-    out += fmt::format("{}={} [{}]", name, size,
-                       axis_crosses_nodes(s, name, per_node) ? "across nodes" : "inside a node");
-  }
-  return out.empty() ? "one GPU" : out;
-}
 
 SearchResult search(const SearchInput& in) {
   validate(in.model);
@@ -124,6 +48,8 @@ SearchResult search(const SearchInput& in) {
                                             fixed_product));
   }
   SearchResult r;
+  std::vector<Candidate> all;                // every valid candidate, for the explanation
+  std::map<std::string, int> rejected;      // validate()'s reason, numbers elided: how many combinations
   const int per_node = in.gpu.per_node;
   std::vector<int> eps = in.model.moe() ? divisors(static_cast<int>(in.model.experts), in.gpus) : std::vector<int>{1};
   for (int tp : choices(f.tp, divisors(in.gpus, per_node)))
@@ -147,7 +73,8 @@ SearchResult search(const SearchInput& in) {
                   if (vpp > 1 && pp == 1) continue;
                   try {
                     validate(s, in.model);
-                  } catch (const std::invalid_argument&) {
+                  } catch (const std::invalid_argument& e) {
+                    ++rejected[std::regex_replace(e.what(), std::regex("[0-9]+"), "N")];
                     continue;
                   }
                   ++r.considered;
@@ -157,14 +84,32 @@ SearchResult search(const SearchInput& in) {
                   c.peak_bytes = c.memory.peak().device_total();
                   c.estimate = estimate_step(in.model, s, in.gpu, in.estimate);
                   if (!r.leanest || c.peak_bytes < r.leanest->peak_bytes) r.leanest = c;
-                  if (c.peak_bytes <= in.gpu.memory_bytes) r.ranked.push_back(std::move(c));
+                  if (c.peak_bytes <= in.gpu.memory_bytes) r.ranked.push_back(c);
+                  all.push_back(std::move(c));
                 }
         }
   r.feasible = static_cast<int>(r.ranked.size());
   std::stable_sort(r.ranked.begin(), r.ranked.end(), [](const Candidate& a, const Candidate& b) {
     return a.estimate.step_s < b.estimate.step_s;
   });
-  explain(in, r);
+  explain(in, all, r);
+  // The rules as applied, for --explain.
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+    return out;
+  };
+  r.rules.push_back(fmt::format("tp inside one node: divisors of the GPU count up to {} per node: {}{}", per_node,
+                                list(divisors(in.gpus, per_node)), f.tp ? fmt::format(" (fixed: {})", *f.tp) : ""));
+  r.rules.push_back(fmt::format("sequence parallelism whenever tp > 1 (the same bytes as tp's all-reduce, activations "
+                                "split); mesh order tp, cp, ep, dp, pp: the most frequent traffic on the fastest link"));
+  r.rules.push_back(fmt::format("pp: divisors of the GPU count up to the {} layers; v in 1,2 (interleaved) when pp > 1",
+                                in.model.layers));
+  r.rules.push_back("cp in 1,2,4,8,16; ep: divisors of the expert count; zero 0-3; recomputation none, selective, "
+                    "full; micro-batch 1,2,4,8; dp = the GPUs left");
+  r.rules.push_back(fmt::format("{} valid combinations; {} fit in {} and are ranked by estimated step time",
+                                r.considered, r.feasible, human_bytes(in.gpu.memory_bytes)));
+  for (const auto& [why, n] : rejected) r.rules.push_back(fmt::format("rejected {} x: {}", n, why));
   return r;
 }
 

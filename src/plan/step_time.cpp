@@ -10,12 +10,14 @@ namespace meshtrain::plan {
 Work& Work::operator+=(const Work& w) {
   gemm += w.gemm, attention += w.attention, memory += w.memory;
   tp += w.tp, cp += w.cp, ep += w.ep;
+  tp_wire += w.tp_wire, cp_wire += w.cp_wire, ep_wire += w.ep_wire;
   return *this;
 }
 
 Work Work::operator*(double k) const {
   Work w = *this;
   w.gemm *= k, w.attention *= k, w.memory *= k, w.tp *= k, w.cp *= k, w.ep *= k;
+  w.tp_wire *= k, w.cp_wire *= k, w.ep_wire *= k;
   return w;
 }
 
@@ -97,8 +99,12 @@ void context_comm(Halves& l, const ModelSpec& m, const Strategy& s, const Shape&
     case CpImpl::Ring: {
       // c-1 hops; each hides behind one of the c blocks of attention; backward sends K, V and dK, dV.
       const double block_f = l.fwd.attention / s.cp, block_b = l.bwd.attention / s.cp;
-      l.fwd.cp += (s.cp - 1) * std::max(0.0, collective_seconds(Collective::Send, kv, 2, link) - block_f);
-      l.bwd.cp += (s.cp - 1) * std::max(0.0, collective_seconds(Collective::Send, 2 * kv, 2, link) - block_b);
+      const double send_f = collective_seconds(Collective::Send, kv, 2, link);
+      const double send_b = collective_seconds(Collective::Send, 2 * kv, 2, link);
+      l.fwd.cp += (s.cp - 1) * std::max(0.0, send_f - block_f);
+      l.bwd.cp += (s.cp - 1) * std::max(0.0, send_b - block_b);
+      l.fwd.cp_wire += (s.cp - 1) * send_f;
+      l.bwd.cp_wire += (s.cp - 1) * send_b;
       break;
     }
     case CpImpl::Ulysses: {
@@ -106,11 +112,13 @@ void context_comm(Halves& l, const ModelSpec& m, const Strategy& s, const Shape&
       const double qkvo = x.b * x.sq * (2 * x.heads + 2 * x.kv_heads) * x.d * x.e * s.cp;
       l.fwd.cp += collective_seconds(Collective::AllToAll, qkvo, s.cp, link);
       l.bwd.cp += collective_seconds(Collective::AllToAll, qkvo, s.cp, link);
+      l.fwd.cp_wire = l.fwd.cp, l.bwd.cp_wire = l.bwd.cp;
       break;
     }
     case CpImpl::AllGather:
       l.fwd.cp += collective_seconds(Collective::AllGather, kv * s.cp, s.cp, link);
       l.bwd.cp += collective_seconds(Collective::ReduceScatter, kv * s.cp, s.cp, link);
+      l.fwd.cp_wire = l.fwd.cp, l.bwd.cp_wire = l.bwd.cp;
       break;
   }
   (void)m;
@@ -131,6 +139,8 @@ void tensor_comm(Halves& l, const Strategy& s, const Shape& x, const GpuSpec& gp
     fwd = 2 * collective_seconds(Collective::AllReduce, X, s.tp, link);
     bwd_col = fwd;  // input gradients of qkv and fc1
   }
+  l.fwd.tp_wire += fwd;
+  l.bwd.tp_wire += bwd_row + bwd_col;
   if (o.tp_overlap) {
     l.fwd.tp += std::max(0.0, fwd - l.fwd.gemm);
     l.bwd.tp += std::max(0.0, bwd_row + bwd_col - l.bwd.gemm);
@@ -166,6 +176,7 @@ Work layer_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, bool 
       const LinkSpec& link = axis_link(s, "ep", gpu);
       l.fwd.ep += 2 * collective_seconds(Collective::AllToAll, routed, s.ep, link);
       l.bwd.ep += 2 * collective_seconds(Collective::AllToAll, routed, s.ep, link);
+      l.fwd.ep_wire = l.fwd.ep, l.bwd.ep_wire = l.bwd.ep;
     }
   }
   linear(l, x, gpu, ffn_rows, gate * ffn_width, x.h, ffn_count, !moe_layer);
@@ -198,6 +209,7 @@ Work embedding_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu) {
   if (s.tp > 1) {
     const double X = x.tokens * x.h * x.e;
     w.tp = collective_seconds(s.sp ? Collective::ReduceScatter : Collective::AllReduce, X, s.tp, axis_link(s, "tp", gpu));
+    w.tp_wire = w.tp;
   }
   return w;
 }
@@ -223,6 +235,7 @@ Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int6
       l.bwd.tp += collective_seconds(Collective::AllReduce, X, s.tp, link);
     }
     l.fwd.tp += 3 * collective_seconds(Collective::AllReduce, x.tokens * 4, s.tp, link);
+    l.fwd.tp_wire = l.fwd.tp, l.bwd.tp_wire = l.bwd.tp;
   }
   Work w = l.fwd;
   w += l.bwd;

@@ -29,7 +29,8 @@ namespace meshtrain::plan {
 struct AxisTraffic {
   double bytes = 0;      // sent per rank per step
   bool inter_node = false;
-  double seconds = 0;
+  double seconds = 0;  // on the wire
+  double exposed = 0;  // of those, on the step's critical path (not under compute)
 };
 
 struct EstimateOptions {

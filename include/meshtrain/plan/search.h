@@ -47,13 +47,13 @@ struct SearchResult {
   int considered = 0;
   int feasible = 0;
   std::vector<std::string> explanation;
+  std::vector<std::string> rules;  // every rule the search applied, with what it rejected (--explain)
 };
 
 // Throws std::invalid_argument for bad input (gpus not a positive multiple of
 // what the fixed choices need, negative sizes).
 SearchResult search(const SearchInput& in);
 
-// "tp=8 [inside a node] -> dp=8 [across nodes] -> pp=4 [across nodes]".
-std::string mesh_order(const Strategy& s, int per_node);
+// The explanation's helpers (mesh_order, why_slower) live in plan/explain.h.
 
 }  // namespace meshtrain::plan

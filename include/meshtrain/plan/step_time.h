@@ -53,6 +53,7 @@ struct TimeOptions {
 struct Work {
   double gemm = 0, attention = 0, memory = 0;  // compute
   double tp = 0, cp = 0, ep = 0;               // exposed communication
+  double tp_wire = 0, cp_wire = 0, ep_wire = 0;  // the same collectives' whole time, hidden or not
   double compute() const { return gemm + attention + memory; }
   double comm() const { return tp + cp + ep; }
   double total() const { return compute() + comm(); }
