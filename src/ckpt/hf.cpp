@@ -1,4 +1,5 @@
 #include "meshtrain/ckpt/hf.h"
+#include "meshtrain/plan/hf_config.h"
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>
@@ -126,14 +127,6 @@ struct Mapper {
   }
 };
 
-template <typename T>
-T field(const nlohmann::json& j, const char* key) {
-  if (!j.contains(key) || j[key].is_null()) {
-    throw std::invalid_argument(fmt::format("Hugging Face config.json lacks \"{}\"", key));
-  }
-  return j[key].get<T>();
-}
-
 }  // namespace
 
 std::map<std::string, at::Tensor> to_hf(const std::map<std::string, at::Tensor>& ours, const plan::ModelSpec& m) {
@@ -165,37 +158,10 @@ nlohmann::json hf_config(const plan::ModelSpec& m) {
 
 plan::ModelSpec spec_from_hf_config(const nlohmann::json& j) {
   const std::string type = j.value("model_type", "");
-  plan::ModelSpec m;
-  m.dropout = 0;
-  if (type == "gpt2") {
-    m = plan::preset("gpt-tiny");
-    m.name = "hf-gpt2";
-    m.vocab = field<int64_t>(j, "vocab_size");
-    m.seq = field<int64_t>(j, "n_positions");
-    m.hidden = field<int64_t>(j, "n_embd");
-    m.layers = field<int64_t>(j, "n_layer");
-    m.heads = m.kv_heads = field<int64_t>(j, "n_head");
-    m.ffn = j.contains("n_inner") && !j["n_inner"].is_null() ? j["n_inner"].get<int64_t>() : 4 * m.hidden;
-    m.norm_eps = j.value("layer_norm_epsilon", 1e-5);
-  } else if (type == "llama") {
-    m = plan::preset("llama-tiny");
-    m.name = "hf-llama";
-    m.vocab = field<int64_t>(j, "vocab_size");
-    m.hidden = field<int64_t>(j, "hidden_size");
-    m.ffn = field<int64_t>(j, "intermediate_size");
-    m.layers = field<int64_t>(j, "num_hidden_layers");
-    m.heads = field<int64_t>(j, "num_attention_heads");
-    m.kv_heads = j.value("num_key_value_heads", m.heads);
-    m.seq = field<int64_t>(j, "max_position_embeddings");
-    m.norm_eps = j.value("rms_norm_eps", 1e-6);
-    m.rope_theta = j.value("rope_theta", 10000.0);
-    m.tied = j.value("tie_word_embeddings", false);
-  } else {
+  if (type != "gpt2" && type != "llama") {
     throw std::invalid_argument(fmt::format("Hugging Face model_type \"{}\": meshtrain reads gpt2 and llama", type));
   }
-  m.dropout = 0;
-  plan::validate(m);
-  return m;
+  return plan::model_from_hf_config(j, "hf-" + type);
 }
 
 void export_hf(const std::string& step_dir, const std::string& out_dir, bool force) {

@@ -6,15 +6,19 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include "meshtrain/plan/schedule.h"
 
 #include <memory>
 
 #include "cli/commands.h"
+#include "meshtrain/train/config.h"
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/explain.h"
+#include "meshtrain/plan/hf_config.h"
 #include "meshtrain/plan/search.h"
 #include "meshtrain/plan/validation.h"
 
@@ -44,6 +48,23 @@ nlohmann::json to_json(const plan::Candidate& c) {
   return j;
 }
 
+// --model: a preset, a Hugging Face config (a .json file or a directory holding config.json), or a meshtrain
+// training config (.toml), with the shape flags applied; none: the shape from the flags alone.
+plan::ModelSpec model_of(const std::string& arg, const std::string& family, const plan::ShapeFlags& shape,
+                         int64_t seq) {
+  namespace fs = std::filesystem;
+  if (arg.empty()) return plan::model_from_flags(family, shape, seq);
+  plan::ModelSpec m;
+  if (arg.size() > 5 && arg.substr(arg.size() - 5) == ".toml") {
+    m = load_train_config(arg, {}).model;
+  } else if ((arg.size() > 5 && arg.substr(arg.size() - 5) == ".json") || fs::is_directory(arg)) {
+    m = plan::model_from_hf_config_file(arg);
+  } else {
+    m = plan::preset(arg);
+  }
+  return plan::apply_shape_flags(m, shape);
+}
+
 }  // namespace
 
 Run add_plan(CLI::App& app) {
@@ -54,12 +75,25 @@ Run add_plan(CLI::App& app) {
     int tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0, dp = 0, zero = -1;
     int64_t micro_batch = 0;
     bool json = false, causal = false, tp_overlap = false, no_dp_overlap = false, explain = false;
-    std::string method = "pretrain", lora_targets = "qv";
+    std::string method = "pretrain", lora_targets = "qv", family = "llama";
+    plan::ShapeFlags shape;
     int64_t lora_rank = 8;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("plan", "memory ledger, communication, step time and a strategy search");
-  cmd->add_option("--model", o->model, "preset name (see the error for the list)");
+  cmd->add_option("--model", o->model,
+                  "a preset name (see the error for the list), a Hugging Face config.json (or its directory), or a "
+                  "meshtrain training config (.toml)");
+  cmd->add_option("--family", o->family, "without --model: the shape flags start from a gpt or llama layer")
+      ->capture_default_str();
+  for (auto [flag, ptr, help] :
+       {std::tuple{"--layers", &o->shape.layers, "transformer layers"}, {"--hidden", &o->shape.hidden, "hidden size"},
+        {"--heads", &o->shape.heads, "attention heads"}, {"--kv-heads", &o->shape.kv_heads, "key/value heads (GQA)"},
+        {"--ffn", &o->shape.ffn, "FFN width"}, {"--vocab", &o->shape.vocab, "vocabulary"},
+        {"--experts", &o->shape.experts, "routed experts (MoE)"}, {"--top-k", &o->shape.top_k, "experts per token"},
+        {"--expert-ffn", &o->shape.expert_ffn, "each expert's FFN width"}}) {
+    cmd->add_option(flag, *ptr, std::string(help) + " (replaces the model's)");
+  }
   // meshtrain plan schedule --pp P --microbatches M --schedule S [--virtual V]
   struct Sched {
     int pp = 4, micro = 8, v = 1;
@@ -124,11 +158,12 @@ Run add_plan(CLI::App& app) {
       fmt::print("{}", plan::timeline(s, r, c));
       return 0;
     }
-    if (o->model.empty()) {
-      throw std::invalid_argument("plan needs --model NAME (or a subcommand: `schedule`, `validate`)");
+    if (o->model.empty() && !o->shape.any()) {
+      throw std::invalid_argument("plan needs --model NAME|config.json|train.toml, or the shape as flags (--layers "
+                                  "--hidden --heads ...), or a subcommand: `schedule`, `validate`");
     }
     plan::SearchInput in;
-    in.model = plan::preset(o->model);
+    in.model = model_of(o->model, o->family, o->shape, o->seq);
     in.gpu = plan::gpu_preset(o->gpu);
     if (o->per_node < 0) throw std::invalid_argument(fmt::format("--gpus-per-node {} must be positive", o->per_node));
     if (o->per_node > 0) in.gpu.per_node = o->per_node;
