@@ -200,7 +200,7 @@ TEST(Plan, ExplanationStatesTheDecidingNumbers) {
   };
   // Every choice that is not the plain default has a line, and its verdict holds.
   std::vector<std::pair<std::string, std::string>> chosen;  // line head, axis
-  if (s.zero > 0) chosen.push_back({fmt::format("ZeRO-{} over {} ranks", s.zero, s.shard_group()), ""});
+  if (s.zero > 0) chosen.push_back({fmt::format("ZeRO-{} over {} ranks", s.zero, s.shard_group() * s.cp * s.ep), ""});
   if (s.tp > 1) chosen.push_back({fmt::format("TP={}", s.tp), "tp"});
   if (s.pp > 1) chosen.push_back({fmt::format("PP={}", s.pp), "pp"});
   if (s.cp > 1) chosen.push_back({fmt::format("CP={}", s.cp), "cp"});

@@ -6,10 +6,12 @@
 #include <fstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/hf_config.h"
+#include "meshtrain/plan/typical.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -116,6 +118,24 @@ TEST(PlanModels, AModelFromFlagsNamesWhatIsMissing) {
   // Llama 2 7B from flags: the same count as its preset.
   EXPECT_EQ(count_params(model_from_flags("llama", f, 4096)).total, 6738415616);
   EXPECT_THROW(model_from_flags("bert", f, 4096), std::invalid_argument);
+}
+
+TEST(PlanModels, TypicalRunsAreEachPlanned) {
+  const std::vector<TypicalRun> runs = typical_runs();
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[2].input.gpus, 1024);
+  const std::string report = typical_report();
+  for (const TypicalRun& t : runs) {
+    const SearchResult r = search(t.input);
+    ASSERT_FALSE(r.ranked.empty()) << t.title;
+    const Candidate& best = r.ranked.front();
+    EXPECT_LE(best.peak_bytes, t.input.gpu.memory_bytes) << t.title;
+    EXPECT_EQ(best.strategy.world(), t.input.gpus);
+    // The report carries the plan, its step time and its ledger's total.
+    EXPECT_NE(report.find("Plan: " + best.strategy.describe()), std::string::npos) << t.title;
+    EXPECT_NE(report.find(fmt::format("= {:.3f} s;", best.estimate.step_s)), std::string::npos) << t.title;
+    EXPECT_NE(report.find(human_bytes(best.peak_bytes)), std::string::npos) << t.title;
+  }
 }
 
 }  // namespace

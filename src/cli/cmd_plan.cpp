@@ -20,6 +20,7 @@
 #include "meshtrain/plan/explain.h"
 #include "meshtrain/plan/hf_config.h"
 #include "meshtrain/plan/search.h"
+#include "meshtrain/plan/typical.h"
 #include "meshtrain/plan/validation.h"
 
 namespace meshtrain::cli {
@@ -74,7 +75,7 @@ Run add_plan(CLI::App& app) {
     int64_t seq = 0, global_batch = 0;
     int tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0, dp = 0, zero = -1;
     int64_t micro_batch = 0;
-    bool json = false, causal = false, tp_overlap = false, no_dp_overlap = false, explain = false;
+    bool json = false, causal = false, tp_overlap = false, no_dp_overlap = false, explain = false, typical = false;
     std::string method = "pretrain", lora_targets = "qv", family = "llama";
     plan::ShapeFlags shape;
     int64_t lora_rank = 8;
@@ -125,6 +126,7 @@ Run add_plan(CLI::App& app) {
   cmd->add_flag("--causal-flops", o->causal, "count half the attention square in model FLOPs");
   cmd->add_option("--top", o->top, "how many ranked plans to print");
   cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_flag("--typical", o->typical, "the course's typical runs (7B, 70B, 1024 GPUs): plan, ledger, traffic, step");
   cmd->add_flag("--explain", o->explain, "also list every rule the search applied and what each rejected");
   cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo grpo");
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank");
@@ -156,6 +158,10 @@ Run add_plan(CLI::App& app) {
       c.backward_weight = v.size() == 3 ? v[2] : v[1] / 2;
       const plan::SimulationResult r = plan::simulate(s, c);
       fmt::print("{}", plan::timeline(s, r, c));
+      return 0;
+    }
+    if (o->typical) {
+      fmt::print("{}", plan::typical_report());
       return 0;
     }
     if (o->model.empty() && !o->shape.any()) {

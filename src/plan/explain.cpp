@@ -132,7 +132,7 @@ void explain(const SearchInput& in, const std::vector<Candidate>& all, SearchRes
   };
   if (s.zero > 0) {
     out.push_back(fmt::format("   ZeRO-{} over {} ranks: parameters + gradients + optimizer {} per GPU; {}.",
-                              s.zero, s.shard_group(), human_bytes(states_bytes(b)),
+                              s.zero, s.shard_group() * s.cp * s.ep, human_bytes(states_bytes(b)),
                               why("without ZeRO", [](const Strategy& t) { return t.zero == 0; })));
   }
   if (s.tp > 1) {
