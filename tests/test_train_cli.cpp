@@ -3,6 +3,8 @@
 // [init] from, --check-plan (checkpoints: test_ckpt_cli.cpp).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -181,11 +183,16 @@ TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
                                                 (d.path / "val.bin").string() +
                                                 "\"\n[train]\nsteps = 4\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\n"
                                                 "lr = 1e-2\nlog_every = 1\neval_every = 2\nmetrics = \"" + metrics +
-                                                "\"\n[parallel]\ntp = 2\nsp = true\nnproc = 2\n");
+                                                "\"\npeak_tflops = 0.001\n[parallel]\ntp = 2\nsp = true\nnproc = 2\n");
   const auto run = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg);
   const std::string& out = run.output;
   ASSERT_EQ(run.code, 0) << out;
   EXPECT_NE(out.find("validation loss"), std::string::npos) << out;
+  // The MFU divides by the given peak (1 GFLOP/s), not by a measured or typed-in one.
+  const size_t mfu_at = out.find("MFU = ");
+  ASSERT_NE(mfu_at, std::string::npos) << out;
+  EXPECT_NE(out.find("/ 1 GFLOP/s (train.peak_tflops)", mfu_at), std::string::npos) << out;
+  const double flops_per_token = std::stod(out.substr(mfu_at + 6));
   std::ifstream f(metrics);
   std::string line;
   int lines = 0;
@@ -195,6 +202,8 @@ TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
                             "\"peak_mem_bytes\""}) {
       EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
     }
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_NEAR(j["mfu"].get<double>() / (flops_per_token * j["tokens_per_s"].get<double>() / 1e9), 1.0, 1e-3) << line;
   }
   EXPECT_EQ(lines, 4);
 }

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <filesystem>
 #include <sstream>
 #include <tuple>
@@ -16,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/explain.h"
 #include "meshtrain/plan/hf_config.h"
@@ -79,6 +82,7 @@ Run add_plan(CLI::App& app) {
     std::string method = "pretrain", lora_targets = "qv", family = "llama";
     plan::ShapeFlags shape;
     int64_t lora_rank = 8;
+    double peak_tflops = 0;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("plan", "memory ledger, communication, step time and a strategy search");
@@ -111,6 +115,8 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--gpus", o->gpus, "number of GPUs");
   cmd->add_option("--gpu", o->gpu, "h100 h200 a100 a100-40g v100 b200 cpu");
   cmd->add_option("--gpus-per-node", o->per_node, "GPUs per node (default: the GPU preset's)");
+  cmd->add_option("--peak-tflops", o->peak_tflops,
+                  "the device's 16-bit matrix peak (default: the GPU preset's; cpu: this host's, measured and cached)");
   cmd->add_option("--seq", o->seq, "sequence length (default: the model's)");
   cmd->add_option("--global-batch", o->global_batch, "samples per step (default: 4 x gpus)");
   cmd->add_option("--precision", o->precision, "fp32 bf16 bf16-fp32grad fp8");
@@ -173,6 +179,22 @@ Run add_plan(CLI::App& app) {
     in.gpu = plan::gpu_preset(o->gpu);
     if (o->per_node < 0) throw std::invalid_argument(fmt::format("--gpus-per-node {} must be positive", o->per_node));
     if (o->per_node > 0) in.gpu.per_node = o->per_node;
+    if (o->peak_tflops < 0) throw std::invalid_argument(fmt::format("--peak-tflops {} must be positive", o->peak_tflops));
+    if (o->peak_tflops > 0) in.gpu.peak_flops = o->peak_tflops * 1e12;
+    if (in.gpu.name == "cpu") {
+      // This host, measured (cached per machine): its GEMM rate in the plan's dtype and its copy bandwidth;
+      // GEMMs then run at that rate (efficiency 1: the measurement is already what a GEMM reaches).
+      const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+      const bool fp32 = o->precision == "fp32";
+      const MachinePeak gemm = machine_peak(fp32 ? "gemm_fp32" : "gemm_bf16", cores, o->peak_tflops * 1e12,
+                                            "--peak-tflops");
+      const MachinePeak copy = machine_peak("copy", cores);
+      in.gpu.peak_flops = gemm.value;
+      in.gpu.memory_bw = copy.value;
+      in.gpu.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+      fmt::print("cpu: {:.4g} GFLOP/s ({} GEMM on {} cores, {}); copy {:.3g} GB/s ({})\n", gemm.value / 1e9,
+                 fp32 ? "fp32" : "bf16", cores, gemm.source, copy.value / 1e9, copy.source);
+    }
     if (o->top < 1) throw std::invalid_argument(fmt::format("--top {} must be at least 1", o->top));
     in.gpus = o->gpus;
     in.seq = o->seq > 0 ? o->seq : in.model.seq;
@@ -263,7 +285,7 @@ Run add_plan(CLI::App& app) {
                  in.model.shared_experts > 0 ? fmt::format(" + {} shared", in.model.shared_experts) : "",
                  static_cast<double>(ml.expert), static_cast<double>(ml.expert * counts.moe_layers));
     }
-    fmt::print("FLOPs convention: {}; MFU after PaLM with peak {:.0f} TFLOP/s\n", plan::flops_formula(in.estimate.attn),
+    fmt::print("FLOPs convention: {}; MFU after PaLM with peak {:.4g} TFLOP/s\n", plan::flops_formula(in.estimate.attn),
                in.gpu.peak_flops / 1e12);
     fmt::print("{} valid plans considered, {} fit in {}\n\n", r.considered, r.feasible,
                plan::human_bytes(in.gpu.memory_bytes));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 #include "meshtrain/plan/op_time.h"
 
 namespace meshtrain::plan {
@@ -46,6 +48,11 @@ double bubble_fraction(const Strategy& s) {
 
 StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, const EstimateOptions& o) {
   validate(s, m);
+  if (gpu.peak_flops <= 0 || gpu.memory_bw <= 0) {
+    throw std::invalid_argument(fmt::format("device '{}' has no peak FLOP/s or memory bandwidth; `meshtrain plan "
+                                            "--gpu cpu` measures this host's",
+                                            gpu.name));
+  }
   StepEstimate e;
   const int64_t seq = s.seq > 0 ? s.seq : m.seq;
   const double tokens = static_cast<double>(s.global_batch) * seq;

@@ -62,10 +62,11 @@ std::map<std::string, GpuSpec> make_presets() {
   add(gpu("b200", 2250e12, 192e9, 8000e9, 148, 1745.0 / 2250, 0.55, kNvLink(900e9, true), kNic(50e9), nv));
   add(gpu("v100", 125e12, 32e9, 900e9, 80, 271.2 / 312, 0.6, kNvLink(150e9, false), kNic(12.5e9),
           "NVIDIA data sheet; MAMF of the A100 assumed (none published)"));
-  // This project's 2-core machine: placeholders until `meshtrain plan --gpu cpu` measures them (cli/cmd_plan.cpp):
-  // bf16 GEMM ~0.7 TFLOP/s, loopback ~1 GB/s (PLATFORM.md).
-  GpuSpec cpu = gpu("cpu", 0.7e12, 24e9, 10e9, 0, 1.0, 0.5, {1e9, 1.0, 20e-6}, {1e9, 1.0, 20e-6},
-                    "this machine (PLATFORM.md)");
+  // The host itself: no peak, memory or bandwidth here; `meshtrain plan --gpu cpu` measures its GEMM rate and
+  // copy bandwidth and reads its memory (cli/cmd_plan.cpp, train/gemm_peak.h). Its links: Gloo over loopback,
+  // 1.0 GB/s all-reduce bus bandwidth on 2 ranks as measured for PLATFORM.md (20 us a step).
+  GpuSpec cpu = gpu("cpu", 0, 0, 0, 0, 1.0, 0.5, {1e9, 1.0, 20e-6}, {1e9, 1.0, 20e-6},
+                    "this host, measured; links as PLATFORM.md measured them");
   cpu.per_node = 4;
   add(cpu);
   return p;

@@ -259,9 +259,13 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
-  // The MFU denominator: rank 0 times GEMMs on all of this host's cores while the others wait.
+  // The MFU denominator: given, or rank 0 times GEMMs in the run's dtype on all of this host's cores (once per
+  // machine: cached) while the others wait.
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  const double peak_flops = lead ? measure_gemm_flops(cores) : 0;
+  const std::string gemm_dtype = c.precision == "bf16" ? "bf16" : "fp32";
+  const MachinePeak peak = lead ? machine_peak("gemm_" + gemm_dtype, cores, c.peak_tflops * 1e12, "train.peak_tflops")
+                                : MachinePeak{};
+  const double peak_flops = peak.value;
   mesh.world().barrier();
   if (lead) {
     const plan::Strategy s = strategy_of(c, data.size());
@@ -274,9 +278,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                c.cp > 1 ? fmt::format("; each sequence over {} context-parallel ranks ({} attention, {} tokens each)",
                                       c.cp, c.cp_impl, c.seq / c.cp)
                         : "");
-    fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.0f} GFLOP/s (fp32 GEMM rate of this host's {} cores, "
-               "measured at start)\n",
-               flops_per_token, plan::flops_formula(plan::AttnFlops::Full), peak_flops / 1e9, cores);
+    fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.4g} GFLOP/s ({})\n", flops_per_token,
+               plan::flops_formula(plan::AttnFlops::Full), peak_flops / 1e9,
+               c.peak_tflops > 0 ? std::string("train.peak_tflops")
+                                 : fmt::format("{} GEMM rate of this host's {} cores, {}", gemm_dtype, cores, peak.source));
   }
   // The starting weights, then QLoRA's quantisation of them, then the
   // checkpoint (a QLoRA checkpoint holds no base linears: they are the [init]

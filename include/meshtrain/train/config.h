@@ -47,6 +47,9 @@ struct TrainConfig {
   bool offload = false;
   std::string recompute = "none";  // [train] recompute: none | selective | full
   std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
+  // [train] peak_tflops: the MFU's denominator (TFLOP/s); 0: this host's GEMM rate in the run's dtype,
+  // measured once and cached per machine (train/gemm_peak.h).
+  double peak_tflops = 0;
   // [train] document_mask: packed documents do not attend to each other and
   // their positions restart (the shards' document starts; needs tiled attention).
   bool document_mask = false;
