@@ -20,6 +20,7 @@
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/plan/posttrain.h"
+#include "meshtrain/plan/deepspeed_estimate.h"
 #include "meshtrain/plan/explain.h"
 #include "meshtrain/plan/hf_config.h"
 #include "meshtrain/plan/search.h"
@@ -83,6 +84,8 @@ Run add_plan(CLI::App& app) {
     plan::ShapeFlags shape;
     int64_t lora_rank = 8;
     double peak_tflops = 0;
+    bool no_sp = false;
+    std::string convention = "zero";
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("plan", "memory ledger, communication, step time and a strategy search");
@@ -129,6 +132,11 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "fix recomputation: none selective full");
   cmd->add_flag("--tp-overlap", o->tp_overlap, "tp collectives run under GEMMs (Transformer Engine's userbuffers)");
   cmd->add_flag("--no-dp-overlap", o->no_dp_overlap, "gradients reduced after the backward, not during it");
+  cmd->add_flag("--no-sp", o->no_sp, "tp without sequence parallelism (Korthikanti et al.'s baseline)");
+  cmd->add_option("--convention", o->convention,
+                  "zero: this planner's ledger (the ZeRO paper's 2 + 2 + 12 bytes, activations, buffers); deepspeed: "
+                  "DeepSpeed's estimate_zero2/3_model_states_mem_needs tables, offload included")
+      ->capture_default_str();
   cmd->add_flag("--causal-flops", o->causal, "count half the attention square in model FLOPs");
   cmd->add_option("--top", o->top, "how many ranked plans to print");
   cmd->add_flag("--json", o->json, "machine-readable output");
@@ -217,6 +225,31 @@ Run add_plan(CLI::App& app) {
     if (o->zero >= 0) in.fixed.zero = o->zero;
     if (o->micro_batch > 0) in.fixed.micro_batch = o->micro_batch;
     if (!o->recompute.empty()) in.fixed.recompute = plan::parse_recompute(o->recompute);
+    if (o->no_sp) in.fixed.sp = false;
+    if (o->convention != "zero" && o->convention != "deepspeed") {
+      throw std::invalid_argument(fmt::format("--convention '{}': use zero or deepspeed", o->convention));
+    }
+    if (o->convention == "deepspeed") {
+      if (in.fixed.zero && *in.fixed.zero != 2 && *in.fixed.zero != 3) {
+        throw std::invalid_argument(fmt::format("--convention deepspeed has estimators for ZeRO 2 and 3, not --zero {}",
+                                                *in.fixed.zero));
+      }
+      // DeepSpeed's tables for the model's parameters (shared ones once) on these GPUs.
+      const double params = static_cast<double>(plan::count_params(in.model).total);
+      const double largest = plan::largest_layer_params(in.model);
+      const int per_node = std::min(in.gpus, in.gpu.per_node), nodes = (in.gpus + per_node - 1) / per_node;
+      fmt::print("{} on {} x {}, DeepSpeed's convention (model states only: no activations, buffers or "
+                 "fragmentation)\n\n",
+                 in.model.name, in.gpus, in.gpu.name);
+      for (int stage : {2, 3}) {
+        if (in.fixed.zero && *in.fixed.zero != stage) continue;
+        fmt::print("ZeRO-{} (estimate_zero{}_model_states_mem_needs_all_cold):\n{}\n", stage, stage,
+                   plan::format_deepspeed(stage, params, largest, per_node, nodes,
+                                          stage == 2 ? plan::deepspeed_zero2(params, per_node, nodes)
+                                                     : plan::deepspeed_zero3(params, largest, per_node, nodes)));
+      }
+      return 0;
+    }
     if (o->method != "pretrain") {
       // Post-training: the ledger of one fixed strategy (unset degrees are 1, dp takes the rest).
       plan::Strategy s;

@@ -53,6 +53,10 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
                                             "--gpu cpu` measures this host's",
                                             gpu.name));
   }
+  if (s.precision == Precision::Fp8 && gpu.fp8_peak_flops <= 0) {
+    throw std::invalid_argument(fmt::format("{} has no fp8 tensor cores (Hopper and later do): plan it in bf16",
+                                            gpu.name));
+  }
   StepEstimate e;
   const int64_t seq = s.seq > 0 ? s.seq : m.seq;
   const double tokens = static_cast<double>(s.global_batch) * seq;

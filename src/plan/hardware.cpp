@@ -2,6 +2,7 @@
 
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -20,7 +21,9 @@ namespace {
 //  [MAMF] S. Bekman, Machine Learning Engineering (github.com/stas00/ml-engineering, commit 744d01e),
 //         compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table" (bf16 matmul,
 //         best shape, mean of 100 runs): A100 SXM 271.2 of 312, H100 SXM 794.5 of 989 ("H200 is the same"),
-//         B200 SXM 1745.0 of 2250. No V100 entry: the A100's fraction is assumed.
+//         B200 SXM 1745.0 of 2250. No V100 entry: the A100's fraction is assumed. Its FP8 (float8_e4m3fn)
+//         table: H100 SXM 1402.6 of 1979, H200 SXM 1453.4 of 1979, B200 SXM 3432.5 of 4500 (the data sheets'
+//         dense fp8 peaks); A100 and V100 have no fp8 tensor cores.
 //  [CAL]  Calculon (Isaev et al., SC'23; calculon-ai/calculon systems/a100_80g.json, h100_80g_nvl8.json):
 //         NVLink collectives at 0.6 of link bandwidth with 1 us per step, the NIC at 0.9 with 2 us; streaming
 //         memory kernels at 0.9 of memory bandwidth (transfers of 100 MB and more). Its "ops" factors: on
@@ -60,6 +63,11 @@ std::map<std::string, GpuSpec> make_presets() {
   add(gpu("h100", 989e12, 80e9, 3350e9, 132, 794.5 / 989, 0.55, kNvLink(450e9, true), kNic(50e9), nv));
   add(gpu("h200", 989e12, 141e9, 4800e9, 132, 794.5 / 989, 0.55, kNvLink(450e9, true), kNic(50e9), nv));
   add(gpu("b200", 2250e12, 192e9, 8000e9, 148, 1745.0 / 2250, 0.55, kNvLink(900e9, true), kNic(50e9), nv));
+  for (auto [name, fp8, mamf] : {std::tuple{"h100", 1979e12, 1402.6e12}, {"h200", 1979e12, 1453.4e12},
+                                 {"b200", 4500e12, 3432.5e12}}) {
+    p[name].fp8_peak_flops = fp8;
+    p[name].fp8_matmul_efficiency = mamf / fp8;
+  }
   add(gpu("v100", 125e12, 32e9, 900e9, 80, 271.2 / 312, 0.6, kNvLink(150e9, false), kNic(12.5e9),
           "NVIDIA data sheet; MAMF of the A100 assumed (none published)"));
   // The host itself: no peak, memory or bandwidth here; `meshtrain plan --gpu cpu` measures its GEMM rate and

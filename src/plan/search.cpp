@@ -65,7 +65,7 @@ SearchResult search(const SearchInput& in) {
                 for (int64_t mb : choices(f.micro_batch, std::vector<int64_t>{1, 2, 4, 8})) {
                   Strategy s = base_strategy(in);
                   s.tp = tp, s.cp = cp, s.ep = ep, s.dp = dp, s.pp = pp, s.vpp = vpp;
-                  s.sp = tp > 1;
+                  s.sp = tp > 1 && f.sp.value_or(true);
                   s.zero = zero;
                   s.recompute = rc;
                   s.micro_batch = mb;
@@ -101,8 +101,10 @@ SearchResult search(const SearchInput& in) {
   };
   r.rules.push_back(fmt::format("tp inside one node: divisors of the GPU count up to {} per node: {}{}", per_node,
                                 list(divisors(in.gpus, per_node)), f.tp ? fmt::format(" (fixed: {})", *f.tp) : ""));
-  r.rules.push_back(fmt::format("sequence parallelism whenever tp > 1 (the same bytes as tp's all-reduce, activations "
-                                "split); mesh order tp, cp, ep, dp, pp: the most frequent traffic on the fastest link"));
+  r.rules.push_back(f.sp.value_or(true)
+                        ? "sequence parallelism whenever tp > 1 (the same bytes as tp's all-reduce, activations split)"
+                        : "no sequence parallelism (--no-sp): tp all-reduces, norms and dropout whole on every tp rank");
+  r.rules.push_back("mesh order tp, cp, ep, dp, pp: the most frequent traffic on the fastest link");
   r.rules.push_back(fmt::format("pp: divisors of the GPU count up to the {} layers; v in 1,2 (interleaved) when pp > 1",
                                 in.model.layers));
   r.rules.push_back("cp in 1,2,4,8,16; ep: divisors of the expert count; zero 0-3; recomputation none, selective, "

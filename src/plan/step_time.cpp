@@ -34,6 +34,7 @@ namespace {
 // One rank's share of a micro-batch.
 struct Shape {
   double b, sq, sk, tokens, tokens_sp, h, heads, kv_heads, d, e;
+  bool fp8;  // the linears' GEMMs in fp8 (Transformer Engine's recipe); attention stays 16-bit
 };
 
 Shape shape_of(const ModelSpec& m, const Strategy& s) {
@@ -49,6 +50,7 @@ Shape shape_of(const ModelSpec& m, const Strategy& s) {
   x.kv_heads = std::max(1.0, static_cast<double>(m.kv_heads) / s.tp);  // fewer kv heads than tp: replicated
   x.d = static_cast<double>(m.head_dim());
   x.e = s.precision == Precision::Fp32 ? 4 : 2;
+  x.fp8 = s.precision == Precision::Fp8;
   return x;
 }
 
@@ -60,11 +62,22 @@ struct Halves {
 };
 
 // y = x W over `rows` rows, `count` such linears: forward, then dgrad and wgrad.
+// fp8 (E4M3 forward, E5M2 gradients, per-tensor scales; Micikevicius et al. arXiv 2209.05433, Transformer
+// Engine): all three GEMMs at the fp8 rate on 1-byte operands, and each micro-batch casts the linear's input
+// forward and its output gradient backward (read 16-bit, write 8-bit, the amax in the same pass); the
+// weights' fp8 copies are cast once per step (optimizer_seconds).
 void linear(Halves& l, const Shape& x, const GpuSpec& gpu, double rows, double out, double in, double count = 1,
             bool column = false) {
   if (rows <= 0 || count <= 0) return;
-  l.fwd.gemm += count * gemm_seconds({rows, out, in}, gpu, x.e);
-  const double bwd = count * (gemm_seconds({rows, in, out}, gpu, x.e) + gemm_seconds({in, out, rows}, gpu, x.e));
+  GpuSpec g = gpu;
+  double e = x.e;
+  if (x.fp8) {
+    g.peak_flops = gpu.fp8_peak_flops, g.matmul_efficiency = gpu.fp8_matmul_efficiency, e = 1;
+    l.fwd.memory += count * memory_seconds(3 * rows * in, gpu);
+    l.bwd.memory += count * memory_seconds(3 * rows * out, gpu);
+  }
+  l.fwd.gemm += count * gemm_seconds({rows, out, in}, g, e);
+  const double bwd = count * (gemm_seconds({rows, in, out}, g, e) + gemm_seconds({in, out, rows}, g, e));
   l.bwd.gemm += bwd;
   if (column) l.col_bwd_gemm += bwd;
 }

@@ -41,6 +41,8 @@ struct GpuSpec {
   double memory_bw = 0;            // bytes/s of device memory
   double memory_efficiency = 0.9;  // a streaming kernel's share of memory_bw
   double flash_efficiency = 0.6;   // a flash-attention kernel's fraction of peak, forward + backward, long sequences
+  double fp8_peak_flops = 0;       // dense fp8 (E4M3/E5M2) matrix FLOP/s; 0: no fp8 tensor cores
+  double fp8_matmul_efficiency = 0;  // large fp8 GEMM: achieved / fp8 peak (MAMF)
   LinkSpec intra, inter;
   std::string source;  // where the numbers come from, printed with a plan
 };

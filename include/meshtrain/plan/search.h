@@ -20,6 +20,7 @@ struct Fixed {
   std::optional<int> tp, pp, vpp, cp, ep, dp, zero;
   std::optional<int64_t> micro_batch;
   std::optional<Recompute> recompute;
+  std::optional<bool> sp;  // sequence parallelism with tp > 1 (default on; off: Korthikanti's tp without SP)
 };
 
 struct SearchInput {
