@@ -30,6 +30,7 @@ demo: build data/kjv/train.bin
 	rm -rf runs/kjv-tiny
 	./$(BUILD)/meshtrain train configs/kjv-tiny.toml
 	./$(BUILD)/meshtrain ckpt verify runs/kjv-tiny/ckpt
+	./$(BUILD)/meshtrain plot runs/kjv-tiny/log.metrics --out runs/kjv-tiny/curves.svg --labels kjv-tiny --title "make demo"
 	./$(BUILD)/meshtrain sample runs/kjv-tiny/ckpt --prompt "And God said" --tokens 48 --samples 2 --top-k 40 --top-p 0.95
 	./$(BUILD)/meshtrain plan --model llama2-70b --gpus 64 --gpu h100 --seq 4096 --global-batch 64
 
@@ -88,6 +89,7 @@ bench: build
 	./bench/zero.sh $(BUILD)
 	./bench/pipeline.sh $(BUILD)
 	./bench/plan.sh $(BUILD)
+	./bench/data.sh $(BUILD)
 	./bench/precision.sh $(BUILD)
 	./bench/post_train.sh $(BUILD)
 	./bench/rl.sh $(BUILD)

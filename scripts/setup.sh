@@ -10,6 +10,7 @@ PACKAGES=(
                                       # the reference BLAS, ~60x slower (docs/build.md)
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev
   libsentencepiece-dev libxxhash-dev  # tokenizer, checksums
+  zlib1g-dev                          # gzip corpora (meshtrain data)
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
   python3-torch                       # the independent reference model (tests/reference/)
   bible-kjv                           # the demo corpus: KJV text + its reader `bible`

@@ -18,6 +18,7 @@
 
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/progress.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
 
@@ -171,6 +172,16 @@ TEST(TrainCli, ConfigOnlyErrorsComeBeforeAnyRankStarts) {
   EXPECT_NE(ra.output.find("step   300 | checkpoint"), std::string::npos) << ra.output;
 }
 
+TEST(TrainConfig, ProgressShowsElapsedAndTheTimeLeft) {
+  EXPECT_EQ(duration_text(44.6), "45s");
+  EXPECT_EQ(duration_text(184), "3m04s");
+  EXPECT_EQ(duration_text(7500), "2h05m");
+  EXPECT_EQ(duration_text(3 * 86400 + 4 * 3600 + 59), "3d04h");
+  // 10 steps in 20 s, at step 110 of 1000 (resumed at 100): 890 steps of 2 s left.
+  EXPECT_EQ(progress_text(20, 10, 110, 1000), "elapsed 20s | eta 29m40s");
+  EXPECT_EQ(progress_text(20, 10, 1000, 1000), "elapsed 20s | eta 0s");
+}
+
 TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
   Dir d;
   std::vector<uint32_t> tokens(6000);
@@ -193,13 +204,15 @@ TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
   ASSERT_NE(mfu_at, std::string::npos) << out;
   EXPECT_NE(out.find("/ 1 GFLOP/s (train.peak_tflops)", mfu_at), std::string::npos) << out;
   const double flops_per_token = std::stod(out.substr(mfu_at + 6));
+  EXPECT_NE(out.find("| elapsed "), std::string::npos) << out;  // progress on every step line
+  EXPECT_NE(out.find(" | eta 0s\n"), std::string::npos) << out;    // at the last step
   std::ifstream f(metrics);
   std::string line;
   int lines = 0;
   while (std::getline(f, line)) {
     ++lines;
     for (const char* key : {"\"step\"", "\"loss\"", "\"lr\"", "\"grad_norm\"", "\"tokens_per_s\"", "\"mfu\"",
-                            "\"peak_mem_bytes\""}) {
+                            "\"peak_mem_bytes\"", "\"elapsed_s\""}) {
       EXPECT_NE(line.find(key), std::string::npos) << key << " in " << line;
     }
     const auto j = nlohmann::json::parse(line);

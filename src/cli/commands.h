@@ -37,8 +37,10 @@ void add_bench_rollout(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& 
 Run add_ckpt(CLI::App& app);
 Run add_diagnose(CLI::App& app);
 Run add_lab(CLI::App& app);
+Run add_data(CLI::App& app);
 Run add_mesh(CLI::App& app);
 Run add_plan(CLI::App& app);
+Run add_plot(CLI::App& app);
 Run add_tokenize(CLI::App& app);
 Run add_train(CLI::App& app);
 Run add_sample(CLI::App& app);

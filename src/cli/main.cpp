@@ -57,10 +57,12 @@ int main(int argc, char** argv) {
     commands.emplace_back(app.get_subcommands({})[before], run);
   };
   add(meshtrain::cli::add_launch);
+  add(meshtrain::cli::add_data);
   add(meshtrain::cli::add_mesh);
   add(meshtrain::cli::add_bench);
   add(meshtrain::cli::add_lab);
   add(meshtrain::cli::add_plan);
+  add(meshtrain::cli::add_plot);
   add(meshtrain::cli::add_tokenize);
   add(meshtrain::cli::add_train);
   add(meshtrain::cli::add_sample);

@@ -34,6 +34,7 @@
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/gemm_peak.h"
+#include "meshtrain/train/progress.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
@@ -333,6 +334,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     metrics.open(c.metrics, std::ios::app);
     if (!metrics) throw std::runtime_error(fmt::format("cannot write metrics file {}", c.metrics));
   }
+  const auto run_t0 = std::chrono::steady_clock::now();
   for (int64_t s = start + 1; s <= last; ++s) {
     spike.begin_step(s, loader);
     set_fault_step(s);
@@ -399,6 +401,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     // Validation (when due) first, so the step's metrics line holds it too.
     std::vector<double> val;
     if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) val = evaluate(engine, c, dp, data, chunks);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
     if (lead) {
       if (s % c.log_every == 0 || s == start + 1 || s == last) {
         std::vector<std::string> names;
@@ -407,9 +410,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
           names.push_back(name);
           values.push_back(value);
         }
-        fmt::print("step {:>5} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {}{}\n",
+        fmt::print("step {:>5} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {} "
+                   "| {}{}\n",
                    s, r.loss, metrics_text(names, values), r.lr, r.grad_norm, tokens_per_s, 100 * mfu,
-                   plan::human_bytes(peak_rss_bytes()),
+                   plan::human_bytes(peak_rss_bytes()), progress_text(elapsed, s - start, s, c.steps),
                    c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
                                           100 * wait / dt, 100 * predicted)
                             : "");
@@ -422,7 +426,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       if (metrics.is_open()) {
         nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
-                         {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}};
+                         {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}, {"elapsed_s", elapsed}};
         for (const auto& [name, value] : r.metrics) j[name] = value;
         if (!r.expert_tokens.empty()) j["moe_tokens_per_expert"] = r.expert_tokens;  // per MoE layer
         if (c.ep > 1) j["moe_all_to_all_s"] = a2a;  // rank 0's seconds in the step's all-to-alls
