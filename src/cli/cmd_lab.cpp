@@ -19,7 +19,7 @@ Run add_lab(CLI::App& app) {
     double timeout = 300;
   };
   auto o = std::make_shared<Opts>();
-  auto cmd = app.add_subcommand("lab", "LLM Lab 01-07 (seed 003): 01 all_reduce, 02 data parallel, 03 autograd, 04 column/row, 05 heads, 06 block, 07 flash attention");
+  auto cmd = app.add_subcommand("lab", "the course's LLM Labs 01-07: 01 all_reduce, 02 data parallel, 03 autograd, 04 column/row, 05 heads, 06 block, 07 flash attention");
   cmd->add_option("id", o->id, "lab number: 01 to 07")->required();
   cmd->add_option("--nproc", o->nproc, "ranks to start when not under a launcher");
   cmd->add_option("--timeout", o->timeout, "collective timeout in seconds");
