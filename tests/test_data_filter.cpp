@@ -243,6 +243,11 @@ TEST(DataFilter, BadInputIsOneErrorNamingTheFileAndLine) {
   DocumentFormat f;
   f.split = "sentence";
   EXPECT_NE(error({t.write("ok.txt", "x\n")}, f).find("--split 'sentence'"), std::string::npos);
+  // A bad line mid-corpus leaves neither the output nor its temporary behind.
+  const std::string half = (t.path / "half.jsonl").string();
+  EXPECT_THROW(filter_corpus({(t.path / "bad.jsonl").string()}, half, dedup_only()), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(half));
+  EXPECT_FALSE(fs::exists(half + ".tmp"));
   // The filter refuses to overwrite its output, and leaves it untouched.
   const std::string in = t.write("in.txt", "some words\n");
   const std::string out = t.write("out.txt", "precious");

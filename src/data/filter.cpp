@@ -44,6 +44,14 @@ FilterReport filter_corpus(const std::vector<std::string>& inputs, const std::st
   if (!out) throw std::invalid_argument(fmt::format("{}: cannot be written", tmp));
 
   FilterReport r;
+  struct RemoveUnlessDone {  // an error mid-corpus leaves no partial copy behind
+    const std::string& path;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      std::error_code ec;
+      if (!done) fs::remove(path, ec);
+    }
+  } cleanup{tmp};
   std::unordered_set<uint64_t> seen;                  // exact: normalised-text hashes
   std::unordered_map<int64_t, std::string> kept_where;  // near: a kept document's place, for the report
   auto remove = [&](const std::string& reason, const Document& d, std::string detail) {
@@ -90,6 +98,7 @@ FilterReport filter_corpus(const std::vector<std::string>& inputs, const std::st
   out.close();
   if (!out) throw std::runtime_error(fmt::format("{}: write failed", tmp));
   fs::rename(tmp, output);
+  cleanup.done = true;
   r.bytes_in = reader.bytes_read();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;

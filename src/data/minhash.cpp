@@ -83,6 +83,7 @@ MinHasher::MinHasher(const MinHashOptions& o) : o_(o) {
   if (o.bands < 1 || o.rows < 1) {
     throw std::invalid_argument(fmt::format("MinHash bands {} and rows {} must be at least 1", o.bands, o.rows));
   }
+  if (o.ngram < 1) throw std::invalid_argument(fmt::format("--ngram {} must be at least 1", o.ngram));
   if (!(o.threshold > 0 && o.threshold <= 1)) {
     throw std::invalid_argument(fmt::format("near-duplicate threshold {} must be in (0, 1]", o.threshold));
   }

@@ -140,9 +140,7 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
     if (m.tied) pp_s += collective_seconds(Collective::AllReduce, c.embedding / s.tp * 4.0, 2, axis_link(s, "pp", gpu));
   }
   const LinkSpec dp_link = axis_link(s, "dp", gpu);
-  const double dp_rate = dp_link.bandwidth * dp_link.efficiency;
-  const double dp_ring_rate = dp_link.rails > 1 ? std::min(dp_rate * dp_link.rails, dp_link.rail_limit) : dp_rate;
-  const double dp_s = e.traffic["dp"].bytes / dp_ring_rate + dp_collectives * dp_link.latency;
+  const double dp_s = e.traffic["dp"].bytes / ring_rate(dp_link) + dp_collectives * dp_link.latency;
   // Overlapped: gradient buckets reduce under the last micro-batch's backward (about 2/3 of its work).
   const double dp_exposed = to.dp_overlap ? std::max(0.0, dp_s - e.microbatch.compute() * 2.0 / 3.0) : dp_s;
   e.traffic["tp"].seconds = mb * e.microbatch.tp_wire;

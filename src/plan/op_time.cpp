@@ -27,6 +27,11 @@ double memory_seconds(double bytes, const GpuSpec& gpu) {
   return bytes > 0 ? bytes / (gpu.memory_bw * gpu.memory_efficiency) : 0;
 }
 
+double ring_rate(const LinkSpec& link) {
+  const double rate = link.bandwidth * link.efficiency;
+  return link.rails > 1 ? std::min(rate * link.rails, link.rail_limit) : rate;
+}
+
 double collective_seconds(Collective c, double bytes, int n, const LinkSpec& link) {
   if (bytes <= 0) return 0;
   const double rate = link.bandwidth * link.efficiency;
@@ -34,15 +39,15 @@ double collective_seconds(Collective c, double bytes, int n, const LinkSpec& lin
   if (n <= 1) return 0;
   const double frac = (n - 1.0) / n;
   // Ring collectives run one ring per rail; an all-to-all's traffic leaves through each rank's own NIC.
-  const double ring_rate = link.rails > 1 ? std::min(rate * link.rails, link.rail_limit) : rate;
+  const double rings = ring_rate(link);
   switch (c) {
     case Collective::AllReduce: {
-      const double wire = (link.switch_all_reduce ? 1 : 2 * frac) * bytes / ring_rate;
+      const double wire = (link.switch_all_reduce ? 1 : 2 * frac) * bytes / rings;
       const double ring = 2 * (n - 1) * link.latency, tree = 2 * std::ceil(std::log2(n)) * link.latency;
       return std::min(ring, tree) + wire;
     }
     case Collective::AllGather:
-    case Collective::ReduceScatter: return (n - 1) * link.latency + link.gather_cost * frac * bytes / ring_rate;
+    case Collective::ReduceScatter: return (n - 1) * link.latency + link.gather_cost * frac * bytes / rings;
     case Collective::AllToAll: return (n - 1) * link.latency + frac * bytes / rate;
     case Collective::Send: break;
   }

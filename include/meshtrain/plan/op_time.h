@@ -35,6 +35,9 @@ double wave_utilisation(const Gemm& g, const GpuSpec& gpu);
 double gemm_seconds(const Gemm& g, const GpuSpec& gpu, double bytes_per_element = 2);
 double memory_seconds(double bytes, const GpuSpec& gpu);
 
+// Bytes/s a ring collective moves per rank on `link`: bandwidth x efficiency, times its rails up to their limit.
+double ring_rate(const LinkSpec& link);
+
 enum class Collective { AllReduce, AllGather, ReduceScatter, AllToAll, Send };
 // `bytes`: the whole buffer (all-gather: the gathered result; reduce-scatter: the input), `n` ranks.
 double collective_seconds(Collective c, double bytes, int n, const LinkSpec& link);

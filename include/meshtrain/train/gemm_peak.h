@@ -5,9 +5,10 @@
 // bf16 for bf16 runs): the kind of multiplication that dominates a step. The
 // copy bandwidth is a large buffer copied over and over.
 //
-// A measurement is cached per machine (hostname, CPU model, threads, what) in
-// a JSON file, with its date, so every run of the machine divides by the same
-// number; delete the file (or give train.peak_tflops) to change it.
+// Each start measures again (0.3 s) and the best value is cached per machine
+// (hostname, CPU model, threads, what) in a JSON file, with its date: a run on
+// a busy host divides by the machine's best, not by what it got that moment.
+// Delete the file (or give train.peak_tflops) to change it.
 #pragma once
 
 #include <string>
@@ -28,9 +29,9 @@ struct MachinePeak {
 // $MESHTRAIN_CACHE, else $XDG_CACHE_HOME/meshtrain, else ~/.cache/meshtrain; the file peaks.json in it.
 std::string default_peak_cache();
 
-// `what`: "gemm_fp32", "gemm_bf16" or "copy". override_value > 0: it, from `override_name`; else the cache
-// file's entry for this machine; else measured now and written to the cache (atomically; a cache that
-// cannot be written is skipped).
+// `what`: "gemm_fp32", "gemm_bf16" or "copy". override_value > 0: it, from `override_name`; else the larger
+// of a measurement now and the cache file's entry for this machine, the cache updated when now is larger
+// (atomically; a cache that cannot be written is skipped).
 MachinePeak machine_peak(const std::string& what, int threads, double override_value = 0,
                          const std::string& override_name = "", const std::string& cache_file = default_peak_cache());
 
