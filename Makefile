@@ -25,11 +25,14 @@ test: build
 
 # The demo: tokenize the King James Bible, train a small GPT on 4 local ranks
 # (tp=2 x dp=2, sequence parallel) with evaluation and sharded checkpoints,
-# verify the checkpoint, sample from it in one process; then a plan for Llama 2 70B.
-demo: build data/kjv/train.bin
+# verify the checkpoint, score it on a multiple-choice task made from the
+# held-out verses (which ending completes each), sample from it in one process;
+# then a plan for Llama 2 70B.
+demo: build data/kjv/train.bin data/kjv/ending.jsonl
 	rm -rf runs/kjv-tiny
-	./$(BUILD)/meshtrain train configs/kjv-tiny.toml
+	./$(BUILD)/meshtrain train configs/kjv-tiny.toml --set eval.tasks='["data/kjv/ending.jsonl"]'
 	./$(BUILD)/meshtrain ckpt verify runs/kjv-tiny/ckpt
+	./$(BUILD)/meshtrain eval runs/kjv-tiny/ckpt --task data/kjv/ending.jsonl
 	./$(BUILD)/meshtrain plot runs/kjv-tiny/log.metrics --out runs/kjv-tiny/curves.svg --labels kjv-tiny --title "make demo"
 	./$(BUILD)/meshtrain sample runs/kjv-tiny/ckpt --prompt "And God said" --tokens 48 --samples 2 --top-k 40 --top-p 0.95
 	./$(BUILD)/meshtrain plan --model llama2-70b --gpus 64 --gpu h100 --seq 4096 --global-batch 64
@@ -68,6 +71,10 @@ data/kjv/train.bin: | build
 	mkdir -p data/kjv
 	bible -f Gen1:1-Rev22:21 | sed 's/^[^ ]* //' > data/kjv/kjv.txt
 	./$(BUILD)/meshtrain tokenize --input data/kjv/kjv.txt --out data/kjv --vocab-size 4096 --force
+
+# The held-out verses (tokenize's default --val-fraction 0.005) as questions: which ending completes each.
+data/kjv/ending.jsonl: data/kjv/train.bin
+	./$(BUILD)/meshtrain data choices data/kjv/kjv.txt --out data/kjv/ending.jsonl --force
 
 labs: build
 	for lab in 01 02 03 04 05 06; do ./$(BUILD)/meshtrain lab $$lab --nproc 4 || exit 1; done

@@ -1,3 +1,5 @@
+// meshtrain eval CKPT --task TASK.jsonl... [--tokenizer MODEL]: multiple-choice
+// accuracy and length-normalised accuracy by log-likelihood (train/choice_eval.h);
 // meshtrain eval exact-match CKPT --data DIR/train.bin [--document-mask]: the
 // SFT exact-match rate of a checkpoint on `meshtrain tokenize chat` data
 // (train/exact_match.h); meshtrain eval task CKPT --data eval.jsonl: accuracy
@@ -17,13 +19,24 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/environment.h"
 #include "meshtrain/rl/evaluate.h"
+#include "meshtrain/train/choice_eval.h"
 #include "meshtrain/train/exact_match.h"
 
 namespace meshtrain::cli {
 
 Run add_eval(CLI::App& app) {
-  auto cmd = app.add_subcommand("eval", "evaluate a checkpoint");
-  cmd->require_subcommand(1);
+  auto cmd = app.add_subcommand("eval", "evaluate a checkpoint: multiple-choice tasks (--task), or a subcommand");
+  cmd->require_subcommand(0, 1);
+  struct ChoiceOpts {
+    std::string ckpt, tokenizer;
+    std::vector<std::string> tasks;
+  };
+  auto co = std::make_shared<ChoiceOpts>();
+  cmd->add_option("ckpt", co->ckpt, "checkpoint (step directory or its parent)");
+  cmd->add_option("--task", co->tasks,
+                  "multiple-choice task: JSON lines {\"context\", \"choices\", \"answer\"} (repeatable; meshtrain data "
+                  "choices makes one from a corpus)");
+  cmd->add_option("--tokenizer", co->tokenizer, "SentencePiece model (default: tokenizer.model beside the run's data)");
   auto em = cmd->add_subcommand("exact-match", "SFT answers reproduced exactly by greedy decoding (teacher-forced)");
   struct Opts {
     std::string ckpt, data;
@@ -44,7 +57,27 @@ Run add_eval(CLI::App& app) {
   task->add_option("--max-new", to->max_new, "generated tokens at most (per turn)")->capture_default_str();
   task->add_option("--environment", to->environment, "multi-turn episodes with an environment: calculator");
   task->add_option("--max-turns", to->max_turns, "policy turns at most (with --environment)")->capture_default_str();
-  return [o, to, task]() -> int {
+  return [o, to, task, em, co]() -> int {
+    if (!task->parsed() && !em->parsed()) {
+      if (co->ckpt.empty() || co->tasks.empty()) {
+        throw std::invalid_argument("meshtrain eval: give CKPT --task TASK.jsonl (or a subcommand: exact-match, task)");
+      }
+      const std::string dir = ckpt::resolve(co->ckpt);
+      ckpt::Reader reader(dir);
+      const auto& train = reader.manifest().at("config").at("train");
+      const int64_t seq = train.at("seq").get<int64_t>();
+      const std::string tokenizer = run_tokenizer(co->tokenizer, train.value("data", std::vector<std::string>{}));
+      std::vector<std::vector<TokenizedChoice>> tasks;
+      for (const auto& t : co->tasks) tasks.push_back(tokenize_choice_task(t, tokenizer));  // every file checked first
+      Comm solo("tp", 0);
+      auto model = load_for_inference(dir, solo);
+      for (size_t i = 0; i < tasks.size(); ++i) {
+        const ChoiceScore s = score_choices(tasks[i], choice_loglikelihoods(*model, tasks[i], seq));
+        fmt::print("{}: task {}: acc {:.4f} | acc_norm {:.4f} | answer log-likelihood {:.6f} ({} questions)\n", dir,
+                   choice_task_name(co->tasks[i]), s.acc(), s.acc_norm(), s.mean_answer_ll(), s.questions);
+      }
+      return 0;
+    }
     if (task->parsed()) {
       const auto env = make_environment(to->environment);
       if (to->max_turns < 1) throw std::invalid_argument(fmt::format("--max-turns {} must be >= 1", to->max_turns));

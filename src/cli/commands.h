@@ -2,6 +2,8 @@
 // CLI11 app and returns the function that runs it (returning the exit status).
 #pragma once
 
+#include "meshtrain/runtime/subprocess.h"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,7 +54,7 @@ const std::vector<std::string>& subcommand_names();
 // The original command line, for commands that re-launch themselves.
 void set_argv(int argc, char** argv);
 const std::vector<std::string>& original_argv();
-std::string self_exe();
+using meshtrain::self_exe;  // runtime/subprocess.h
 
 // When this process was not started by a launcher and `nproc` > 1 (or
 // restarts are asked for), starts `nproc` copies of this very command line
@@ -61,9 +63,7 @@ std::string self_exe();
 // rank itself.
 int relaunch_if_needed(int nproc, int max_restarts = 0);
 
-// Runs args[0] with args (no shell) and returns its standard output; throws
-// when it fails.
-std::string capture_output(const std::vector<std::string>& args);
+using meshtrain::capture_output;
 
 // The options of the data-parallel training benchmarks (bench dp, bench zero).
 struct TrainBenchOptions {

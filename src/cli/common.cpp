@@ -32,13 +32,6 @@ const std::vector<std::string>& subcommand_names() {
 void set_argv(int argc, char** argv) { g_argv.assign(argv, argv + argc); }
 const std::vector<std::string>& original_argv() { return g_argv; }
 
-std::string self_exe() {
-  char buf[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("cannot find this program's path (/proc/self/exe)");
-  return std::string(buf, static_cast<size_t>(n));
-}
-
 int relaunch_if_needed(int nproc, int max_restarts) {
   if (DistEnv::from_environment().distributed() || (nproc <= 1 && max_restarts == 0)) return -1;
   LaunchOptions o;
@@ -84,39 +77,6 @@ double median(std::vector<double> samples) {
   if (samples.empty()) throw std::invalid_argument("median of no samples");
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
-}
-
-std::string capture_output(const std::vector<std::string>& args) {
-  int fds[2];
-  if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    ::dup2(fds[1], 1);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    std::fprintf(stderr, "cannot run %s\n", argv[0]);
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    throw std::runtime_error(fmt::format("{} failed (exit status {})", args[0], WEXITSTATUS(status)));
-  }
-  return out;
 }
 
 }  // namespace meshtrain::cli

@@ -17,6 +17,8 @@
 //        same prompts as preference pairs: the answer chosen, a near miss rejected; for a reward model
 //        or DPO), DIR/prompts.jsonl (RL prompts, another seed) and DIR/eval.jsonl (held out: in neither),
 //        each line {"prompt", "answer"}
+// and, for multiple-choice evaluation (data/choice_task.h, train/choice_eval.h):
+//   choices --input TASK.jsonl --tokenizer MODEL     prints each question's ids as a JSON line
 // and, for DPO (data/preference.h):
 //   prefs --input PAIRS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--force]
 //        writes DIR/train.bin, DIR/train.mask.bin and DIR/dpo.json (two blocks per pair)
@@ -32,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/data/chat.h"
+#include "meshtrain/data/choice_task.h"
 #include "meshtrain/data/preference.h"
 #include "meshtrain/data/shard.h"
 #include "meshtrain/data/tasks.h"
@@ -220,6 +223,54 @@ int task(int argc, char** argv) {
   return 0;
 }
 
+// A question's context and choices as ids, split as EleutherAI's
+// lm-evaluation-harness does (lm_eval/api/model.py, _encode_pair): trailing
+// spaces of the context move to the continuation, the context and the context
+// followed by the choice are encoded, and the choice's ids are the whole's
+// beyond the context's (so the tokenizer sees the text as one piece, as in
+// training). The context is preceded by the end-of-sequence id.
+int choices(int argc, char** argv) {
+  std::string input, model;
+  for (int i = 2; i < argc; i += 2) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
+    if (a == "--input") input = argv[i + 1];
+    else if (a == "--tokenizer") model = argv[i + 1];
+    else throw std::invalid_argument(fmt::format("choices: unknown option '{}'", a));
+  }
+  if (input.empty() || model.empty()) throw std::invalid_argument("choices needs --input TASK.jsonl --tokenizer MODEL");
+  const auto items = meshtrain::read_choice_task(input);
+  const meshtrain::Tokenizer tok(model);
+  auto ids = [&](const std::string& text) {
+    std::vector<int64_t> out;
+    for (int id : tok.encode(text)) out.push_back(id);
+    return out;
+  };
+  for (const auto& item : items) {
+    meshtrain::TokenizedChoice q;
+    q.answer = item.answer;
+    q.line = item.line;
+    const size_t kept = item.context.find_last_not_of(' ') + 1;  // npos + 1 = 0: all spaces
+    const std::string context = item.context.substr(0, kept), spaces = item.context.substr(kept);
+    const std::vector<int64_t> context_ids = ids(context);
+    q.context = {tok.eos_id()};
+    q.context.insert(q.context.end(), context_ids.begin(), context_ids.end());
+    for (const auto& choice : item.choices) {
+      const std::vector<int64_t> whole = ids(context + spaces + choice);
+      std::vector<int64_t> continuation;
+      if (whole.size() > context_ids.size()) continuation.assign(whole.begin() + static_cast<int64_t>(context_ids.size()), whole.end());
+      if (continuation.empty()) {
+        throw std::invalid_argument(fmt::format("{}:{}: the choice \"{}\" adds no tokens to its context", input,
+                                                item.line, choice));
+      }
+      q.choices.push_back(std::move(continuation));
+      q.chars.push_back(meshtrain::utf8_length(choice));
+    }
+    fmt::print("{}\n", meshtrain::tokenized_choice_line(q));
+  }
+  return 0;
+}
+
 int encode_or_decode(int argc, char** argv) {
   const std::string mode = argv[1];
   std::string model, text, ids;
@@ -273,6 +324,7 @@ int main(int argc, char** argv) {
   try {
     if (argc > 1 && (std::string(argv[1]) == "chat" || std::string(argv[1]) == "prefs")) return chat(argc, argv);
     if (argc > 1 && std::string(argv[1]) == "task") return task(argc, argv);
+    if (argc > 1 && std::string(argv[1]) == "choices") return choices(argc, argv);
     if (argc > 1 && (std::string(argv[1]) == "encode" || std::string(argv[1]) == "decode" ||
                      std::string(argv[1]) == "vocab")) {
       return encode_or_decode(argc, argv);

@@ -9,13 +9,16 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/data/choice_task.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/train/choice_eval.h"
 #include "meshtrain/parallel/data/ddp.h"
 #include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/count.h"
@@ -163,6 +166,23 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
       }
     }
     return;
+  }
+  if (!c.eval_tasks.empty()) {
+    if (c.method != "pretrain" && c.method != "sft") {
+      throw std::invalid_argument(fmt::format("eval.tasks score next-token log-likelihoods: train.method \"{}\" has "
+                                              "another objective (use pretrain or sft, or remove eval.tasks)",
+                                              c.method));
+    }
+    run_tokenizer(c.eval_tokenizer, c.train_shards);
+    std::map<std::string, std::string> names;  // a task's name keys its metrics
+    for (const auto& t : c.eval_tasks) {
+      read_choice_task(t);  // errors name the file and line
+      const auto [it, fresh] = names.emplace(choice_task_name(t), t);
+      if (!fresh) {
+        throw std::invalid_argument(fmt::format("eval.tasks: {} and {} have the same name \"{}\" (their metrics "
+                                                "would collide); rename one", it->second, t, it->first));
+      }
+    }
   }
   if (c.global_batch % (c.micro_batch * dp) != 0) {
     throw std::invalid_argument(fmt::format("train.global_batch {} is not divisible by micro_batch {} x dp {}{}",

@@ -198,6 +198,9 @@ std::vector<ConfigKey> make_keys() {
       integer("train.log_every", FIELD(log_every), 1, kMaxInt, "steps between log lines"),
       integer("train.eval_every", FIELD(eval_every), 1, kMaxInt, "steps between validations"),
       integer("train.eval_batches", FIELD(eval_batches), 1, kMaxInt, "micro-batches per validation"),
+      // [eval]
+      texts("eval.tasks", FIELD(eval_tasks), "multiple-choice tasks scored at each validation (JSON lines)"),
+      text("eval.tokenizer", FIELD(eval_tokenizer), "", "SentencePiece model of the tasks (\"\": beside data.train)"),
       text("train.metrics", FIELD(metrics), "", "JSON-lines file of per-step metrics (\"\": none)"),
       integer("train.stop_after", FIELD(stop_after), 0, kMaxInt, "stop (and save) after this step (0: run all)"),
       // [parallel]

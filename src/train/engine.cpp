@@ -220,6 +220,13 @@ std::vector<double> TrainEngine::evaluate(const Batch& b) {
   return out;
 }
 
+at::Tensor TrainEngine::row_losses(const Batch& b) {
+  AutocastGuard autocast(precision_);
+  if (exec_) return exec_->row_losses(b);
+  at::NoGradGuard no_grad;
+  return chunks_[0]->forward(b.tokens, b.targets, false, b.doc_ids).sum(0).to(at::kDouble);  // [s, b] -> [b]
+}
+
 std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank, bool trained_only) {
   std::vector<ckpt::Piece> out;
   size_t k = 0;  // this chunk's first entry in the optimizer's lists

@@ -31,6 +31,7 @@
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
+#include "meshtrain/train/choice_eval.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/gemm_peak.h"
@@ -70,6 +71,47 @@ std::vector<double> evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp
     if (i != 1) out.push_back(sums[i].item<double>() / sums[1].item<double>());
   }
   return out;
+}
+
+// A multiple-choice task (train/choice_eval.h) over the mesh: each
+// data-parallel replica scores its share of the choices, micro_batch rows per
+// forward (every rank runs the same number of forwards: the last ones padded
+// with rows that score nothing); the rows' losses are summed over `dp` (dp x
+// cp: a cp rank's cover its chunks), so every rank judges every question.
+ChoiceScore evaluate_choices(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks,
+                             const std::vector<TokenizedChoice>& qs) {
+  std::vector<std::pair<size_t, size_t>> index;  // (question, choice) of each row
+  for (size_t i = 0; i < qs.size(); ++i) {
+    for (size_t k = 0; k < qs[i].choices.size(); ++k) index.emplace_back(i, k);
+  }
+  const int64_t rows = c.micro_batch, total = static_cast<int64_t>(index.size());
+  const int64_t calls = (total + rows * data.size() - 1) / (rows * data.size());
+  at::Tensor nll = at::zeros({total}, at::kDouble);
+  for (int64_t call = 0; call < calls; ++call) {
+    const int64_t first = (call * data.size() + data.rank()) * rows;
+    Batch b;
+    b.tokens = at::zeros({rows, c.seq}, at::kLong);
+    b.targets = at::full({rows, c.seq}, -1, at::kLong);
+    if (c.document_mask) b.doc_ids = at::zeros({rows, c.seq}, at::kLong);
+    for (int64_t j = 0; j < rows && first + j < total; ++j) {
+      const auto [q, k] = index[static_cast<size_t>(first + j)];
+      const ChoiceRow row = choice_row(qs[q], k, c.seq);
+      std::copy(row.tokens.begin(), row.tokens.end(), b.tokens[j].data_ptr<int64_t>());
+      std::copy(row.targets.begin(), row.targets.end(), b.targets[j].data_ptr<int64_t>());
+    }
+    const at::Tensor losses = engine.row_losses(context_shard(b, chunks)).contiguous();
+    auto out = nll.accessor<double, 1>();
+    for (int64_t j = 0; j < rows && first + j < total; ++j) out[first + j] = losses.data_ptr<double>()[j];
+  }
+  dp.all_reduce(nll);
+  ChoiceScore s;
+  const auto v = nll.accessor<double, 1>();
+  for (size_t i = 0, r = 0; i < qs.size(); ++i) {
+    std::vector<double> ll;
+    for (size_t k = 0; k < qs[i].choices.size(); ++k) ll.push_back(-v[static_cast<int64_t>(r++)]);
+    judge(s, qs[i], ll);
+  }
+  return s;
 }
 
 // " | name value" for each of a method's metrics.
@@ -259,6 +301,11 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   if (lead) fmt::print("{}{}\n", layout.table(rt->env().local_world_size), transport_variables());
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
   TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
+  std::vector<std::pair<std::string, std::vector<TokenizedChoice>>> tasks;  // [eval] tasks, tokenized on every rank
+  if (!c.eval_tasks.empty()) {
+    const std::string tokenizer = run_tokenizer(c.eval_tokenizer, c.train_shards);
+    for (const auto& t : c.eval_tasks) tasks.emplace_back(choice_task_name(t), tokenize_choice_task(t, tokenizer));
+  }
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   // The MFU denominator: given, or rank 0 times GEMMs in the run's dtype on all of this host's cores (once per
   // machine: cached) while the others wait.
@@ -401,6 +448,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     // Validation (when due) first, so the step's metrics line holds it too.
     std::vector<double> val;
     if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) val = evaluate(engine, c, dp, data, chunks);
+    std::vector<std::pair<std::string, ChoiceScore>> scores;
+    if (s % c.eval_every == 0 || s == last) {
+      for (const auto& [name, qs] : tasks) scores.emplace_back(name, evaluate_choices(engine, c, dp, data, chunks, qs));
+    }
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
     if (lead) {
       if (s % c.log_every == 0 || s == start + 1 || s == last) {
@@ -423,6 +474,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                    pairwise(c.method) ? metrics_text(engine.objective().metrics(), {val.begin() + 1, val.end()})
                                      : fmt::format(" | perplexity {:.2f}", std::exp(val[0])));
       }
+      for (const auto& [name, sc] : scores) {
+        fmt::print("step {:>5} | task {}: acc {:.4f} | acc_norm {:.4f} | answer log-likelihood {:.6f} ({} questions)\n",
+                   s, name, sc.acc(), sc.acc_norm(), sc.mean_answer_ll(), sc.questions);
+      }
       if (metrics.is_open()) {
         nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
@@ -434,6 +489,11 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
           j["val_loss"] = val[0];
           const auto names = engine.objective().metrics();
           for (size_t i = 0; i < names.size() && 1 + i < val.size(); ++i) j["val_" + names[i]] = val[1 + i];
+        }
+        for (const auto& [name, sc] : scores) {
+          j["task_" + name + "_acc"] = sc.acc();
+          j["task_" + name + "_acc_norm"] = sc.acc_norm();
+          j["task_" + name + "_answer_ll"] = sc.mean_answer_ll();
         }
         if (engine.scaler()) {
           j["loss_scale"] = r.loss_scale;

@@ -22,6 +22,12 @@ struct TrainConfig {
   int64_t steps = 100, micro_batch = 4, global_batch = 16, seq = 128;  // [train]
   uint64_t seed = 1;
   int64_t log_every = 10, eval_every = 50, eval_batches = 8;
+  // [eval] tasks: multiple-choice tasks (data/choice_task.h) scored with the
+  // validation (every train.eval_every steps and at the last), their accuracy
+  // and length-normalised accuracy logged (train/choice_eval.h); tokenizer:
+  // the SentencePiece model ("" = tokenizer.model beside data.train).
+  std::vector<std::string> eval_tasks;
+  std::string eval_tokenizer;
   std::string metrics;            // JSONL file, one object per step ("" = none)
   AdamWOptions optim;             // [train] lr, warmup, schedule, weight_decay, clip, min_lr_ratio
   int tp = 1;                     // [parallel] tp, sp, nproc

@@ -59,6 +59,9 @@ class TrainEngine {
   // One batch evaluated (forward only, no dropout), on every rank: {summed
   // loss, units, then each of the objective's metrics summed over the units}.
   std::vector<double> evaluate(const Batch& b);
+  // One batch forward only, on every rank: each row's per-token loss summed
+  // [b] (double). With context parallelism each cp rank's covers its chunks.
+  at::Tensor row_losses(const Batch& b);
   // The method's objective (train/objective.h): next-token or DPO.
   Objective& objective() { return *objective_; }
 

@@ -151,33 +151,42 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
   return l.item<double>();
 }
 
-double PipelineExecutor::evaluate(const std::vector<Batch>& micro) {
+void PipelineExecutor::forward_only(const Batch& b, const std::function<void(const at::Tensor&)>& on_loss) {
   at::NoGradGuard no_grad;
   const int rank = pp_.rank(), S = s_.stages(), P = s_.pp;
-  double loss = 0;
-  for (const Batch& b : micro) {
-    std::vector<CommWork> sends;
-    std::vector<at::Tensor> in_flight;  // alive until sent
-    for (int s = 0; s < S; ++s) {
-      if (s % P != rank) continue;
-      at::Tensor in = b.tokens;
-      if (s > 0) {
-        in = at::empty(shape_, at::kFloat);
-        pp_.recv(in, (s - 1) % P, s);
-      }
-      at::Tensor out = chunks_.at(s / P)->stage_forward(in, b.targets, false);
-      if (s == S - 1) {
-        loss += out.sum().item<double>();
-      } else {
-        in_flight.push_back(out.contiguous());
-        sends.push_back(pp_.isend(in_flight.back(), (s + 1) % P, s + 1));
-      }
+  std::vector<CommWork> sends;
+  std::vector<at::Tensor> in_flight;  // alive until sent
+  for (int s = 0; s < S; ++s) {
+    if (s % P != rank) continue;
+    at::Tensor in = b.tokens;
+    if (s > 0) {
+      in = at::empty(shape_, at::kFloat);
+      pp_.recv(in, (s - 1) % P, s);
     }
-    for (auto& w : sends) w.wait();
+    at::Tensor out = chunks_.at(s / P)->stage_forward(in, b.targets, false);
+    if (s == S - 1) {
+      on_loss(out);
+    } else {
+      in_flight.push_back(out.contiguous());
+      sends.push_back(pp_.isend(in_flight.back(), (s + 1) % P, s + 1));
+    }
   }
+  for (auto& w : sends) w.wait();
+}
+
+double PipelineExecutor::evaluate(const std::vector<Batch>& micro) {
+  double loss = 0;
+  for (const Batch& b : micro) forward_only(b, [&](const at::Tensor& out) { loss += out.sum().item<double>(); });
   at::Tensor l = at::tensor({loss}, at::kDouble);
   pp_.all_reduce(l);  // only the last stage has a nonzero loss
   return l.item<double>();
+}
+
+at::Tensor PipelineExecutor::row_losses(const Batch& b) {
+  at::Tensor rows = at::zeros({b.tokens.size(0)}, at::kDouble);
+  forward_only(b, [&](const at::Tensor& out) { rows = out.sum(0).to(at::kDouble); });  // [s, b] -> [b]
+  pp_.all_reduce(rows);  // only the last stage's are nonzero
+  return rows;
 }
 
 }  // namespace meshtrain

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -65,6 +66,9 @@ class PipelineExecutor {
   // Forward only (no graph, no dropout), stage after stage: the summed
   // per-token loss of `micro` (not divided), on every rank.
   double evaluate(const std::vector<Batch>& micro);
+  // Forward only, one micro-batch: each row's summed per-token loss [b]
+  // (double), on every rank (multiple-choice scoring, train/choice_eval.h).
+  at::Tensor row_losses(const Batch& b);
   // Off: run() leaves the tp sums of sequence-partial gradients to the caller
   // (ZeRO does them on its slices).
   void set_finalize_grads(bool on) { finalize_ = on; }
@@ -73,6 +77,9 @@ class PipelineExecutor {
   double last_wait_seconds() const { return wait_s_; }
 
  private:
+  // One micro-batch through this rank's stages, forward only; the last stage hands its per-token loss [s, b]
+  // to `on_loss`.
+  void forward_only(const Batch& b, const std::function<void(const at::Tensor&)>& on_loss);
   plan::PipelineSchedule s_;
   std::vector<Transformer*> chunks_;
   Comm& pp_;
