@@ -75,7 +75,68 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
   }
 }
 
+TokenLoader::TokenLoader(const std::vector<MixtureSource>& sources, int64_t seq, int64_t micro_batch, int dp_rank,
+                         int dp_size, uint64_t seed, LoaderOptions o)
+    : documents_(o.documents), seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
+  check_sources(sources);
+  if (o.repack) throw std::invalid_argument("data.sources mixes windows: set train.repack = false for SFT on a mixture");
+  if (micro_batch < 1 || dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
+    throw std::invalid_argument(fmt::format("micro-batch {} and data-parallel rank {} of {}", micro_batch, dp_rank,
+                                            dp_size));
+  }
+  group_ = static_cast<uint64_t>(o.group);
+  std::vector<double> weights;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    try {
+      // Each source's own order: from the seed and the source's index.
+      sources_.push_back(std::make_unique<TokenLoader>(sources[i].shards, seq, 1, 0, 1,
+                                                       seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL * (i + 1), o));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("data.sources[{}] ({}): {}", i, sources[i].name, e.what()));
+    }
+    source_first_window_.push_back(total_windows_);
+    total_windows_ += sources_.back()->windows();
+    source_names_.push_back(sources[i].name);
+    weights.push_back(sources[i].weight);
+  }
+  blend_ = std::make_unique<SourceBlend>(weights);
+}
+
+std::vector<TokenLoader::SourceStats> TokenLoader::source_stats() const {
+  std::vector<SourceStats> out;
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    out.push_back({source_names_[i], blend_->taken()[i], sources_[i]->windows() / group_});
+  }
+  return out;
+}
+
+Batch TokenLoader::next_mixed() {
+  const uint64_t global = static_cast<uint64_t>(micro_batch_) * dp_size_;
+  const uint64_t first = static_cast<uint64_t>(dp_rank_) * micro_batch_;
+  std::vector<at::Tensor> tokens, targets, docs;
+  Batch b;
+  // Every rank runs the rule over the whole step (its counts are everyone's); it reads only its own slots.
+  for (uint64_t j = 0; j < global; ++j) {
+    const size_t src = blend_->next();
+    if (j < first || j >= first + static_cast<uint64_t>(micro_batch_)) continue;
+    TokenLoader& s = *sources_[src];
+    const uint64_t k = blend_->taken()[src] - 1, per_epoch = s.steps_per_epoch();  // its k-th unit, from 0
+    s.restore({k / per_epoch, k % per_epoch});
+    Batch one = s.next();
+    tokens.push_back(one.tokens);
+    targets.push_back(one.targets);
+    if (one.doc_ids.defined()) docs.push_back(one.doc_ids);
+    for (uint64_t w : one.windows) b.windows.push_back(source_first_window_[src] + w);
+  }
+  b.tokens = at::cat(tokens, 0);
+  b.targets = at::cat(targets, 0);
+  if (!docs.empty()) b.doc_ids = at::cat(docs, 0);
+  state_.step += 1;
+  return b;
+}
+
 uint64_t TokenLoader::steps_per_epoch() const {
+  if (mixture()) return UINT64_MAX;  // no epoch of the whole: each source has its own
   const uint64_t units = repack_ ? rows(state_.epoch).size() : total_windows_ / group_;
   return units / (static_cast<uint64_t>(micro_batch_) * dp_size_);
 }
@@ -141,6 +202,7 @@ void TokenLoader::shuffle(uint64_t epoch) {
 }
 
 Batch TokenLoader::next() {
+  if (mixture()) return next_mixed();
   if (state_.step >= steps_per_epoch()) {
     state_.epoch += 1;
     state_.step = 0;
@@ -194,6 +256,15 @@ std::string TokenLoader::mask_path(const std::string& shard) {
 }
 
 void TokenLoader::restore(const LoaderState& s) {
+  if (mixture()) {
+    if (s.epoch != 0) throw std::invalid_argument(fmt::format("a mixture's loader state has epoch 0, not {}", s.epoch));
+    // The per-source counts are the rule's over every slot before: replayed.
+    blend_->reset();
+    const uint64_t slots = s.step * static_cast<uint64_t>(micro_batch_) * dp_size_;
+    for (uint64_t j = 0; j < slots; ++j) blend_->next();
+    state_ = s;
+    return;
+  }
   const LoaderState before = state_;
   state_ = s;  // the epoch decides its steps (with repacking)
   if (s.step > steps_per_epoch()) {

@@ -173,7 +173,7 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                               "another objective (use pretrain or sft, or remove eval.tasks)",
                                               c.method));
     }
-    run_tokenizer(c.eval_tokenizer, c.train_shards);
+    run_tokenizer(c.eval_tokenizer, train_shards_of(c));
     std::map<std::string, std::string> names;  // a task's name keys its metrics
     for (const auto& t : c.eval_tasks) {
       read_choice_task(t);  // errors name the file and line
@@ -189,20 +189,21 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                             c.global_batch, c.micro_batch, dp,
                                             c.ep > 1 ? fmt::format(" (dp {} x ep {})", dp / c.ep, c.ep) : ""));
   }
-  for (const auto* shards : {&c.train_shards, &c.val_shards}) {
-    for (const auto& shard : *shards) {  // an id >= vocab would index past the embedding (or, split over tp, be lost)
-      const uint32_t top = max_token({shard});
-      if (top >= c.model.vocab) {
-        throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab "
-                                                "to the tokenizer's size",
-                                                c.model.vocab, top, shard));
-      }
+  std::vector<std::string> shard_list = train_shards_of(c);  // every shard read: trained, validated, each source's
+  shard_list.insert(shard_list.end(), c.val_shards.begin(), c.val_shards.end());
+  for (const auto& src : c.sources) shard_list.insert(shard_list.end(), src.val.begin(), src.val.end());
+  for (const auto& shard : shard_list) {  // an id >= vocab would index past the embedding (or, split over tp, be lost)
+    const uint32_t top = max_token({shard});
+    if (top >= c.model.vocab) {
+      throw std::invalid_argument(fmt::format("model.vocab {} is smaller than token id {} in {}; set model.vocab "
+                                              "to the tokenizer's size",
+                                              c.model.vocab, top, shard));
     }
   }
   if (c.method == "sft" || pairwise(c.method)) {
     // Blocks packed for another length would cut conversations: the data's sft.json (dpo.json) names its seq.
     const bool sft = c.method == "sft";
-    std::vector<std::string> shards = c.train_shards;
+    std::vector<std::string> shards = train_shards_of(c);
     shards.insert(shards.end(), c.val_shards.begin(), c.val_shards.end());
     for (const auto& shard : shards) {
       const auto info = std::filesystem::path(shard).parent_path() / (sft ? "sft.json" : "dpo.json");
@@ -222,7 +223,15 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
       }
     }
   }
-  TokenLoader(c.train_shards, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
+  train_loader(c, 0, dp);
+  for (const auto& src : c.sources) {
+    if (src.val.empty()) continue;
+    try {
+      TokenLoader(src.val, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("data.sources ({}) val: {}", src.name, e.what()));
+    }
+  }
   if (!c.val_shards.empty()) {
     try {
       TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));

@@ -19,6 +19,14 @@
 #include "train/config_keys.h"
 
 namespace meshtrain {
+
+std::vector<std::string> train_shards_of(const TrainConfig& c) {
+  if (c.sources.empty()) return c.train_shards;
+  std::vector<std::string> out;
+  for (const auto& s : c.sources) out.insert(out.end(), s.shards.begin(), s.shards.end());
+  return out;
+}
+
 namespace {
 
 void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
@@ -156,8 +164,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
   }
   check_moe(c, path);
-  if (c.train_shards.empty() && c.method != "grpo" && c.method != "ppo") {
-    throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" is required", path));
+  if (c.train_shards.empty() && c.sources.empty() && c.method != "grpo" && c.method != "ppo") {
+    throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" (or sources = [...]) is required", path));
+  }
+  if (!c.train_shards.empty() && !c.sources.empty()) {
+    throw std::invalid_argument(fmt::format("{}: give data.train or data.sources, not both (a mixture lists every "
+                                            "source's shards)", path));
   }
   // Types and ranges of single keys were checked as they were set (config_keys.cpp); what follows relates keys.
   if (c.dp_shard > 0 && c.zero == 0) {

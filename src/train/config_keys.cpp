@@ -124,6 +124,64 @@ ConfigKey texts(const char* name, F field, const char* help) {
   return k;
 }
 
+// [data] sources: a list of tables {name, path, weight, val} (data/mixture.h).
+ConfigKey sources_key() {
+  const char* name = "data.sources";
+  ConfigKey k{name, "list of {name, path, weight, val}", "weight > 0", "a mixture: token shards blended by weight", {}, {}};
+  k.set = [=](TrainConfig& c, const toml::node& n) {
+    const toml::array* arr = n.as_array();
+    if (!arr) wrong_type(name, "a list of tables: [{name = \"a\", path = \"a/train.bin\", weight = 0.7}, ...]");
+    c.sources.clear();
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::node& e = *arr->get(i);
+      const auto line = e.source().begin.line;
+      const std::string where = line > 0 ? fmt::format("{}[{}] (line {})", name, i, line) : fmt::format("{}[{}]", name, i);
+      const toml::table* t = e.as_table();
+      if (!t) throw std::invalid_argument(fmt::format("{} must be a table {{name, path, weight}}", where));
+      MixtureSource src;
+      bool has_weight = false;
+      for (const auto& [key, value] : *t) {
+        const std::string kname(key.str()), full = where + "." + kname;
+        if (kname == "name") src.name = as_string(value, full);
+        else if (kname == "path") src.shards = as_strings(value, full);
+        else if (kname == "val") src.val = as_strings(value, full);
+        else if (kname == "weight") {
+          const auto v = value.value<double>();
+          if (!v || !(value.is_floating_point() || value.is_integer())) wrong_type(full, "a number");
+          src.weight = *v;
+          has_weight = true;
+        } else {
+          throw std::invalid_argument(fmt::format("{}: unknown key '{}' (a source has name, path, weight, val)", where,
+                                                  kname));
+        }
+      }
+      if (!has_weight) throw std::invalid_argument(fmt::format("{}: no weight (weights are relative: 0.7 and 0.3)", where));
+      try {
+        check_sources({src});
+      } catch (const std::invalid_argument& e) {
+        std::string m = e.what();  // "data.sources[0] (name): ..." -> this source's place and line
+        throw std::invalid_argument(where + m.substr(m.find(':')));
+      }
+      c.sources.push_back(std::move(src));
+    }
+    check_sources(c.sources);  // names that repeat across sources
+  };
+  k.show = [](const TrainConfig& c) {
+    std::vector<std::string> items;
+    auto list = [](const std::vector<std::string>& v) {
+      std::vector<std::string> q;
+      for (const auto& x : v) q.push_back(toml_string(x));
+      return fmt::format("[{}]", fmt::join(q, ", "));
+    };
+    for (const auto& s : c.sources) {
+      items.push_back(fmt::format("{{name = {}, path = {}, weight = {}{}}}", toml_string(s.name), list(s.shards), s.weight,
+                                  s.val.empty() ? "" : ", val = " + list(s.val)));
+    }
+    return fmt::format("[{}]", fmt::join(items, ", "));
+  };
+  return k;
+}
+
 // An enumeration spelled as a string: `parse` names the bad value, `name` the good one.
 template <class F, class P, class N>
 ConfigKey choice(const char* name, F field, P parse, N show_name, const char* choices, const char* help) {
@@ -175,6 +233,7 @@ std::vector<ConfigKey> make_keys() {
       // [data]
       texts("data.train", FIELD(train_shards), "token shards to train on (meshtrain tokenize)"),
       texts("data.val", FIELD(val_shards), "token shards to validate on"),
+      sources_key(),
       // [train]
       text("train.method", FIELD(method), "pretrain | sft | dpo | reward | grpo | ppo", "what the run trains"),
       integer("train.steps", FIELD(steps), 1, kMaxInt, "optimizer steps"),

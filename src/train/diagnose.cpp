@@ -132,7 +132,7 @@ Replay replay(const TrainConfig& c, const std::string& path, int64_t step, Runti
   out.from_step = m.at("step").get<int64_t>();
   LoaderOptions lo = loader_options(c);
   lo.documents = true;  // for the statistics; the model gets them only with train.document_mask
-  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, 0, 1, c.seed, lo);
+  TokenLoader loader = train_loader(c, 0, 1, lo);
   loader.restore({m.at("loader").at("epoch").get<uint64_t>(),
                   m.at("loader").at("windows").get<uint64_t>() / static_cast<uint64_t>(c.micro_batch)});
   SpikeDefence dropped(c.spike, accumulation, static_cast<uint64_t>(c.micro_batch));

@@ -206,6 +206,11 @@ LoaderOptions loader_options(const TrainConfig& c) {
   return o;
 }
 
+TokenLoader train_loader(const TrainConfig& c, int rank, int size, LoaderOptions o) {
+  if (!c.sources.empty()) return TokenLoader(c.sources, c.seq, c.micro_batch, rank, size, c.seed, o);
+  return TokenLoader(c.train_shards, c.seq, c.micro_batch, rank, size, c.seed, o);
+}
+
 StepResult TrainEngine::step(const std::vector<Batch>& micro, const UpdateGate& gate) {
   return pipeline_step_ ? pipeline_step_->run(micro, gate) : step_->run(micro, gate);
 }

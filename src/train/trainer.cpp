@@ -58,8 +58,9 @@ namespace {
 // Validation over `dp` (the data-parallel x cp group): the loader reads
 // windows by data-parallel replica (`data`), each cp rank takes its chunks.
 // Returns the mean loss, then the objective's metrics, per unit.
-std::vector<double> evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks) {
-  TokenLoader val(c.val_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
+std::vector<double> evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks,
+                             const std::vector<std::string>& shards) {
+  TokenLoader val(shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
   at::Tensor sums;
   for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
     const at::Tensor one = at::tensor(engine.evaluate(context_shard(val.next(), chunks)), at::kDouble);
@@ -141,7 +142,7 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
           {"config",
            {{"model", spec_to_json(c.model)},
             {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
-                       {"seed", c.seed}, {"steps", c.steps}, {"data", c.train_shards}, {"method", c.method}}}}},
+                       {"seed", c.seed}, {"steps", c.steps}, {"data", train_shards_of(c)}, {"method", c.method}}}}},
           {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
                     {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}, {"ep", c.ep}}},
           {"optimizer", {{"steps", opt.steps()}}},
@@ -300,10 +301,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
   if (lead) fmt::print("{}{}\n", layout.table(rt->env().local_world_size), transport_variables());
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
-  TokenLoader loader(c.train_shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
+  TokenLoader loader = train_loader(c, data.rank(), data.size());
   std::vector<std::pair<std::string, std::vector<TokenizedChoice>>> tasks;  // [eval] tasks, tokenized on every rank
   if (!c.eval_tasks.empty()) {
-    const std::string tokenizer = run_tokenizer(c.eval_tokenizer, c.train_shards);
+    const std::string tokenizer = run_tokenizer(c.eval_tokenizer, train_shards_of(c));
     for (const auto& t : c.eval_tasks) tasks.emplace_back(choice_task_name(t), tokenize_choice_task(t, tokenizer));
   }
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
@@ -447,11 +448,17 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     const auto [wait, predicted] = engine.bubble();
     // Validation (when due) first, so the step's metrics line holds it too.
     std::vector<double> val;
-    if (!c.val_shards.empty() && (s % c.eval_every == 0 || s == last)) val = evaluate(engine, c, dp, data, chunks);
+    const bool eval_step = s % c.eval_every == 0 || s == last;
+    if (!c.val_shards.empty() && eval_step) val = evaluate(engine, c, dp, data, chunks, c.val_shards);
     std::vector<std::pair<std::string, ChoiceScore>> scores;
-    if (s % c.eval_every == 0 || s == last) {
+    std::vector<std::pair<std::string, double>> source_val;  // a mixture's validation loss per source
+    if (eval_step) {
       for (const auto& [name, qs] : tasks) scores.emplace_back(name, evaluate_choices(engine, c, dp, data, chunks, qs));
+      for (const auto& src : c.sources) {
+        if (!src.val.empty()) source_val.emplace_back(src.name, evaluate(engine, c, dp, data, chunks, src.val)[0]);
+      }
     }
+    const auto sources = loader.source_stats();
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
     if (lead) {
       if (s % c.log_every == 0 || s == start + 1 || s == last) {
@@ -474,6 +481,20 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                    pairwise(c.method) ? metrics_text(engine.objective().metrics(), {val.begin() + 1, val.end()})
                                      : fmt::format(" | perplexity {:.2f}", std::exp(val[0])));
       }
+      if (!source_val.empty()) {
+        std::string line;
+        for (const auto& [name, v] : source_val) line += fmt::format(" | {} {:.4f} (perplexity {:.2f})", name, v, std::exp(v));
+        fmt::print("step {:>5} | validation loss by source{}\n", s, line);
+      }
+      if (!sources.empty() && (eval_step || s == start + 1)) {
+        std::string line;
+        for (const auto& src : sources) {
+          line += fmt::format(" | {} {:.1f}% of windows, {} tokens, {:.3f} epochs", src.name,
+                              100.0 * static_cast<double>(src.taken) / static_cast<double>(s * c.global_batch),
+                              src.taken * static_cast<uint64_t>(c.seq) * (pairwise(c.method) ? 2 : 1), src.epochs());
+        }
+        fmt::print("step {:>5} | sources{}\n", s, line);
+      }
       for (const auto& [name, sc] : scores) {
         fmt::print("step {:>5} | task {}: acc {:.4f} | acc_norm {:.4f} | answer log-likelihood {:.6f} ({} questions)\n",
                    s, name, sc.acc(), sc.acc_norm(), sc.mean_answer_ll(), sc.questions);
@@ -489,6 +510,11 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
           j["val_loss"] = val[0];
           const auto names = engine.objective().metrics();
           for (size_t i = 0; i < names.size() && 1 + i < val.size(); ++i) j["val_" + names[i]] = val[1 + i];
+        }
+        for (const auto& [name, v] : source_val) j["val_loss_" + name] = v;
+        for (const auto& src : sources) {
+          j["source_tokens"][src.name] = src.taken * static_cast<uint64_t>(c.seq) * (pairwise(c.method) ? 2 : 1);
+          j["source_epochs"][src.name] = src.epochs();
         }
         for (const auto& [name, sc] : scores) {
           j["task_" + name + "_acc"] = sc.acc();

@@ -35,6 +35,12 @@
 // that stay together (DPO's chosen and rejected sequences of one pair, data/
 // preference.h): the permutation is over groups, micro_batch counts groups, and
 // a batch holds micro_batch x group rows, each group's windows adjacent.
+//
+// With several sources (a mixture, data/mixture.h), each slot of the global
+// order is filled from the source the blending rule picks, with that
+// source's next window in its own order (the options above apply to each
+// source; not `repack`). The state's epoch stays 0 and its step counts every
+// step; each source's epochs are its own (source_stats()).
 #pragma once
 
 #include <cstdint>
@@ -44,6 +50,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/data/mixture.h"
 #include "meshtrain/data/shard.h"
 
 namespace meshtrain {
@@ -76,6 +83,20 @@ class TokenLoader {
   TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank, int dp_size,
               uint64_t seed, LoaderOptions o = {});
 
+  // A mixture: throws std::invalid_argument naming a bad source (check_sources)
+  // or a source's data that does not make one window (group) of `seq`.
+  TokenLoader(const std::vector<MixtureSource>& sources, int64_t seq, int64_t micro_batch, int dp_rank, int dp_size,
+              uint64_t seed, LoaderOptions o = {});
+  TokenLoader(TokenLoader&&) = default;
+
+  struct SourceStats {
+    std::string name;
+    uint64_t taken = 0, windows = 0;  // windows (groups) all ranks have taken from it, and it holds
+    double epochs() const { return windows ? static_cast<double>(taken) / static_cast<double>(windows) : 0; }
+  };
+  // Per source, as of the current state (the same on every rank); empty without a mixture.
+  std::vector<SourceStats> source_stats() const;
+
   // The mask shard beside a token shard: X.bin -> X.mask.bin.
   static std::string mask_path(const std::string& shard);
 
@@ -85,11 +106,18 @@ class TokenLoader {
 
   // Windows of the shards (with `repack`: conversations).
   uint64_t windows() const { return repack_ ? convs_.size() : total_windows_; }
+  bool mixture() const { return !sources_.empty(); }
   // Steps of the current epoch.
   uint64_t steps_per_epoch() const;
 
  private:
   void shuffle(uint64_t epoch);
+  Batch next_mixed();
+  // A mixture: one loader per source (micro-batch 1, one rank), the blending rule, source names.
+  std::vector<std::unique_ptr<TokenLoader>> sources_;
+  std::vector<std::string> source_names_;
+  std::unique_ptr<SourceBlend> blend_;
+  std::vector<uint64_t> source_first_window_;  // global window ids: each source's after the ones before
   Batch next_repacked(uint64_t base);
   struct Conversation {
     size_t shard;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/data/mixture.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/peft/adapter.h"
 #include "meshtrain/peft/lora.h"
@@ -19,6 +20,10 @@ namespace meshtrain {
 struct TrainConfig {
   plan::ModelSpec model;          // [model]: preset = "...", then any field
   std::vector<std::string> train_shards, val_shards;  // [data] train, val
+  // [data] sources: a mixture (data/mixture.h) instead of data.train, each
+  // source with its weight and, optionally, its own validation shards (a
+  // validation loss per source).
+  std::vector<MixtureSource> sources;
   int64_t steps = 100, micro_batch = 4, global_batch = 16, seq = 128;  // [train]
   uint64_t seed = 1;
   int64_t log_every = 10, eval_every = 50, eval_batches = 8;
@@ -146,6 +151,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 // load_train_config reads back to the same config, each line commented with
 // the key's type, allowed range and help.
 std::string print_config(const TrainConfig& c);
+
+// The shards a run trains on: data.train, or every source's.
+std::vector<std::string> train_shards_of(const TrainConfig& c);
 
 // Methods trained on preference pairs (data/preference.h): DPO and the reward model.
 inline bool pairwise(const std::string& method) { return method == "dpo" || method == "reward"; }

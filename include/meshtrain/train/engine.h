@@ -34,6 +34,11 @@ namespace meshtrain {
 // What the method's data needs from the loader: documents for the mask, loss
 // masks for SFT and DPO, pairs kept together for DPO.
 LoaderOptions loader_options(const TrainConfig& c);
+// The run's training windows (data.train, or data.sources' mixture) for data-parallel rank `rank` of `size`.
+TokenLoader train_loader(const TrainConfig& c, int rank, int size, LoaderOptions o);
+inline TokenLoader train_loader(const TrainConfig& c, int rank, int size) {
+  return train_loader(c, rank, size, loader_options(c));
+}
 
 // The combined groups a run's mesh builds (runtime/mesh.h): dp x cp, and with
 // expert parallelism dp x cp x ep (the dense gradients) and dp x ep (the data).

@@ -1,11 +1,15 @@
-// Multiple-choice evaluation as a user runs it: [eval] tasks scored during
-// `meshtrain train` on a mesh give what `meshtrain eval CKPT --task` gives for
-// the same checkpoint in one process (the same accuracy, acc_norm and answer
-// log-likelihood), on tp 2 with SP x dp 2 and on pp 2 x cp 2; a bad task is one
-// error before any rank starts.
+// Data and evaluation as a user runs them. Multiple-choice evaluation: [eval]
+// tasks scored during `meshtrain train` on a mesh give what `meshtrain eval
+// CKPT --task` gives for the same checkpoint in one process (the same
+// accuracy, acc_norm and answer log-likelihood), on tp 2 with SP x dp 2 and on
+// pp 2 x cp 2; a bad task is one error before any rank starts. Mixtures: a run
+// on data.sources stopped and resumed mid-way equals the straight run bitwise,
+// and logs each source's share, tokens, epochs and validation loss.
 #include <gtest/gtest.h>
 
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 
@@ -95,6 +99,55 @@ TEST(EvalCli, BadTasksAreOneErrorBeforeAnyRankStarts) {
     EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
     EXPECT_EQ(run.output.find("[rank"), std::string::npos) << set << ": ranks were started\n" << run.output;
   }
+}
+
+// Two sources on 2 ranks (dp 2), weights 3 : 1, each with its validation shard; the small one
+// (b) runs through several epochs in 6 steps.
+TEST(MixtureCli, ResumeIsBitwiseAndEachSourceIsLogged) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  auto shard = [&](const std::string& name, uint32_t n, uint32_t mul) {
+    std::vector<uint32_t> tokens(n);
+    for (uint32_t i = 0; i < n; ++i) tokens[i] = (i * mul + i / 11) % 50;
+    write_shard((d.path / name).string(), tokens, {0}, 2);
+    return (d.path / name).string();
+  };
+  const std::string sources = "sources = [\n  {name = \"a\", path = \"" + shard("a.bin", 6000, 7) + "\", weight = 3, val = \"" +
+                              shard("a_val.bin", 700, 7) + "\"},\n  {name = \"b\", path = \"" + shard("b.bin", 300, 3) +
+                              "\", weight = 1, val = \"" + shard("b_val.bin", 700, 3) + "\"},\n]\n";
+  const std::string ck = (d.path / "ck").string();
+  auto config = [&](const std::string& name, const std::string& extra) {
+    return d.write(name, "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.1\n[data]\n" + sources +
+                             "[train]\nsteps = 6\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\nlr = 1e-2\nlog_every = 1\n"
+                             "eval_every = 3\neval_batches = 2\npeak_tflops = 0.001\n[parallel]\nnproc = 2\n" + extra);
+  };
+  auto metrics = [&](const std::string& name) { return " --set train.metrics='\"" + (d.path / name).string() + "\"'"; };
+  auto run = test::run_command(bin + " train " + config("ref.toml", "") + metrics("ref.metrics"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  // 48 windows in 6 steps at 3 : 1: a has 36, b 12 (of its 9 windows: 1.333 epochs).
+  EXPECT_NE(run.output.find("step     6 | sources | a 75.0% of windows, 1152 tokens, 0.193 epochs | b 25.0% of windows, "
+                            "384 tokens, 1.333 epochs"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("step     3 | validation loss by source | a "), std::string::npos) << run.output;
+  std::ifstream f(d.path / "ref.metrics");
+  std::string line;
+  for (int i = 0; i < 6; ++i) std::getline(f, line);
+  const auto j = nlohmann::json::parse(line);  // step 6
+  EXPECT_EQ(j["source_tokens"]["b"].get<int64_t>(), 384) << line;
+  EXPECT_NEAR(j["source_epochs"]["b"].get<double>(), 12.0 / 9.0, 1e-12) << line;
+  EXPECT_GT(j["val_loss_a"].get<double>(), 0) << line;
+  EXPECT_GT(j["val_loss_b"].get<double>(), 0) << line;
+
+  const std::string split = config("split.toml", "[checkpoint]\ndir = \"" + ck + "\"\n");
+  run = test::run_command(bin + " train " + split + metrics("split.metrics") + " --set train.stop_after=3");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = test::run_command(bin + " train " + split + metrics("split.metrics"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("resumed from " + ck + "/step_00000003"), std::string::npos) << run.output;
+  const auto a = test::losses((d.path / "ref.metrics").string()), b = test::losses((d.path / "split.metrics").string());
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b);  // bitwise: the printed doubles, dropout on
 }
 
 }  // namespace
