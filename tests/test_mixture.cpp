@@ -160,5 +160,22 @@ TEST(Mixture, BadSourcesAreOneErrorNamingTheKeyAndLine) {
   }
 }
 
+TEST(Mixture, PrintConfigWritesTheSourcesBack) {
+  MixDir d;
+  const std::string path = d.file("m.toml"), again = d.file("again.toml");
+  std::ofstream(path) << "[model]\npreset = \"gpt-tiny\"\n[data]\nsources = [{name = \"a\", path = [\"a.bin\", \"b.bin\"], "
+                         "weight = 0.7, val = \"v.bin\"}, {name = \"c\", path = \"c.bin\", weight = 3}]\n";
+  const TrainConfig c = load_train_config(path, {});
+  std::ofstream(again) << print_config(c);
+  const TrainConfig back = load_train_config(again, {});
+  ASSERT_EQ(back.sources.size(), 2u);
+  EXPECT_EQ(back.sources[0].shards, (std::vector<std::string>{"a.bin", "b.bin"}));
+  EXPECT_EQ(back.sources[0].val, std::vector<std::string>{"v.bin"});
+  EXPECT_EQ(back.sources[0].weight, 0.7);
+  EXPECT_EQ(back.sources[1].name, "c");
+  EXPECT_EQ(back.sources[1].weight, 3);
+  EXPECT_EQ(train_shards_of(back), (std::vector<std::string>{"a.bin", "b.bin", "c.bin"}));
+}
+
 }  // namespace
 }  // namespace meshtrain

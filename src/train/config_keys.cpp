@@ -164,7 +164,7 @@ ConfigKey sources_key() {
       }
       c.sources.push_back(std::move(src));
     }
-    check_sources(c.sources);  // names that repeat across sources
+    if (!c.sources.empty()) check_sources(c.sources);  // names that repeat across sources ([]: no mixture)
   };
   k.show = [](const TrainConfig& c) {
     std::vector<std::string> items;
@@ -257,11 +257,11 @@ std::vector<ConfigKey> make_keys() {
       integer("train.log_every", FIELD(log_every), 1, kMaxInt, "steps between log lines"),
       integer("train.eval_every", FIELD(eval_every), 1, kMaxInt, "steps between validations"),
       integer("train.eval_batches", FIELD(eval_batches), 1, kMaxInt, "micro-batches per validation"),
+      text("train.metrics", FIELD(metrics), "", "JSON-lines file of per-step metrics (\"\": none)"),
+      integer("train.stop_after", FIELD(stop_after), 0, kMaxInt, "stop (and save) after this step (0: run all)"),
       // [eval]
       texts("eval.tasks", FIELD(eval_tasks), "multiple-choice tasks scored at each validation (JSON lines)"),
       text("eval.tokenizer", FIELD(eval_tokenizer), "", "SentencePiece model of the tasks (\"\": beside data.train)"),
-      text("train.metrics", FIELD(metrics), "", "JSON-lines file of per-step metrics (\"\": none)"),
-      integer("train.stop_after", FIELD(stop_after), 0, kMaxInt, "stop (and save) after this step (0: run all)"),
       // [parallel]
       integer("parallel.nproc", FIELD(nproc), 1, kMaxInt, "ranks meshtrain train starts on this machine"),
       integer("parallel.tp", FIELD(tp), 1, kMaxInt, "tensor-parallel size"),
