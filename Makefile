@@ -97,6 +97,7 @@ bench: build
 	./bench/pipeline.sh $(BUILD)
 	./bench/plan.sh $(BUILD)
 	./bench/data.sh $(BUILD)
+	./bench/tokenize.sh $(BUILD)
 	./bench/precision.sh $(BUILD)
 	./bench/post_train.sh $(BUILD)
 	./bench/rl.sh $(BUILD)

@@ -9,7 +9,7 @@ PACKAGES=(
   libopenblas0-pthread                # fp32 GEMM: without it libtorch falls back to
                                       # the reference BLAS, ~60x slower (docs/build.md)
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev
-  libsentencepiece-dev libxxhash-dev  # tokenizer, checksums
+  libsentencepiece-dev sentencepiece libxxhash-dev  # tokenizer (spm_encode: bench/tokenize.sh), checksums
   zlib1g-dev                          # gzip corpora (meshtrain data)
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
   python3-torch                       # the independent reference model (tests/reference/)

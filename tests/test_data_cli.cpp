@@ -4,7 +4,8 @@
 // accuracy, acc_norm and answer log-likelihood), on tp 2 with SP x dp 2 and on
 // pp 2 x cp 2; a bad task is one error before any rank starts. Mixtures: a run
 // on data.sources stopped and resumed mid-way equals the straight run bitwise,
-// and logs each source's share, tokens, epochs and validation loss.
+// and logs each source's share, tokens, epochs and validation loss, which
+// `meshtrain eval CKPT --data` reproduces.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -113,13 +114,13 @@ TEST(MixtureCli, ResumeIsBitwiseAndEachSourceIsLogged) {
     return (d.path / name).string();
   };
   const std::string sources = "sources = [\n  {name = \"a\", path = \"" + shard("a.bin", 6000, 7) + "\", weight = 3, val = \"" +
-                              shard("a_val.bin", 700, 7) + "\"},\n  {name = \"b\", path = \"" + shard("b.bin", 300, 3) +
-                              "\", weight = 1, val = \"" + shard("b_val.bin", 700, 3) + "\"},\n]\n";
+                              shard("a_val.bin", 641, 7) + "\"},\n  {name = \"b\", path = \"" + shard("b.bin", 300, 3) +
+                              "\", weight = 1, val = \"" + shard("b_val.bin", 641, 3) + "\"},\n]\n";
   const std::string ck = (d.path / "ck").string();
   auto config = [&](const std::string& name, const std::string& extra) {
     return d.write(name, "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.1\n[data]\n" + sources +
                              "[train]\nsteps = 6\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\nlr = 1e-2\nlog_every = 1\n"
-                             "eval_every = 3\neval_batches = 2\npeak_tflops = 0.001\n[parallel]\nnproc = 2\n" + extra);
+                             "eval_every = 3\neval_batches = 5\npeak_tflops = 0.001\n[parallel]\nnproc = 2\n" + extra);
   };
   auto metrics = [&](const std::string& name) { return " --set train.metrics='\"" + (d.path / name).string() + "\"'"; };
   auto run = test::run_command(bin + " train " + config("ref.toml", "") + metrics("ref.metrics"));
@@ -148,6 +149,20 @@ TEST(MixtureCli, ResumeIsBitwiseAndEachSourceIsLogged) {
   const auto a = test::losses((d.path / "ref.metrics").string()), b = test::losses((d.path / "split.metrics").string());
   ASSERT_EQ(a.size(), 6u);
   EXPECT_EQ(a, b);  // bitwise: the printed doubles, dropout on
+  // meshtrain eval --data on the final checkpoint: each source's validation loss as training logged it
+  // (its 20 windows of 33 tokens are all of the validation: 5 batches x 2 x dp 2).
+  run = test::run_command(bin + " eval " + ck + " --data " + (d.path / "a_val.bin").string() + " --data " +
+                          (d.path / "b_val.bin").string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream g(d.path / "split.metrics");
+  nlohmann::json last;
+  for (std::string l; std::getline(g, l);) last = nlohmann::json::parse(l);
+  for (const std::string src : {"a", "b"}) {
+    const size_t at = run.output.find(src + "_val.bin: loss ");
+    ASSERT_NE(at, std::string::npos) << run.output;
+    EXPECT_NEAR(std::stod(run.output.substr(at + 15)), last["val_loss_" + src].get<double>(), 1e-4) << run.output;
+  }
+  EXPECT_NE(run.output.find("(20 windows of 32 tokens)"), std::string::npos) << run.output;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "cli/commands.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/environment.h"
 #include "meshtrain/rl/evaluate.h"
@@ -29,13 +31,14 @@ Run add_eval(CLI::App& app) {
   cmd->require_subcommand(0, 1);
   struct ChoiceOpts {
     std::string ckpt, tokenizer;
-    std::vector<std::string> tasks;
+    std::vector<std::string> tasks, data;
   };
   auto co = std::make_shared<ChoiceOpts>();
   cmd->add_option("ckpt", co->ckpt, "checkpoint (step directory or its parent)");
   cmd->add_option("--task", co->tasks,
                   "multiple-choice task: JSON lines {\"context\", \"choices\", \"answer\"} (repeatable; meshtrain data "
                   "choices makes one from a corpus)");
+  cmd->add_option("--data", co->data, "token shards: the loss and perplexity on each (repeatable; a mixture's sources)");
   cmd->add_option("--tokenizer", co->tokenizer, "SentencePiece model (default: tokenizer.model beside the run's data)");
   auto em = cmd->add_subcommand("exact-match", "SFT answers reproduced exactly by greedy decoding (teacher-forced)");
   struct Opts {
@@ -59,18 +62,26 @@ Run add_eval(CLI::App& app) {
   task->add_option("--max-turns", to->max_turns, "policy turns at most (with --environment)")->capture_default_str();
   return [o, to, task, em, co]() -> int {
     if (!task->parsed() && !em->parsed()) {
-      if (co->ckpt.empty() || co->tasks.empty()) {
-        throw std::invalid_argument("meshtrain eval: give CKPT --task TASK.jsonl (or a subcommand: exact-match, task)");
+      if (co->ckpt.empty() || (co->tasks.empty() && co->data.empty())) {
+        throw std::invalid_argument(
+            "meshtrain eval: give CKPT --task TASK.jsonl and/or --data SHARD.bin (or a subcommand: exact-match, task)");
       }
       const std::string dir = ckpt::resolve(co->ckpt);
       ckpt::Reader reader(dir);
       const auto& train = reader.manifest().at("config").at("train");
       const int64_t seq = train.at("seq").get<int64_t>();
-      const std::string tokenizer = run_tokenizer(co->tokenizer, train.value("data", std::vector<std::string>{}));
+      std::string tokenizer;
+      if (!co->tasks.empty()) tokenizer = run_tokenizer(co->tokenizer, train.value("data", std::vector<std::string>{}));
       std::vector<std::vector<TokenizedChoice>> tasks;
       for (const auto& t : co->tasks) tasks.push_back(tokenize_choice_task(t, tokenizer));  // every file checked first
+      for (const auto& shard : co->data) ShardReader{shard};  // every file checked before the model loads
       Comm solo("tp", 0);
       auto model = load_for_inference(dir, solo);
+      for (const auto& shard : co->data) {
+        const ShardLoss l = shard_loss(*model, shard, seq);
+        fmt::print("{}: {}: loss {:.4f} | perplexity {:.2f} ({} windows of {} tokens)\n", dir, shard, l.mean(),
+                   std::exp(l.mean()), l.windows, seq);
+      }
       for (size_t i = 0; i < tasks.size(); ++i) {
         const ChoiceScore s = score_choices(tasks[i], choice_loglikelihoods(*model, tasks[i], seq));
         fmt::print("{}: task {}: acc {:.4f} | acc_norm {:.4f} | answer log-likelihood {:.6f} ({} questions)\n", dir,

@@ -74,6 +74,19 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
 int Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
 int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
 
+void train_tokenizer(const std::vector<std::string>& inputs, const std::string& prefix, int vocab_size) {
+  const std::string args = fmt::format(
+      "--input={} --model_prefix={} --model_type=bpe --vocab_size={} --character_coverage=1.0 "
+      "--byte_fallback=true --hard_vocab_limit=false --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 "
+      "--input_sentence_size=2000000 --shuffle_input_sentence=true --minloglevel=2 --num_threads=2",
+      fmt::join(inputs, ","), prefix, vocab_size);
+  auto st = sentencepiece::SentencePieceTrainer::Train(args);
+  if (!st.ok()) {
+    throw std::runtime_error(fmt::format("training the tokenizer on {} failed: {}", fmt::join(inputs, ", "),
+                                         st.ToString()));
+  }
+}
+
 TokenizeReport tokenize_corpus(const TokenizeOptions& o) {
   if (o.inputs.empty()) throw std::invalid_argument("tokenize: give at least one --input corpus file");
   if (o.out_dir.empty()) throw std::invalid_argument("tokenize: give --out DIR");
@@ -119,18 +132,9 @@ TokenizeReport tokenize_corpus(const TokenizeOptions& o) {
     r.tokenizer_path = o.tokenizer;
     if (o.tokenizer.empty()) {
       const std::string prefix = (fs::path(o.out_dir) / ("tokenizer" + tag)).string();
-      const std::string args = fmt::format(
-          "--input={} --model_prefix={} --model_type=bpe --vocab_size={} --character_coverage=1.0 "
-          "--byte_fallback=true --hard_vocab_limit=false --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 "
-          "--input_sentence_size=2000000 --shuffle_input_sentence=true --minloglevel=2 --num_threads=2",
-          fmt::join(o.inputs, ","), prefix, o.vocab_size);
       outputs.emplace_back(prefix + ".model", fs::path(o.out_dir) / "tokenizer.model");
       outputs.emplace_back(prefix + ".vocab", fs::path(o.out_dir) / "tokenizer.vocab");
-      auto st = sentencepiece::SentencePieceTrainer::Train(args);
-      if (!st.ok()) {
-        throw std::runtime_error(fmt::format("training the tokenizer on {} failed: {}", fmt::join(o.inputs, ", "),
-                                             st.ToString()));
-      }
+      train_tokenizer(o.inputs, prefix, o.vocab_size);
       r.tokenizer_path = outputs[0].second.string();
     }
     Tokenizer tok(o.tokenizer.empty() ? outputs[0].first.string() : o.tokenizer);

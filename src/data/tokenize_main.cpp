@@ -7,6 +7,11 @@
 //   encode --tokenizer MODEL --text TEXT     prints the ids, space-separated
 //   decode --tokenizer MODEL --ids "1 2 3"   prints the text (end-of-sequence: a new line)
 //   vocab --tokenizer MODEL                  prints the number of pieces
+// and, for large corpora (data/stream_tokenize.h):
+//   stream --input FILE... --out DIR [--tokenizer MODEL | --vocab-size N --sample-bytes B] [--workers W]
+//          [--shard-tokens T] [--chunk-bytes C] [--val-fraction F] [--format auto|text|jsonl] [--field text]
+//          [--split line|blank-line|file] [--force]
+//        writes DIR/train-00000.bin ... val-00000.bin ... and DIR/index.json; resumes an interrupted run
 // and, for supervised fine-tuning (data/chat.h):
 //   chat --input CHATS.jsonl --tokenizer MODEL --out DIR --seq N [--truncate] [--no-pack] [--force]
 //        (--no-pack: one conversation per block, the rest padding)
@@ -37,6 +42,7 @@
 #include "meshtrain/data/choice_task.h"
 #include "meshtrain/data/preference.h"
 #include "meshtrain/data/shard.h"
+#include "meshtrain/data/stream_tokenize.h"
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/data/tokenize.h"
 
@@ -271,6 +277,65 @@ int choices(int argc, char** argv) {
   return 0;
 }
 
+int stream(int argc, char** argv) {
+  meshtrain::StreamTokenizeOptions o;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
+      return argv[++i];
+    };
+    auto whole = [&](const std::string& v) {
+      size_t used = 0;
+      int64_t n = 0;
+      try {
+        n = std::stoll(v, &used);
+      } catch (const std::exception&) {
+      }
+      if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("{} '{}' is not a whole number", a, v));
+      return n;
+    };
+    if (a == "--input") o.inputs.push_back(value());
+    else if (a == "--out") o.out_dir = value();
+    else if (a == "--tokenizer") o.tokenizer = value();
+    else if (a == "--vocab-size") o.vocab_size = static_cast<int>(whole(value()));
+    else if (a == "--sample-bytes") o.sample_bytes = whole(value());
+    else if (a == "--workers") o.workers = static_cast<int>(whole(value()));
+    else if (a == "--shard-tokens") o.shard_tokens = whole(value());
+    else if (a == "--chunk-bytes") o.chunk_bytes = whole(value());
+    else if (a == "--val-fraction") {
+      const std::string v = value();
+      size_t used = 0;
+      try {
+        o.val_fraction = std::stod(v, &used);
+      } catch (const std::exception&) {
+      }
+      if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("--val-fraction '{}' is not a number", v));
+    }
+    else if (a == "--format") o.format.format = value();
+    else if (a == "--field") o.format.field = value();
+    else if (a == "--split") o.format.split = value();
+    else if (a == "--force") o.force = true;
+    else throw std::invalid_argument(fmt::format("stream: unknown option '{}'", a));
+  }
+  if (o.inputs.empty()) throw std::invalid_argument("stream needs --input FILE (repeatable) --out DIR");
+  if (const char* stop = std::getenv("MESHTRAIN_TOKENIZE_EXIT_AFTER_SHARDS")) o.exit_after_shards = std::atoll(stop);
+  const meshtrain::StreamTokenizeReport r = meshtrain::stream_tokenize(o);
+  fmt::print("tokenizer {}\n", r.tokenizer_path);
+  if (r.resumed_documents > 0) fmt::print("resumed after {} documents already written\n", r.resumed_documents);
+  // This process's peak resident memory (VmHWM: since exec, unlike getrusage's maxrss, which keeps the
+  // forking parent's); each worker's own comes on top.
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) fmt::print("peak resident memory {} kB\n", std::stoll(line.substr(6)));
+  }
+  fmt::print("{} documents, {} bytes -> {} train tokens in {} shard(s), {} validation tokens in {} shard(s) ({}); "
+             "encoded in {:.2f} s ({:.2f} MB/s, {} worker(s))\n",
+             r.documents, r.bytes, r.train_tokens, r.train_shards.size(), r.val_tokens, r.val_shards.size(), o.out_dir,
+             r.seconds, static_cast<double>(r.bytes) / 1e6 / std::max(r.seconds, 1e-9), o.workers);
+  return 0;
+}
+
 int encode_or_decode(int argc, char** argv) {
   const std::string mode = argv[1];
   std::string model, text, ids;
@@ -325,6 +390,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && (std::string(argv[1]) == "chat" || std::string(argv[1]) == "prefs")) return chat(argc, argv);
     if (argc > 1 && std::string(argv[1]) == "task") return task(argc, argv);
     if (argc > 1 && std::string(argv[1]) == "choices") return choices(argc, argv);
+    if (argc > 1 && std::string(argv[1]) == "stream") return stream(argc, argv);
     if (argc > 1 && (std::string(argv[1]) == "encode" || std::string(argv[1]) == "decode" ||
                      std::string(argv[1]) == "vocab")) {
       return encode_or_decode(argc, argv);

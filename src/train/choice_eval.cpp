@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/runtime/subprocess.h"
 
@@ -69,6 +70,24 @@ std::vector<std::vector<double>> choice_loglikelihoods(Transformer& m, const std
     for (size_t r = begin; r < end; ++r) lls[index[r].first][index[r].second] = -nll[static_cast<int64_t>(r - begin)].item<double>();
   }
   return lls;
+}
+
+ShardLoss shard_loss(Transformer& m, const std::string& shard, int64_t seq, int64_t rows) {
+  const ShardReader r(shard);
+  const int64_t windows = static_cast<int64_t>((r.size() - 1) / static_cast<uint64_t>(seq));
+  if (windows < 1) throw std::invalid_argument(fmt::format("{} holds fewer than {} tokens: no window", shard, seq + 1));
+  ShardLoss l;
+  at::NoGradGuard no_grad;
+  for (int64_t w = 0; w < windows; w += rows) {
+    const int64_t b = std::min(rows, windows - w);
+    at::Tensor buf = at::empty({b, seq + 1}, at::kLong);
+    for (int64_t i = 0; i < b; ++i) r.read(static_cast<uint64_t>((w + i) * seq), static_cast<uint64_t>(seq + 1), buf[i].data_ptr<int64_t>());
+    const at::Tensor tokens = buf.narrow(1, 0, seq).contiguous(), targets = buf.narrow(1, 1, seq).contiguous();
+    l.sum += m.forward(tokens, targets, false).sum().item<double>();
+    l.tokens += b * seq;
+    l.windows += b;
+  }
+  return l;
 }
 
 ChoiceScore score_choices(const std::vector<TokenizedChoice>& qs, const std::vector<std::vector<double>>& lls) {

@@ -33,6 +33,10 @@ struct TokenizeReport {
 // Links SentencePiece: never call it from a process that loaded libtorch.
 TokenizeReport tokenize_corpus(const TokenizeOptions& o);
 
+// Trains a SentencePiece BPE model (byte fallback; unk 0, bos 1, eos 2) on
+// text files (a line is a sentence) into PREFIX.model and PREFIX.vocab.
+void train_tokenizer(const std::vector<std::string>& inputs, const std::string& prefix, int vocab_size);
+
 // Encode / decode with a trained model (for sampling and tests).
 class Tokenizer {
  public:

@@ -50,6 +50,16 @@ std::vector<std::vector<double>> choice_loglikelihoods(Transformer& m, const std
                                                        int64_t seq, int64_t rows = 16);
 ChoiceScore score_choices(const std::vector<TokenizedChoice>& qs, const std::vector<std::vector<double>>& lls);
 
+// The mean next-token loss of a whole model (tp = 1) over every window of
+// `seq` + 1 tokens of a shard (data/loader.h's windows, in order), the loss
+// `meshtrain train` reports for data.val: perplexity = exp(mean).
+struct ShardLoss {
+  double sum = 0;
+  int64_t tokens = 0, windows = 0;
+  double mean() const { return tokens ? sum / static_cast<double>(tokens) : 0; }
+};
+ShardLoss shard_loss(Transformer& m, const std::string& shard, int64_t seq, int64_t rows = 8);
+
 // `task` checked (read_choice_task: errors name file:line) and tokenized by
 // meshtrain-tokenize (`helper`; "": the one beside this program) with
 // `tokenizer` (a SentencePiece model).
