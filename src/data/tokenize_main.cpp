@@ -48,6 +48,24 @@
 
 namespace {
 
+// The value after option argv[i] (i moves past it).
+std::string option_value(int argc, char** argv, int& i) {
+  if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", argv[i]));
+  return argv[++i];
+}
+
+// Option `name`'s value `v` as a whole number.
+int64_t whole_number(const std::string& name, const std::string& v) {
+  size_t used = 0;
+  int64_t n = 0;
+  try {
+    n = std::stoll(v, &used);
+  } catch (const std::exception&) {
+  }
+  if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("{} '{}' is not a whole number", name, v));
+  return n;
+}
+
 // `chat` (SFT conversations) and `prefs` (DPO pairs): the same options and files.
 int chat(int argc, char** argv) {
   const bool prefs = std::string(argv[1]) == "prefs";
@@ -142,20 +160,8 @@ int task(int argc, char** argv) {
   bool force = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    auto whole = [&](const std::string& v) {
-      size_t used = 0;
-      int64_t n = 0;
-      try {
-        n = std::stoll(v, &used);
-      } catch (const std::exception&) {
-      }
-      if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("{} '{}' is not a whole number", a, v));
-      return n;
-    };
+    auto value = [&]() { return option_value(argc, argv, i); };
+    auto whole = [&](const std::string& v) { return whole_number(a, v); };
     if (a == "--name") name = value();
     else if (a == "--out") out = value();
     else if (a == "--seq") seq = whole(value());
@@ -281,20 +287,8 @@ int stream(int argc, char** argv) {
   meshtrain::StreamTokenizeOptions o;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{} needs a value", a));
-      return argv[++i];
-    };
-    auto whole = [&](const std::string& v) {
-      size_t used = 0;
-      int64_t n = 0;
-      try {
-        n = std::stoll(v, &used);
-      } catch (const std::exception&) {
-      }
-      if (used == 0 || used != v.size()) throw std::invalid_argument(fmt::format("{} '{}' is not a whole number", a, v));
-      return n;
-    };
+    auto value = [&]() { return option_value(argc, argv, i); };
+    auto whole = [&](const std::string& v) { return whole_number(a, v); };
     if (a == "--input") o.inputs.push_back(value());
     else if (a == "--out") o.out_dir = value();
     else if (a == "--tokenizer") o.tokenizer = value();
