@@ -160,6 +160,23 @@ TEST(Mixture, BadSourcesAreOneErrorNamingTheKeyAndLine) {
   }
 }
 
+TEST(Mixture, UnreadableOrEmptySourcesNameTheFile) {
+  MixDir d;
+  auto sources = three_sources(d, {1, 1}, {3000, 3000});
+  std::ofstream(d.file("empty.bin")).flush();
+  for (const auto& [path, want] : std::vector<std::pair<std::string, std::string>>{
+           {d.file("missing.bin"), "cannot open token shard " + d.file("missing.bin")},
+           {d.file("empty.bin"), "token shard " + d.file("empty.bin") + ": the file is empty"}}) {
+    sources[1].shards = {path};
+    try {
+      TokenLoader(sources, 16, 2, 0, 1, 1);
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Mixture, PrintConfigWritesTheSourcesBack) {
   MixDir d;
   const std::string path = d.file("m.toml"), again = d.file("again.toml");
