@@ -12,6 +12,7 @@
 
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/choice_task.h"
+#include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/runtime/subprocess.h"
 #include "meshtrain/train/choice_eval.h"
@@ -89,6 +90,25 @@ TEST(ChoiceEval, ScoresEqualAHandComputation) {
   EXPECT_EQ(row.targets[14], 40);
   EXPECT_EQ(row.targets[15], 41);
   EXPECT_EQ(row.targets[13], -1);
+  // Ids beyond the model's vocabulary (another tokenizer): one error naming the task, and the shard.
+  try {
+    check_choice_ids(qs, 45, "t.jsonl");
+    ADD_FAILURE() << "ids up to 49 passed a vocabulary of 45";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("t.jsonl: tokenized, it holds id 49, beyond the model's vocabulary of 45"),
+              std::string::npos) << e.what();
+  }
+  check_choice_ids(qs, 64, "t.jsonl");
+  test::Dir d;
+  const std::string shard = (d.path / "big_ids.bin").string();
+  write_shard(shard, std::vector<uint32_t>(40, 70), {0}, 2);
+  try {
+    shard_loss(m, shard, spec.seq);
+    ADD_FAILURE() << "id 70 passed a vocabulary of 64";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(shard + " holds token id 70, beyond the model's vocabulary of 64"),
+              std::string::npos) << e.what();
+  }
   TokenizedChoice too_long{{2}, {std::vector<int64_t>(17, 5), {6}}, {17, 1}, 0, 9};
   try {
     choice_row(too_long, 0, spec.seq);

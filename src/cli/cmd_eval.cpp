@@ -73,7 +73,11 @@ Run add_eval(CLI::App& app) {
       std::string tokenizer;
       if (!co->tasks.empty()) tokenizer = run_tokenizer(co->tokenizer, train.value("data", std::vector<std::string>{}));
       std::vector<std::vector<TokenizedChoice>> tasks;
-      for (const auto& t : co->tasks) tasks.push_back(tokenize_choice_task(t, tokenizer));  // every file checked first
+      const int64_t vocab = reader.manifest().at("config").at("model").at("vocab").get<int64_t>();
+      for (const auto& t : co->tasks) {  // every file checked first
+        tasks.push_back(tokenize_choice_task(t, tokenizer));
+        check_choice_ids(tasks.back(), vocab, t);
+      }
       for (const auto& shard : co->data) ShardReader{shard};  // every file checked before the model loads
       Comm solo("tp", 0);
       auto model = load_for_inference(dir, solo);

@@ -1,5 +1,6 @@
 #include "meshtrain/data/documents.h"
 
+#include <algorithm>
 #include <zlib.h>
 
 #include <filesystem>
@@ -84,6 +85,11 @@ bool DocumentReader::read_line(std::string& line) {
   if (line.empty()) return false;
   ++line_no_;  // a last line without its newline
   return true;
+}
+
+int64_t validation_documents(int64_t documents, double fraction) {
+  if (!(fraction > 0)) return 0;
+  return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(documents) * fraction));
 }
 
 bool DocumentReader::next(Document& d) {

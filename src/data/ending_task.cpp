@@ -50,9 +50,9 @@ void check_fraction(double fraction) {
   }
 }
 
-// meshtrain tokenize's validation count (data/tokenize.cpp).
+// meshtrain tokenize's validation count.
 size_t held_out_count(int64_t total, double fraction) {
-  const size_t n = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(total) * fraction));
+  const size_t n = static_cast<size_t>(validation_documents(total, fraction));
   if (n >= static_cast<size_t>(total)) {
     throw std::invalid_argument(fmt::format("{} document(s): --held-out {} would take every one", total, fraction));
   }

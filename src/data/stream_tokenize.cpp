@@ -192,6 +192,10 @@ StreamTokenizeReport stream_tokenize(const StreamTokenizeOptions& o) {
   if (o.out_dir.empty()) throw std::invalid_argument("tokenize stream: give --out DIR");
   if (o.workers < 1) throw std::invalid_argument(fmt::format("--workers {} must be at least 1", o.workers));
   if (o.shard_tokens < 1) throw std::invalid_argument(fmt::format("--shard-tokens {} must be positive", o.shard_tokens));
+  if (o.tokenizer.empty() && o.sample_bytes < 1) {
+    throw std::invalid_argument(fmt::format("--sample-bytes {} must be positive: the tokenizer trains on that much text",
+                                            o.sample_bytes));
+  }
   if (o.chunk_bytes < 1) throw std::invalid_argument(fmt::format("--chunk-bytes {} must be positive", o.chunk_bytes));
   if (o.val_fraction < 0 || o.val_fraction >= 1) {
     throw std::invalid_argument(fmt::format("--val-fraction {} must be in [0, 1)", o.val_fraction));
@@ -216,8 +220,7 @@ StreamTokenizeReport stream_tokenize(const StreamTokenizeOptions& o) {
     while (count.next(d)) ++r.documents;
   }
   if (r.documents == 0) throw std::invalid_argument(fmt::format("the corpus ({}) has no text", fmt::join(o.inputs, ", ")));
-  const int64_t n_val =
-      o.val_fraction > 0 ? std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(r.documents) * o.val_fraction)) : 0;
+  const int64_t n_val = validation_documents(r.documents, o.val_fraction);
   if (n_val >= r.documents) {
     throw std::invalid_argument(fmt::format("the corpus has {} document(s): --val-fraction {} would take every one",
                                             r.documents, o.val_fraction));

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <fmt/ranges.h>
 
+#include "meshtrain/data/documents.h"
 #include "meshtrain/data/shard.h"
 
 namespace meshtrain {
@@ -113,7 +114,7 @@ TokenizeReport tokenize_corpus(const TokenizeOptions& o) {
   const auto docs = read_documents(o.inputs, o.blank_line_documents, &r.bytes);
   if (docs.empty()) throw std::invalid_argument(fmt::format("the corpus ({}) has no text", fmt::join(o.inputs, ", ")));
   r.documents = docs.size();
-  const size_t n_val = o.val_fraction > 0 ? std::max<size_t>(1, static_cast<size_t>(docs.size() * o.val_fraction)) : 0;
+  const size_t n_val = static_cast<size_t>(validation_documents(static_cast<int64_t>(docs.size()), o.val_fraction));
   if (n_val >= docs.size()) {
     throw std::invalid_argument(fmt::format("the corpus ({}) has {} document(s): the validation split (--val-fraction "
                                             "{}) would take every one; give more text or --val-fraction 0",

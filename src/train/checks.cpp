@@ -173,10 +173,11 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                               "another objective (use pretrain or sft, or remove eval.tasks)",
                                               c.method));
     }
-    run_tokenizer(c.eval_tokenizer, train_shards_of(c));
+    const std::string tokenizer = run_tokenizer(c.eval_tokenizer, train_shards_of(c));
     std::map<std::string, std::string> names;  // a task's name keys its metrics
     for (const auto& t : c.eval_tasks) {
-      read_choice_task(t);  // errors name the file and line
+      // Errors name the file and line; then its ids must fit the model (the tokenizer is the model's).
+      check_choice_ids(tokenize_choice_task(t, tokenizer), c.model.vocab, t);
       const auto [it, fresh] = names.emplace(choice_task_name(t), t);
       if (!fresh) {
         throw std::invalid_argument(fmt::format("eval.tasks: {} and {} have the same name \"{}\" (their metrics "

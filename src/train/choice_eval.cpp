@@ -47,33 +47,74 @@ void judge(ChoiceScore& s, const TokenizedChoice& q, const std::vector<double>& 
   s.correct_norm += static_cast<int64_t>(best_norm) == q.answer;
 }
 
+std::vector<std::pair<size_t, size_t>> choice_rows(const std::vector<TokenizedChoice>& qs) {
+  std::vector<std::pair<size_t, size_t>> rows;
+  for (size_t i = 0; i < qs.size(); ++i) {
+    for (size_t k = 0; k < qs[i].choices.size(); ++k) rows.emplace_back(i, k);
+  }
+  return rows;
+}
+
+void rows_from(const std::vector<TokenizedChoice>& qs, const std::vector<std::pair<size_t, size_t>>& rows, size_t begin,
+               size_t end, int64_t seq, int64_t* tokens, int64_t* targets) {
+  for (size_t r = begin; r < end; ++r) {
+    const ChoiceRow row = choice_row(qs[rows[r].first], rows[r].second, seq);
+    std::copy(row.tokens.begin(), row.tokens.end(), tokens + (r - begin) * static_cast<size_t>(seq));
+    std::copy(row.targets.begin(), row.targets.end(), targets + (r - begin) * static_cast<size_t>(seq));
+  }
+}
+
+ChoiceScore score_rows(const std::vector<TokenizedChoice>& qs, const std::vector<double>& row_losses) {
+  ChoiceScore s;
+  size_t r = 0;
+  for (const auto& q : qs) {
+    std::vector<double> ll;
+    for (size_t k = 0; k < q.choices.size(); ++k) ll.push_back(-row_losses.at(r++));
+    judge(s, q, ll);
+  }
+  return s;
+}
+
+void check_choice_ids(const std::vector<TokenizedChoice>& qs, int64_t vocab, const std::string& task) {
+  int64_t top = 0;
+  for (const auto& q : qs) {
+    for (int64_t id : q.context) top = std::max(top, id);
+    for (const auto& c : q.choices) {
+      for (int64_t id : c) top = std::max(top, id);
+    }
+  }
+  if (top >= vocab) {
+    throw std::invalid_argument(fmt::format("{}: tokenized, it holds id {}, beyond the model's vocabulary of {}: give "
+                                            "the tokenizer the model was trained with", task, top, vocab));
+  }
+}
+
 std::vector<std::vector<double>> choice_loglikelihoods(Transformer& m, const std::vector<TokenizedChoice>& qs,
                                                        int64_t seq, int64_t rows) {
-  std::vector<std::pair<size_t, size_t>> index;  // (question, choice) of each row
-  std::vector<std::vector<double>> lls(qs.size());
-  for (size_t i = 0; i < qs.size(); ++i) {
-    lls[i].resize(qs[i].choices.size());
-    for (size_t k = 0; k < qs[i].choices.size(); ++k) index.emplace_back(i, k);
-  }
+  const auto index = choice_rows(qs);
+  std::vector<double> losses;
   at::NoGradGuard no_grad;
   for (size_t begin = 0; begin < index.size(); begin += static_cast<size_t>(rows)) {
     const size_t end = std::min(index.size(), begin + static_cast<size_t>(rows));
     const int64_t b = static_cast<int64_t>(end - begin);
     at::Tensor tokens = at::empty({b, seq}, at::kLong), targets = at::empty({b, seq}, at::kLong);
-    for (size_t r = begin; r < end; ++r) {
-      const ChoiceRow row = choice_row(qs[index[r].first], index[r].second, seq);
-      const int64_t at_row = static_cast<int64_t>(r - begin);
-      std::copy(row.tokens.begin(), row.tokens.end(), tokens[at_row].data_ptr<int64_t>());
-      std::copy(row.targets.begin(), row.targets.end(), targets[at_row].data_ptr<int64_t>());
-    }
-    const at::Tensor nll = m.forward(tokens, targets, false).sum(0).to(at::kDouble);  // [s, b] -> [b]
-    for (size_t r = begin; r < end; ++r) lls[index[r].first][index[r].second] = -nll[static_cast<int64_t>(r - begin)].item<double>();
+    rows_from(qs, index, begin, end, seq, tokens.data_ptr<int64_t>(), targets.data_ptr<int64_t>());
+    const at::Tensor nll = m.forward(tokens, targets, false).sum(0).to(at::kDouble).contiguous();  // [s, b] -> [b]
+    losses.insert(losses.end(), nll.data_ptr<double>(), nll.data_ptr<double>() + b);
   }
+  std::vector<std::vector<double>> lls(qs.size());
+  for (size_t r = 0; r < index.size(); ++r) lls[index[r].first].push_back(-losses[r]);
   return lls;
 }
 
 ShardLoss shard_loss(Transformer& m, const std::string& shard, int64_t seq, int64_t rows) {
   const ShardReader r(shard);
+  uint32_t top = 0;
+  for (uint64_t i = 0; i < r.size(); ++i) top = std::max(top, r[i]);
+  if (top >= static_cast<uint32_t>(m.spec().vocab)) {
+    throw std::invalid_argument(fmt::format("{} holds token id {}, beyond the model's vocabulary of {}: was it "
+                                            "tokenized with another tokenizer?", shard, top, m.spec().vocab));
+  }
   const int64_t windows = static_cast<int64_t>((r.size() - 1) / static_cast<uint64_t>(seq));
   if (windows < 1) throw std::invalid_argument(fmt::format("{} holds fewer than {} tokens: no window", shard, seq + 1));
   ShardLoss l;

@@ -81,38 +81,23 @@ std::vector<double> evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp
 // cp: a cp rank's cover its chunks), so every rank judges every question.
 ChoiceScore evaluate_choices(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks,
                              const std::vector<TokenizedChoice>& qs) {
-  std::vector<std::pair<size_t, size_t>> index;  // (question, choice) of each row
-  for (size_t i = 0; i < qs.size(); ++i) {
-    for (size_t k = 0; k < qs[i].choices.size(); ++k) index.emplace_back(i, k);
-  }
+  const auto index = choice_rows(qs);
   const int64_t rows = c.micro_batch, total = static_cast<int64_t>(index.size());
   const int64_t calls = (total + rows * data.size() - 1) / (rows * data.size());
   at::Tensor nll = at::zeros({total}, at::kDouble);
   for (int64_t call = 0; call < calls; ++call) {
-    const int64_t first = (call * data.size() + data.rank()) * rows;
+    const int64_t first = std::min(total, (call * data.size() + data.rank()) * rows), end = std::min(total, first + rows);
     Batch b;
     b.tokens = at::zeros({rows, c.seq}, at::kLong);
     b.targets = at::full({rows, c.seq}, -1, at::kLong);
     if (c.document_mask) b.doc_ids = at::zeros({rows, c.seq}, at::kLong);
-    for (int64_t j = 0; j < rows && first + j < total; ++j) {
-      const auto [q, k] = index[static_cast<size_t>(first + j)];
-      const ChoiceRow row = choice_row(qs[q], k, c.seq);
-      std::copy(row.tokens.begin(), row.tokens.end(), b.tokens[j].data_ptr<int64_t>());
-      std::copy(row.targets.begin(), row.targets.end(), b.targets[j].data_ptr<int64_t>());
-    }
+    rows_from(qs, index, static_cast<size_t>(first), static_cast<size_t>(end), c.seq, b.tokens.data_ptr<int64_t>(),
+              b.targets.data_ptr<int64_t>());
     const at::Tensor losses = engine.row_losses(context_shard(b, chunks)).contiguous();
-    auto out = nll.accessor<double, 1>();
-    for (int64_t j = 0; j < rows && first + j < total; ++j) out[first + j] = losses.data_ptr<double>()[j];
+    if (end > first) nll.narrow(0, first, end - first).copy_(losses.narrow(0, 0, end - first));
   }
   dp.all_reduce(nll);
-  ChoiceScore s;
-  const auto v = nll.accessor<double, 1>();
-  for (size_t i = 0, r = 0; i < qs.size(); ++i) {
-    std::vector<double> ll;
-    for (size_t k = 0; k < qs[i].choices.size(); ++k) ll.push_back(-v[static_cast<int64_t>(r++)]);
-    judge(s, qs[i], ll);
-  }
-  return s;
+  return score_rows(qs, std::vector<double>(nll.data_ptr<double>(), nll.data_ptr<double>() + total));
 }
 
 // " | name value" for each of a method's metrics.
@@ -305,7 +290,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   std::vector<std::pair<std::string, std::vector<TokenizedChoice>>> tasks;  // [eval] tasks, tokenized on every rank
   if (!c.eval_tasks.empty()) {
     const std::string tokenizer = run_tokenizer(c.eval_tokenizer, train_shards_of(c));
-    for (const auto& t : c.eval_tasks) tasks.emplace_back(choice_task_name(t), tokenize_choice_task(t, tokenizer));
+    for (const auto& t : c.eval_tasks) {
+      tasks.emplace_back(choice_task_name(t), tokenize_choice_task(t, tokenizer));
+      check_choice_ids(tasks.back().second, c.model.vocab, t);
+    }
   }
   const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
   // The MFU denominator: given, or rank 0 times GEMMs in the run's dtype on all of this host's cores (once per
@@ -459,6 +447,9 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       }
     }
     const auto sources = loader.source_stats();
+    const auto source_tokens = [&](const TokenLoader::SourceStats& src) {  // a unit is a window (DPO: a pair of two)
+      return src.taken * static_cast<uint64_t>(c.seq) * (pairwise(c.method) ? 2 : 1);
+    };
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
     if (lead) {
       if (s % c.log_every == 0 || s == start + 1 || s == last) {
@@ -491,7 +482,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
         for (const auto& src : sources) {
           line += fmt::format(" | {} {:.1f}% of windows, {} tokens, {:.3f} epochs", src.name,
                               100.0 * static_cast<double>(src.taken) / static_cast<double>(s * c.global_batch),
-                              src.taken * static_cast<uint64_t>(c.seq) * (pairwise(c.method) ? 2 : 1), src.epochs());
+                              source_tokens(src), src.epochs());
         }
         fmt::print("step {:>5} | sources{}\n", s, line);
       }
@@ -513,7 +504,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
         }
         for (const auto& [name, v] : source_val) j["val_loss_" + name] = v;
         for (const auto& src : sources) {
-          j["source_tokens"][src.name] = src.taken * static_cast<uint64_t>(c.seq) * (pairwise(c.method) ? 2 : 1);
+          j["source_tokens"][src.name] = source_tokens(src);
           j["source_epochs"][src.name] = src.epochs();
         }
         for (const auto& [name, sc] : scores) {

@@ -28,6 +28,11 @@ struct Document {
   bool jsonl = false;
 };
 
+// How many of a corpus's `documents` are validation (the last ones): max(1,
+// floor(n x fraction)), 0 for fraction 0. meshtrain tokenize, tokenize stream
+// and data choices all hold out this count.
+int64_t validation_documents(int64_t documents, double fraction);
+
 class DocumentReader {
  public:
   // Checks every path (readable, not empty) and the format before reading any: throws std::invalid_argument

@@ -44,6 +44,19 @@ ChoiceRow choice_row(const TokenizedChoice& q, size_t k, int64_t seq);
 // Adds question `q` judged from its choices' log-likelihoods `ll`.
 void judge(ChoiceScore& s, const TokenizedChoice& q, const std::vector<double>& ll);
 
+// Every (question, choice) of `qs` as one row each, in order: what the
+// scorers batch. rows_from writes rows [begin, end) of them into
+// `tokens` and `targets` (each (end - begin) x seq, row-major).
+std::vector<std::pair<size_t, size_t>> choice_rows(const std::vector<TokenizedChoice>& qs);
+void rows_from(const std::vector<TokenizedChoice>& qs, const std::vector<std::pair<size_t, size_t>>& rows, size_t begin,
+               size_t end, int64_t seq, int64_t* tokens, int64_t* targets);
+// The score from every row's summed loss (-ll), in choice_rows' order.
+ChoiceScore score_rows(const std::vector<TokenizedChoice>& qs, const std::vector<double>& row_losses);
+
+// Throws std::invalid_argument when a task's ids do not fit the model's
+// vocabulary (a tokenizer other than the model's), naming the task and the fix.
+void check_choice_ids(const std::vector<TokenizedChoice>& qs, int64_t vocab, const std::string& task);
+
 // Every choice's log-likelihood with a whole model in this process (tp = 1),
 // `rows` choices per forward.
 std::vector<std::vector<double>> choice_loglikelihoods(Transformer& m, const std::vector<TokenizedChoice>& qs,
