@@ -1,5 +1,6 @@
 // The planner's conventions as switches, each against its source's published
-// example: DeepSpeed's model-state estimators (plan/deepspeed_estimate.h).
+// example: DeepSpeed's model-state estimators (plan/deepspeed_estimate.h), sequence parallelism, fp8, and
+// ZeRO with optimizer offload (ZeRO-Offload).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -108,6 +109,67 @@ TEST(PlanConventions, Fp8RunsTheLinearsAtTheFp8Rate) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("a100 has no fp8"), std::string::npos) << e.what();
   }
+}
+
+TEST(PlanConventions, OffloadRunsAdamOnTheHost) {
+  const ModelSpec& m = preset("llama2-7b");
+  Strategy s;
+  s.dp = 8, s.zero = 2, s.micro_batch = 1, s.global_batch = 24, s.recompute = Recompute::Full;  // 3 micro-batches
+  const GpuSpec& a100 = gpu_preset("a100");
+  const StepEstimate on_gpu = estimate_step(m, s, a100);
+  s.offload = true;
+  const StepEstimate off = estimate_step(m, s, a100);
+  // DeepSpeed's bytes per parameter of the rank's shard. Gradient copies: 2 B down in the first micro-batch,
+  // 2 B up and 2 B down in the second, 2 B up, 2 B down and 4 B (fp32) down in the last. On the host: Adam's
+  // 16 B read and 12 B written and the 16-bit cast (read 4, write 2), the DRAM shared by a node's 8 ranks.
+  // 16-bit weights up.
+  const double shard = static_cast<double>(count_params(m, 128).total) / 8;
+  const double pcie = a100.pcie_bw * a100.pcie_efficiency;
+  EXPECT_NEAR(off.offload.copies / (shard * (2 + 4 + 8) / pcie), 1.0, 1e-12);
+  EXPECT_NEAR(off.offload.host_adam / (shard * 34 / (a100.host_memory_bw * a100.memory_efficiency / 8)), 1.0, 1e-12);
+  EXPECT_NEAR(off.offload.params_up / (shard * 2 / pcie), 1.0, 1e-12);
+  // The host's step replaces the GPU's Adam and nothing else changes; the copies hid under the backward.
+  EXPECT_DOUBLE_EQ(off.step_s - off.optimizer_s, on_gpu.step_s - on_gpu.optimizer_s);
+  EXPECT_EQ(off.offload.copies_exposed, 0);
+  EXPECT_DOUBLE_EQ(off.optimizer_s, off.offload.host_adam + off.offload.params_up);
+  EXPECT_GT(off.optimizer_s, 10 * on_gpu.optimizer_s);
+  EstimateOptions after;  // nothing under the backward: every copy is on the step's path
+  after.time.dp_overlap = false;
+  EXPECT_DOUBLE_EQ(estimate_step(m, s, a100, after).optimizer_s,
+                   off.offload.copies + off.offload.host_adam + off.offload.params_up);
+  // One GPU has its host's DRAM to itself.
+  Strategy one = s;
+  one.dp = 1, one.global_batch = 3;
+  const StepEstimate alone = estimate_step(m, one, a100);
+  EXPECT_NEAR(alone.offload.host_adam / (8 * shard * 34 / (a100.host_memory_bw * a100.memory_efficiency)), 1.0, 1e-12);
+  // Without ZeRO there is no shard to move, and a device without a separate host has nowhere to move it.
+  s.zero = 0;
+  EXPECT_THROW(validate(s, m), std::invalid_argument);
+  s.zero = 2;
+  GpuSpec cpu = gpu_preset("cpu");
+  cpu.peak_flops = 1e12, cpu.memory_bw = 1e11;  // as `--gpu cpu` measures them
+  EXPECT_THROW(estimate_step(m, s, cpu), std::invalid_argument);
+}
+
+// Ren et al., ZeRO-Offload (USENIX ATC'21, arXiv 2101.06840), abstract: "models with over 13 billion
+// parameters on a single GPU" (a V100 32 GB). With ZeRO-2 offload the device holds the 16-bit weights and a
+// gradient bucket; the fp32 weights, gradients and Adam states are on the host.
+TEST(PlanConventions, OffloadFitsThirteenBillionParametersOnOneV100) {
+  SearchInput in;
+  in.model = preset("llama2-13b");
+  in.gpu = gpu_preset("v100");
+  in.gpus = 1, in.seq = 1024, in.global_batch = 8;
+  EXPECT_TRUE(search(in).ranked.empty());
+  in.fixed.offload = true;
+  const SearchResult r = search(in);
+  ASSERT_FALSE(r.ranked.empty());
+  const Candidate& best = r.ranked.front();
+  EXPECT_TRUE(best.strategy.offload);
+  const StageLedger& l = best.memory.first;
+  EXPECT_TRUE(l.line("optimizer states").host);
+  EXPECT_LE(best.peak_bytes, in.gpu.memory_bytes);
+  EXPECT_GE(l.line("parameters").bytes, 2 * 13e9);  // the 16-bit weights stay
+  if (best.strategy.zero >= 2) EXPECT_TRUE(l.line("gradients").host);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <unistd.h>
 
 #include <filesystem>
@@ -36,7 +37,8 @@ nlohmann::json to_json(const plan::Candidate& c) {
   j["strategy"] = {{"tp", s.tp},     {"cp", s.cp},   {"ep", s.ep},     {"dp", s.dp},
                    {"pp", s.pp},     {"vpp", s.vpp}, {"sp", s.sp},     {"zero", s.zero},
                    {"recompute", plan::to_string(s.recompute)},    {"micro_batch", s.micro_batch},
-                   {"schedule", plan::to_string(s.schedule)},      {"precision", plan::to_string(s.precision)}};
+                   {"schedule", plan::to_string(s.schedule)},      {"precision", plan::to_string(s.precision)},
+                   {"offload", s.offload}};
   j["peak_bytes"] = c.peak_bytes;
   for (const auto* stage : {&c.memory.first, &c.memory.last}) {
     nlohmann::json lines = nlohmann::json::array();
@@ -47,7 +49,12 @@ nlohmann::json to_json(const plan::Candidate& c) {
   const auto& e = c.estimate;
   j["estimate"] = {{"step_s", e.step_s},     {"compute_s", e.compute_s},       {"bubble_fraction", e.bubble_fraction},
                    {"exposed_comm_s", e.exposed_comm_s}, {"tokens_per_s", e.tokens_per_s}, {"mfu", e.mfu},
-                   {"model_flops", e.model_flops}};
+                   {"model_flops", e.model_flops}, {"optimizer_s", e.optimizer_s}};
+  if (s.offload) {
+    j["estimate"]["offload"] = {{"gradient_copies_s", e.offload.copies},
+                                {"gradient_copies_exposed_s", e.offload.copies_exposed},
+                                {"host_adam_s", e.offload.host_adam}, {"params_up_s", e.offload.params_up}};
+  }
   for (const auto& [axis, t] : e.traffic)
     j["traffic"][axis] = {{"bytes", t.bytes}, {"inter_node", t.inter_node}, {"seconds", t.seconds}, {"exposed", t.exposed}};
   return j;
@@ -85,6 +92,7 @@ Run add_plan(CLI::App& app) {
     int64_t lora_rank = 8;
     double peak_tflops = 0;
     bool no_sp = false;
+    bool offload = false;
     std::string convention = "zero";
   };
   auto o = std::make_shared<Opts>();
@@ -133,6 +141,8 @@ Run add_plan(CLI::App& app) {
   cmd->add_flag("--tp-overlap", o->tp_overlap, "tp collectives run under GEMMs (Transformer Engine's userbuffers)");
   cmd->add_flag("--no-dp-overlap", o->no_dp_overlap, "gradients reduced after the backward, not during it");
   cmd->add_flag("--no-sp", o->no_sp, "tp without sequence parallelism (Korthikanti et al.'s baseline)");
+  cmd->add_flag("--offload", o->offload,
+                "optimizer states and fp32 weights in host memory, Adam on the host (ZeRO-Offload; ZeRO 1-3)");
   cmd->add_option("--convention", o->convention,
                   "zero: this planner's ledger (the ZeRO paper's 2 + 2 + 12 bytes, activations, buffers); deepspeed: "
                   "DeepSpeed's estimate_zero2/3_model_states_mem_needs tables, offload included")
@@ -226,6 +236,17 @@ Run add_plan(CLI::App& app) {
     if (o->micro_batch > 0) in.fixed.micro_batch = o->micro_batch;
     if (!o->recompute.empty()) in.fixed.recompute = plan::parse_recompute(o->recompute);
     if (o->no_sp) in.fixed.sp = false;
+    if (o->offload) {
+      if (in.fixed.zero && *in.fixed.zero == 0) {
+        throw std::invalid_argument("--offload moves each rank's ZeRO shard of the optimizer to the host: use --zero 1, "
+                                    "2 or 3 (or leave --zero to the search)");
+      }
+      if (in.gpu.host_memory_bw <= 0) {
+        throw std::invalid_argument(fmt::format("--offload: {} has no separate host to offload the optimizer to",
+                                                in.gpu.name));
+      }
+      in.fixed.offload = true;
+    }
     if (o->convention != "zero" && o->convention != "deepspeed") {
       throw std::invalid_argument(fmt::format("--convention '{}': use zero or deepspeed", o->convention));
     }
@@ -290,13 +311,16 @@ Run add_plan(CLI::App& app) {
                  plan::human_bytes(in.gpu.memory_bytes), in.gpu.name);
       return l.device_total() <= in.gpu.memory_bytes ? 0 : 3;
     }
+    const auto t0 = std::chrono::steady_clock::now();
     auto r = plan::search(in);
+    const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (o->json) {
       nlohmann::json j;
       j["model"] = in.model.name;
       j["gpus"] = in.gpus;
       j["considered"] = r.considered;
       j["feasible"] = r.feasible;
+      j["search_s"] = search_s;
       j["explanation"] = r.explanation;
       j["rules"] = r.rules;
       j["flops_convention"] = plan::flops_formula(in.estimate.attn);
@@ -320,7 +344,7 @@ Run add_plan(CLI::App& app) {
     }
     fmt::print("FLOPs convention: {}; MFU after PaLM with peak {:.4g} TFLOP/s\n", plan::flops_formula(in.estimate.attn),
                in.gpu.peak_flops / 1e12);
-    fmt::print("{} valid plans considered, {} fit in {}\n\n", r.considered, r.feasible,
+    fmt::print("{} valid plans considered in {:.3f} s, {} fit in {}\n\n", r.considered, search_s, r.feasible,
                plan::human_bytes(in.gpu.memory_bytes));
     for (const auto& line : r.explanation) fmt::print("{}\n", line);
     if (r.ranked.empty()) {
@@ -355,6 +379,12 @@ Run add_plan(CLI::App& app) {
     fmt::print("Step: compute {:.3f} s + bubble {:.3f} s + exposed communication {:.3f} s + optimizer {:.3f} s = {:.3f} s\n",
                best.estimate.compute_s, best.estimate.bubble_s, best.estimate.exposed_comm_s,
                best.estimate.optimizer_s, best.estimate.step_s);
+    if (best.strategy.offload) {
+      const auto& off = best.estimate.offload;
+      fmt::print("Optimizer on the host: gradient copies {:.3f} s ({:.3f} s not under the backward), Adam {:.3f} s, "
+                 "weights up {:.3f} s\n",
+                 off.copies, off.copies_exposed, off.host_adam, off.params_up);
+    }
     return 0;
   };
 }

@@ -134,7 +134,12 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   // critical path of 1F1B's steady state and of the ramps.
   double pp_s = 0;
   if (s.pp > 1) {
-    const double send = collective_seconds(Collective::Send, pp_send, 2, axis_link(s, "pp", gpu));
+    double send = collective_seconds(Collective::Send, pp_send, 2, axis_link(s, "pp", gpu));
+    // Scatter/gather without SP: the receiver all-gathers the tp ranks' pieces over its own tp group before
+    // using them (Narayanan et al. 2021, sec. 4.1). With SP the pieces are the activation's own shards.
+    if (s.tp > 1 && o.time.pp_scatter_gather && !s.sp) {
+      send += collective_seconds(Collective::AllGather, pp_send * s.tp, s.tp, axis_link(s, "tp", gpu));
+    }
     pp_s = 2 * (mb * s.vpp + s.pp - 1) * send;
     // Tied embedding: the first and last stages sum their copies' fp32 gradients.
     if (m.tied) pp_s += collective_seconds(Collective::AllReduce, c.embedding / s.tp * 4.0, 2, axis_link(s, "pp", gpu));
@@ -142,7 +147,8 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   const LinkSpec dp_link = axis_link(s, "dp", gpu);
   const double dp_s = e.traffic["dp"].bytes / ring_rate(dp_link) + dp_collectives * dp_link.latency;
   // Overlapped: gradient buckets reduce under the last micro-batch's backward (about 2/3 of its work).
-  const double dp_exposed = to.dp_overlap ? std::max(0.0, dp_s - e.microbatch.compute() * 2.0 / 3.0) : dp_s;
+  const double backward_window = e.microbatch.compute() * 2.0 / 3.0;
+  const double dp_exposed = to.dp_overlap ? overlap_cost(dp_s, backward_window, dp_link) : dp_s;
   e.traffic["tp"].seconds = mb * e.microbatch.tp_wire;
   e.traffic["cp"].seconds = mb * e.microbatch.cp_wire;
   e.traffic["ep"].seconds = mb * e.microbatch.ep_wire;
@@ -155,6 +161,15 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   e.traffic["dp"].exposed = dp_exposed;
   e.exposed_comm_s = mb * e.microbatch.comm() + pp_s + dp_exposed;
   e.optimizer_s = optimizer_seconds(dense + experts, s, gpu);
+  if (s.offload) {
+    if (gpu.pcie_bw <= 0 || gpu.host_memory_bw <= 0) {
+      throw std::invalid_argument(fmt::format("{} has no separate host to offload the optimizer to: plan it without "
+                                              "offload", gpu.name));
+    }
+    // The host's Adam replaces the GPU's; gradient copies not hidden under the backward count with it.
+    e.offload = offload_time((dense + experts) / s.shard_group(), s, gpu, backward_window, to.dp_overlap);
+    e.optimizer_s = e.offload.exposed();
+  }
   e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;
   e.tokens_per_s = tokens / e.step_s;
   e.mfu = e.model_flops / (e.step_s * s.world() * gpu.peak_flops);

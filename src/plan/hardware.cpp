@@ -24,17 +24,29 @@ namespace {
 //         B200 SXM 1745.0 of 2250. No V100 entry: the A100's fraction is assumed. Its FP8 (float8_e4m3fn)
 //         table: H100 SXM 1402.6 of 1979, H200 SXM 1453.4 of 1979, B200 SXM 3432.5 of 4500 (the data sheets'
 //         dense fp8 peaks); A100 and V100 have no fp8 tensor cores.
-//  [CAL]  Calculon (Isaev et al., SC'23; calculon-ai/calculon systems/a100_80g.json, h100_80g_nvl8.json):
-//         NVLink collectives at 0.6 of link bandwidth with 1 us per step, the NIC at 0.9 with 2 us; streaming
-//         memory kernels at 0.9 of memory bandwidth (transfers of 100 MB and more). Its "ops" factors: on
-//         NVLink, all-gather and reduce-scatter take 1.5x their ideal ring time (A100 and H100), and the H100's
-//         all-reduce moves the buffer once (NVLink SHARP in the NVSwitch); on the NIC, the ring's ideal.
+//  [CAL]  Calculon (Isaev et al., SC'23; calculon-ai/calculon commit f50f3a4, systems/a100_80g.json,
+//         h100_80g_nvl8.json): NVLink collectives at 0.6 of link bandwidth with 1 us per step, the NIC at 0.9
+//         with 2 us; streaming memory kernels at 0.9 of memory bandwidth (transfers of 100 MB and more). Its
+//         "ops" factors: on NVLink, all-gather and reduce-scatter take 1.5x their ideal ring time (A100 and
+//         H100), and the H100's all-reduce moves the buffer once (NVLink SHARP in the NVSwitch); on the NIC, the
+//         ring's ideal. Its "processor_usage": a collective overlapped with compute slows that compute by 0.15
+//         of the collective's time on NVLink, 0.02 on the NIC (calculon/megatron/layers.py,
+//         compute_processing_time: hidden communication adds net_time x processor_usage).
+//  [PCIE] The GPUs' data sheets: V100 SXM2 PCIe Gen3 32 GB/s, A100 SXM4 Gen4 64 GB/s, H100 / H200 SXM and B200
+//         Gen5 128 GB/s, both directions together (here one direction). Calculon's host tier (its "mem2" for
+//         the A100) reaches 0.95 of it on transfers of 100 MB and more.
+//  [HOST] The DGX data sheets' CPUs and their vendors' memory specifications (channels x transfer rate x 8
+//         bytes, per socket, two sockets): DGX-1 2x Xeon E5-2698 v4 (4 x DDR4-2400: 76.8 GB/s), DGX A100 2x
+//         EPYC 7742 (8 x DDR4-3200: 204.8 GB/s), DGX H100 / H200 2x Xeon Platinum 8480C (8 x DDR5-4800: 307.2
+//         GB/s), DGX B200 2x Xeon Platinum 8570 (8 x DDR5-5600: 358.4 GB/s). A host pass is assumed to reach
+//         the same 0.9 of it as a device pass ([CAL]'s streaming fraction); no published CPU measurement used.
 //  [FA2]  Dao, FlashAttention-2 (arXiv 2307.08691): 50-73% of the A100's peak forward + backward; 0.6 taken.
 //  [FA3]  Shah et al., FlashAttention-3 (arXiv 2407.08608): H100 forward up to 75% of peak, the backward
 //         about half: 0.55 over forward + backward (2.5x the forward's FLOPs) taken for Hopper and later.
-// [DS] bandwidth; [CAL] efficiency, latency and the gather factor; NVLink SHARP from the NVSwitch generation.
-constexpr LinkSpec kNvLink(double bw, bool sharp) { return {bw, 0.6, 1e-6, 1.5, sharp}; }
-constexpr LinkSpec kNic(double bw) { return {bw, 0.9, 2e-6}; }  // [NIC] bandwidth, [CAL] efficiency, latency
+// [DS] bandwidth; [CAL] efficiency, latency, the gather factor and the processor usage; NVLink SHARP from the
+// NVSwitch generation.
+constexpr LinkSpec kNvLink(double bw, bool sharp) { return {bw, 0.6, 1e-6, 1.5, sharp, 0.15}; }
+constexpr LinkSpec kNic(double bw) { return {bw, 0.9, 2e-6, 1, false, 0.02}; }  // [NIC] bandwidth, [CAL] the rest
 
 GpuSpec gpu(std::string name, double peak, double mem, double mem_bw, int sms, double mamf, double flash,
             LinkSpec intra, LinkSpec inter, std::string source) {
@@ -70,6 +82,13 @@ std::map<std::string, GpuSpec> make_presets() {
   }
   add(gpu("v100", 125e12, 32e9, 900e9, 80, 271.2 / 312, 0.6, kNvLink(150e9, false), kNic(12.5e9),
           "NVIDIA data sheet; MAMF of the A100 assumed (none published)"));
+  // [PCIE] one direction, [HOST] both sockets.
+  for (auto [name, pcie, host] : {std::tuple{"v100", 16e9, 2 * 76.8e9}, {"a100", 32e9, 2 * 204.8e9},
+                                  {"a100-40g", 32e9, 2 * 204.8e9}, {"h100", 64e9, 2 * 307.2e9},
+                                  {"h200", 64e9, 2 * 307.2e9}, {"b200", 64e9, 2 * 358.4e9}}) {
+    p[name].pcie_bw = pcie;
+    p[name].host_memory_bw = host;
+  }
   // The host itself: no peak, memory or bandwidth here; `meshtrain plan --gpu cpu` measures its GEMM rate and
   // copy bandwidth and reads its memory (cli/cmd_plan.cpp, train/gemm_peak.h). Its links: Gloo over loopback,
   // 1.0 GB/s all-reduce bus bandwidth on 2 ranks as measured for PLATFORM.md (20 us a step).

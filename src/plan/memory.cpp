@@ -130,8 +130,18 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                                                             "on this rank, ep {})",
                                                             expert, m.experts / s.ep, m.experts, s.ep)
                                               : "")});
-    L.lines.push_back({"gradients", ms.grads + me.grads,
-                       fmt::format("{:.4g} x {} B{}", L.params, grad_bytes(prec), s.zero >= 2 ? shard : "")});
+    if (s.offload && s.zero >= 2) {
+      // ZeRO-Offload (DeepSpeed stage_1_and_2.py): each reduced bucket's shard goes to the host's fp32 gradient
+      // partition; the device keeps the bucket being filled (reduce_bucket_size, DeepSpeed's default 5e8).
+      const double shard_params = (ms.grads + me.grads) / grad_bytes(prec);
+      L.lines.push_back({"gradients", shard_params * 4,
+                         fmt::format("{:.4g} x 4 B (fp32, the optimizer's shard){}", L.params, shard), true});
+      L.lines.push_back({"gradient bucket", std::min(L.params, 5e8) * grad_bytes(prec),
+                         fmt::format("min(params, 5e8) x {} B (DeepSpeed's reduce_bucket_size)", grad_bytes(prec))});
+    } else {
+      L.lines.push_back({"gradients", ms.grads + me.grads,
+                         fmt::format("{:.4g} x {} B{}", L.params, grad_bytes(prec), s.zero >= 2 ? shard : "")});
+    }
     L.lines.push_back({"optimizer states", ms.optimizer + me.optimizer,
                        fmt::format("{:.4g} x {} B (fp32 {}m, v){}", L.params, optimizer_bytes(prec),
                                    prec == Precision::Fp32 ? "" : "master, ", s.zero >= 1 ? shard : ""),

@@ -54,4 +54,9 @@ double collective_seconds(Collective c, double bytes, int n, const LinkSpec& lin
   return 0;
 }
 
+double overlap_cost(double comm, double compute, const LinkSpec& link) {
+  const double hidden = std::clamp(compute, 0.0, std::max(comm, 0.0));
+  return comm - hidden + hidden * link.processor_usage;
+}
+
 }  // namespace meshtrain::plan

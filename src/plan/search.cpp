@@ -66,6 +66,7 @@ SearchResult search(const SearchInput& in) {
                   Strategy s = base_strategy(in);
                   s.tp = tp, s.cp = cp, s.ep = ep, s.dp = dp, s.pp = pp, s.vpp = vpp;
                   s.sp = tp > 1 && f.sp.value_or(true);
+                  s.offload = f.offload.value_or(false);
                   s.zero = zero;
                   s.recompute = rc;
                   s.micro_batch = mb;
@@ -105,6 +106,9 @@ SearchResult search(const SearchInput& in) {
                         ? "sequence parallelism whenever tp > 1 (the same bytes as tp's all-reduce, activations split)"
                         : "no sequence parallelism (--no-sp): tp all-reduces, norms and dropout whole on every tp rank");
   r.rules.push_back("mesh order tp, cp, ep, dp, pp: the most frequent traffic on the fastest link");
+  if (f.offload.value_or(false)) {
+    r.rules.push_back("optimizer offload (--offload): states and fp32 weights on the host, Adam there; ZeRO 1-3 only");
+  }
   r.rules.push_back(fmt::format("pp: divisors of the GPU count up to the {} layers; v in 1,2 (interleaved) when pp > 1",
                                 in.model.layers));
   r.rules.push_back("cp in 1,2,4,8,16; ep: divisors of the expert count; zero 0-3; recomputation none, selective, "

@@ -21,6 +21,25 @@ Work Work::operator*(double k) const {
   return w;
 }
 
+OffloadTime offload_time(double shard_params, const Strategy& s, const GpuSpec& gpu, double backward, bool overlapped) {
+  const double pcie = gpu.pcie_bw * gpu.pcie_efficiency;
+  const int ranks_per_node = std::min(gpu.per_node, s.world());
+  const double host = gpu.host_memory_bw * gpu.memory_efficiency / ranks_per_node;
+  const double weight = s.precision == Precision::Fp32 ? 4 : 2;
+  const double g = weight * shard_params / pcie;  // one 16-bit (fp32 runs: fp32) copy of the shard's gradients
+  const int64_t m = s.microbatches();
+  OffloadTime t;
+  for (int64_t i = 0; i < m; ++i) {
+    double copy = (m > 1 ? g : 0) + (i > 0 ? g : 0);  // accumulation: down, and up from the second on
+    if (i == m - 1) copy += 4 * shard_params / pcie;   // the fp32 gradients for the optimizer
+    t.copies += copy;
+    t.copies_exposed += overlapped ? std::max(0.0, copy - backward) : copy;
+  }
+  t.host_adam = shard_params * (4 * 4 + 3 * 4 + 4 + weight) / host;
+  t.params_up = shard_params * weight / pcie;
+  return t;
+}
+
 LinkSpec axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu) {
   if (!axis_crosses_nodes(s, axis, gpu.per_node)) return gpu.intra;
   LinkSpec link = gpu.inter;
@@ -114,8 +133,8 @@ void context_comm(Halves& l, const ModelSpec& m, const Strategy& s, const Shape&
       const double block_f = l.fwd.attention / s.cp, block_b = l.bwd.attention / s.cp;
       const double send_f = collective_seconds(Collective::Send, kv, 2, link);
       const double send_b = collective_seconds(Collective::Send, 2 * kv, 2, link);
-      l.fwd.cp += (s.cp - 1) * std::max(0.0, send_f - block_f);
-      l.bwd.cp += (s.cp - 1) * std::max(0.0, send_b - block_b);
+      l.fwd.cp += (s.cp - 1) * overlap_cost(send_f, block_f, link);
+      l.bwd.cp += (s.cp - 1) * overlap_cost(send_b, block_b, link);
       l.fwd.cp_wire += (s.cp - 1) * send_f;
       l.bwd.cp_wire += (s.cp - 1) * send_b;
       break;
@@ -155,12 +174,12 @@ void tensor_comm(Halves& l, const Strategy& s, const Shape& x, const GpuSpec& gp
   l.fwd.tp_wire += fwd;
   l.bwd.tp_wire += bwd_row + bwd_col;
   if (o.tp_overlap) {
-    l.fwd.tp += std::max(0.0, fwd - l.fwd.gemm);
-    l.bwd.tp += std::max(0.0, bwd_row + bwd_col - l.bwd.gemm);
+    l.fwd.tp += overlap_cost(fwd, l.fwd.gemm, link);
+    l.bwd.tp += overlap_cost(bwd_row + bwd_col, l.bwd.gemm, link);
     return;
   }
   l.fwd.tp += fwd;
-  l.bwd.tp += bwd_row + (o.tp_overlap_backward ? std::max(0.0, bwd_col - l.col_bwd_gemm) : bwd_col);
+  l.bwd.tp += bwd_row + (o.tp_overlap_backward ? overlap_cost(bwd_col, l.col_bwd_gemm, link) : bwd_col);
 }
 
 }  // namespace
@@ -232,11 +251,14 @@ Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int6
   Halves l;
   const double v = static_cast<double>(vocab_padded) / s.tp;
   linear(l, x, gpu, x.tokens, v, x.h);
-  // Final norm; vocab-parallel cross-entropy (Megatron): forward reads the logits for the max, the sum of
-  // exponentials and the target and writes fp32 softmax; backward reads it and writes the logits' gradient.
+  // Final norm; vocab-parallel cross-entropy as Megatron-LM writes it (mpu/cross_entropy.py, gpt_model.py),
+  // pass by pass over the logits: forward casts them to fp32 (read e, write 4), takes the max (read 4),
+  // subtracts it (read 4, write 4), exponentiates (read 4, write 4), sums (read 4) and divides into the
+  // softmax it keeps (read 4, write 4); backward scales that softmax by the loss gradient (read 4, write 4)
+  // and casts it back (read 4, write e).
   const double norm = 2 * x.e * x.tokens_sp * x.h;
-  l.fwd.memory += memory_seconds(norm + (3 * x.e + 4) * x.tokens * v, gpu);
-  l.bwd.memory += memory_seconds(2 * norm + (4 + x.e) * x.tokens * v, gpu);
+  l.fwd.memory += memory_seconds(norm + (x.e + 36) * x.tokens * v, gpu);
+  l.bwd.memory += memory_seconds(2 * norm + (12 + x.e) * x.tokens * v, gpu);
   if (s.tp > 1) {
     const LinkSpec& link = axis_link(s, "tp", gpu);
     const double X = x.tokens * x.h * x.e;

@@ -133,6 +133,9 @@ void validate(const Strategy& s, const ModelSpec& m) {
   if (s.dp_shard > 0 && (s.dp % s.dp_shard != 0 || s.zero != 3)) {
     fail(fmt::format("HSDP shard group {} must divide dp {} and use zero 3", s.dp_shard, s.dp));
   }
+  if (s.offload && s.zero < 1) {
+    fail("optimizer offload moves each rank's ZeRO shard of the optimizer to the host: use zero 1, 2 or 3");
+  }
   if (s.sp && s.tp == 1) fail("sequence parallel needs tp > 1");
   if (s.micro_batch < 1 || s.global_batch < 1) fail("micro-batch and global batch must be positive");
   const int64_t per_step = s.micro_batch * s.dp * s.ep;

@@ -62,10 +62,12 @@ void korthikanti(std::vector<PublishedRun>& runs) {
 // (1.7B to 1T) on Selene, counted with their Eq. 3. Each row's micro-batch, interleaving and data-parallel
 // implementation are those of the paper's own scripts (NVIDIA/Megatron-LM examples/sc21/run_table_1.sh and
 // CONFIG.sh): fp16 with gradients accumulated and all-reduced in fp16 (no --accumulate-allreduce-grads-in-fp32),
-// no gradient accumulation fusion (it came later in 2021), "torch" DDP for the rows without a pipeline (its
-// all-reduce overlaps the last micro-batch's backward), "local" DDP after the backward for the others, full
-// recomputation ("--recompute-method uniform"), scatter/gather pipeline sends (their sec. 4.1), no sequence
-// parallelism (it came a year later).
+// no gradient accumulation fusion (Megatron-LM commit 83b1e42f30, February 2022), no asynchronous tp
+// all-reduce in the backward (ColumnParallelLinearWithAsyncAllreduce came in September 2021: the scripts'
+// commit de7dc40f88 of August 2021 has none, and the paper's runs are older), "torch" DDP for the rows
+// without a pipeline (its all-reduce overlaps the last micro-batch's backward), "local" DDP after the
+// backward for the others, full recomputation ("--recompute-method uniform"), scatter/gather pipeline sends
+// (their sec. 4.1), no sequence parallelism (it came a year later).
 void narayanan(std::vector<PublishedRun>& runs) {
   struct Row {
     const char* size;
@@ -89,6 +91,7 @@ void narayanan(std::vector<PublishedRun>& runs) {
     run.strategy.recompute = Recompute::Full;
     run.options.time.dp_overlap = r.pp == 1;
     run.options.time.grad_accumulation_fusion = false;
+    run.options.time.tp_overlap_backward = false;
     run.options.time.fp32_grad_reduce = false;
     run.metric = PublishedRun::Metric::TflopsPerGpu;
     run.published = r.tflops;

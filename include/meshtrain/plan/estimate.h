@@ -30,7 +30,7 @@ struct AxisTraffic {
   double bytes = 0;      // sent per rank per step
   bool inter_node = false;
   double seconds = 0;  // on the wire
-  double exposed = 0;  // of those, on the step's critical path (not under compute)
+  double exposed = 0;  // of those, on the step's critical path (not under compute), + the compute's slowdown
 };
 
 struct EstimateOptions {
@@ -44,6 +44,7 @@ struct StepEstimate {
   double hardware_flops = 0;  // with recomputation
   Work microbatch;  // one micro-batch through the slowest stage, by kind of work
   double compute_s = 0, bubble_fraction = 0, bubble_s = 0, exposed_comm_s = 0, optimizer_s = 0, step_s = 0;
+  OffloadTime offload;  // with optimizer offload: its parts (optimizer_s is then the exposed part of them)
   double tokens_per_s = 0, mfu = 0;
 };
 

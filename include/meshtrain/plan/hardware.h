@@ -22,6 +22,9 @@ struct LinkSpec {
   double latency = 0;     // seconds per hop of a ring or tree step
   double gather_cost = 1;          // all-gather / reduce-scatter time over the ring's ideal
   bool switch_all_reduce = false;  // all-reduce reduced in the switch: the buffer crosses once (NVLink SHARP)
+  // A collective hidden under compute still takes this fraction of the processor for its time (NCCL's
+  // kernels occupy SMs and memory bandwidth): hidden for t seconds, the compute under it runs t x this longer.
+  double processor_usage = 0;
   // Across nodes: a group with several members in each node drives that many NICs at once (NCCL runs one
   // ring per NIC), up to the node's own NVLink rate (rail_limit, bytes/s). axis_link sets both.
   int rails = 1;
@@ -44,6 +47,11 @@ struct GpuSpec {
   double fp8_peak_flops = 0;       // dense fp8 (E4M3/E5M2) matrix FLOP/s; 0: no fp8 tensor cores
   double fp8_matmul_efficiency = 0;  // large fp8 GEMM: achieved / fp8 peak (MAMF)
   LinkSpec intra, inter;
+  // The host, for optimizer offload (plan/step_time.h, offload_time): the GPU's PCIe link per direction and
+  // the node's host DRAM bandwidth (all sockets, shared by its per_node GPUs' ranks). 0: no host to offload to.
+  double pcie_bw = 0;
+  double pcie_efficiency = 0.95;  // a large DMA copy's share of pcie_bw
+  double host_memory_bw = 0;
   std::string source;  // where the numbers come from, printed with a plan
 };
 

@@ -42,4 +42,8 @@ enum class Collective { AllReduce, AllGather, ReduceScatter, AllToAll, Send };
 // `bytes`: the whole buffer (all-gather: the gathered result; reduce-scatter: the input), `n` ranks.
 double collective_seconds(Collective c, double bytes, int n, const LinkSpec& link);
 
+// What a collective of `comm` seconds run under `compute` seconds of work adds to the step: the part that
+// does not fit, plus the slowdown of the compute it hides under (hidden x link.processor_usage; Calculon).
+double overlap_cost(double comm, double compute, const LinkSpec& link);
+
 }  // namespace meshtrain::plan

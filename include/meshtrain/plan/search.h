@@ -21,6 +21,7 @@ struct Fixed {
   std::optional<int64_t> micro_batch;
   std::optional<Recompute> recompute;
   std::optional<bool> sp;  // sequence parallelism with tp > 1 (default on; off: Korthikanti's tp without SP)
+  std::optional<bool> offload;  // optimizer offload to the host (default off)
 };
 
 struct SearchInput {

@@ -13,7 +13,8 @@
 //   tp         no SP: 2 all-reduces forward, 2 backward; SP: 2 all-gathers + 2 reduce-scatters forward, as
 //              many backward plus the all-gathers Megatron repeats for the weight gradients (Korthikanti et
 //              al. sec. 4.2.2). Backward collectives of the column-parallel linears overlap their GEMMs
-//              (Megatron's asynchronous tp communication) unless TimeOptions says otherwise;
+//              (Megatron's asynchronous tp communication) unless TimeOptions says otherwise; a hidden
+//              collective still slows the GEMMs under it (LinkSpec::processor_usage, plan/op_time.h);
 //   cp         ring: K and V blocks pass c-1 hops, each hidden behind one block of attention; Ulysses: 4
 //              all-to-alls each way; all-gather: K and V gathered, their gradients reduce-scattered;
 //   ep         dispatch and combine all-to-alls, forward and backward.
@@ -28,7 +29,8 @@
 namespace meshtrain::plan {
 
 struct TimeOptions {
-  // Backward tp collectives of the column-parallel linears run under their GEMMs (Megatron-LM since 2022).
+  // Backward tp collectives of the column-parallel linears run under their GEMMs (Megatron-LM's asynchronous
+  // tensor-parallel all-reduce, ColumnParallelLinearWithAsyncAllreduce, since September 2021).
   bool tp_overlap_backward = true;
   // Every tp collective runs under a GEMM (Transformer Engine's userbuffers, --tp-comm-overlap).
   bool tp_overlap = false;
@@ -39,7 +41,7 @@ struct TimeOptions {
   // sec. 4.1).
   bool pp_scatter_gather = true;
   // The weight-gradient GEMMs accumulate straight into the gradient buffer (Megatron-LM's
-  // --gradient-accumulation-fusion, APEX fused_weight_gradient_mlp_cuda, since late 2021). Off: each further
+  // --gradient-accumulation-fusion, APEX fused_weight_gradient_mlp_cuda, since February 2022). Off: each further
   // micro-batch's gradients are added into it in a pass of their own (read both, write one: Megatron-LM of
   // early 2021, its main_grad.add_ hook, or autograd accumulating into .grad).
   bool grad_accumulation_fusion = true;
@@ -52,7 +54,7 @@ struct TimeOptions {
 // Seconds by kind of work.
 struct Work {
   double gemm = 0, attention = 0, memory = 0;  // compute
-  double tp = 0, cp = 0, ep = 0;               // exposed communication
+  double tp = 0, cp = 0, ep = 0;               // exposed communication (+ the slowdown of what it hides under)
   double tp_wire = 0, cp_wire = 0, ep_wire = 0;  // the same collectives' whole time, hidden or not
   double compute() const { return gemm + attention + memory; }
   double comm() const { return tp + cp + ep; }
@@ -70,6 +72,22 @@ Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int6
 // The optimizer step over `params` local parameters (AdamW, reading and writing the precision's states;
 // sharded by ZeRO), with gradient zeroing and the norm for clipping.
 double optimizer_seconds(double params, const Strategy& s, const GpuSpec& gpu);
+// Optimizer offload (ZeRO-Offload, Ren et al., USENIX ATC'21, arXiv 2101.06840) as DeepSpeed's ZeRO-1/2 run
+// it (deepspeed/runtime/zero/stage_1_and_2.py, copy_grads_in_partition), for each rank's shard:
+//   gradients  in each micro-batch's backward: with accumulation, the 16-bit gradients so far come up from a
+//              host buffer (from the second micro-batch on), are added to and go back down; in the last one
+//              they also go down in fp32 (cast on the GPU) into the optimizer's partition;
+//   Adam       on the host (DeepSpeedCPUAdam: reads fp32 weight, gradient, m and v, writes weight, m and v),
+//              then the weights cast into a 16-bit pinned buffer (read 4, write 2), its DRAM shared by the
+//              node's ranks;
+//   weights    copied up before the parameters' all-gather.
+// The copies hide under their micro-batch's backward (`backward` seconds) when `overlapped`.
+struct OffloadTime {
+  double copies = 0, copies_exposed = 0;  // gradient copies of the whole step, and the part not hidden
+  double host_adam = 0, params_up = 0;
+  double exposed() const { return copies_exposed + host_adam + params_up; }
+};
+OffloadTime offload_time(double shard_params, const Strategy& s, const GpuSpec& gpu, double backward, bool overlapped);
 // The link an axis's groups use: inside a node or across (mesh order tp, cp, ep, dp, pp); across nodes, with
 // as many rails as the group has members in one node.
 LinkSpec axis_link(const Strategy& s, const std::string& axis, const GpuSpec& gpu);
