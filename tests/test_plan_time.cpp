@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -22,31 +23,24 @@
 namespace meshtrain::plan {
 namespace {
 
-TEST(PlanTime, KorthikantiTable5IterationTimes) {
+// Each published run of `source` predicted within 10%; returns how many were checked.
+int check_within_ten_percent(const std::string& source) {
   int checked = 0;
   for (const PublishedRun& run : published_runs()) {
-    if (run.source.rfind("Korthikanti", 0) != 0) continue;
+    if (run.source.rfind(source, 0) != 0) continue;
     const double predicted = predict(run);
-    fmt::print("{:<40} {:7.2f} s (paper {:6.2f}, {:+5.1f}%)\n", run.label, predicted, run.published,
+    const char* unit = run.metric == PublishedRun::Metric::StepSeconds ? "s" : "TFLOP/s";
+    fmt::print("{:<40} {:7.2f} {} (paper {:7.2f}, {:+5.1f}%)\n", run.label, predicted, unit, run.published,
                100 * (predicted / run.published - 1));
     EXPECT_NEAR(predicted / run.published, 1.0, 0.10) << run.label;
     ++checked;
   }
-  EXPECT_EQ(checked, 8);
+  return checked;
 }
 
-TEST(PlanTime, NarayananTable1ThroughputPerGpu) {
-  int checked = 0;
-  for (const PublishedRun& run : published_runs()) {
-    if (run.source.rfind("Narayanan", 0) != 0) continue;
-    const double predicted = predict(run);
-    fmt::print("{:<6} {:6.1f} TFLOP/s (paper {:5.1f}, {:+5.1f}%)\n", run.label, predicted, run.published,
-               100 * (predicted / run.published - 1));
-    EXPECT_NEAR(predicted / run.published, 1.0, 0.10) << run.label;
-    ++checked;
-  }
-  EXPECT_EQ(checked, 10);
-}
+TEST(PlanTime, KorthikantiTable5IterationTimes) { EXPECT_EQ(check_within_ten_percent("Korthikanti"), 8); }
+
+TEST(PlanTime, NarayananTable1ThroughputPerGpu) { EXPECT_EQ(check_within_ten_percent("Narayanan"), 10); }
 
 TEST(PlanTime, NarayananEq3CountsTheirTable1Runs) {
   // Eq. 3 over the 1T row's iteration at its published 163 TFLOP/s per GPU on 3072 GPUs: their sec. 5.1
@@ -92,6 +86,25 @@ TEST(PlanTime, CollectivesFollowTheLinkModel) {
   EXPECT_NEAR((one - 10 * 2e-6) / (collective_seconds(Collective::AllReduce, bytes, 32, nic) - 10 * 2e-6), 8.0, 1e-9);
   // An all-to-all leaves through each rank's own NIC.
   EXPECT_DOUBLE_EQ(collective_seconds(Collective::AllToAll, bytes, 32, nic), 31 * 2e-6 + 31.0 / 32 * bytes / 22.5e9);
+}
+
+TEST(PlanTime, FlashAttentionRunsAtItsMeasuredRate) {
+  // FlashAttention-2's published A100 points (forward + backward, causal), and between them.
+  const GpuSpec& a100 = gpu_preset("a100");
+  EXPECT_DOUBLE_EQ(flash_rate(a100, 2048, 128), 155e12);
+  EXPECT_DOUBLE_EQ(flash_rate(a100, 2048, 64), 140e12);
+  EXPECT_DOUBLE_EQ(flash_rate(a100, 2048, 96), 147.5e12);                              // halfway in head dim
+  EXPECT_NEAR(flash_rate(a100, std::sqrt(2048.0 * 4096), 128) / 164e12, 1.0, 1e-12);  // halfway in log2(seq)
+  EXPECT_DOUBLE_EQ(flash_rate(a100, 65536, 128), 189e12);                             // held at the ends
+  EXPECT_DOUBLE_EQ(flash_rate(a100, 128, 256), 99e12);
+  const GpuSpec& b200 = gpu_preset("b200");  // no table: a fraction of peak
+  EXPECT_DOUBLE_EQ(flash_rate(b200, 4096, 128), b200.peak_flops * b200.flash_efficiency);
+  // A layer's flash attention: the causal half of 4 s^2 d per head forward at that rate, 2.5x it backward.
+  const ModelSpec& m = preset("llama2-7b");  // seq 4096, 32 heads of 128
+  Strategy s;
+  s.flash = true, s.micro_batch = 1;
+  const double forward = 4 * 32 * 4096.0 * 4096 * 128 * 0.5;
+  EXPECT_NEAR(layer_work(m, s, a100, false).attention / (3.5 * forward / 173e12), 1.0, 1e-12);
 }
 
 TEST(PlanTime, HiddenCommunicationSlowsTheComputeUnderIt) {

@@ -93,6 +93,7 @@ Run add_plan(CLI::App& app) {
     double peak_tflops = 0;
     bool no_sp = false;
     bool offload = false;
+    bool no_flash = false;
     std::string convention = "zero";
   };
   auto o = std::make_shared<Opts>();
@@ -141,6 +142,7 @@ Run add_plan(CLI::App& app) {
   cmd->add_flag("--tp-overlap", o->tp_overlap, "tp collectives run under GEMMs (Transformer Engine's userbuffers)");
   cmd->add_flag("--no-dp-overlap", o->no_dp_overlap, "gradients reduced after the backward, not during it");
   cmd->add_flag("--no-sp", o->no_sp, "tp without sequence parallelism (Korthikanti et al.'s baseline)");
+  cmd->add_flag("--no-flash", o->no_flash, "attention materialised (flash-style kernels are assumed where the GPU has them)");
   cmd->add_flag("--offload", o->offload,
                 "optimizer states and fp32 weights in host memory, Adam on the host (ZeRO-Offload; ZeRO 1-3)");
   cmd->add_option("--convention", o->convention,
@@ -236,6 +238,7 @@ Run add_plan(CLI::App& app) {
     if (o->micro_batch > 0) in.fixed.micro_batch = o->micro_batch;
     if (!o->recompute.empty()) in.fixed.recompute = plan::parse_recompute(o->recompute);
     if (o->no_sp) in.fixed.sp = false;
+    if (o->no_flash) in.fixed.flash = false;
     if (o->offload) {
       if (in.fixed.zero && *in.fixed.zero == 0) {
         throw std::invalid_argument("--offload moves each rank's ZeRO shard of the optimizer to the host: use --zero 1, "

@@ -40,9 +40,13 @@ namespace {
 //         EPYC 7742 (8 x DDR4-3200: 204.8 GB/s), DGX H100 / H200 2x Xeon Platinum 8480C (8 x DDR5-4800: 307.2
 //         GB/s), DGX B200 2x Xeon Platinum 8570 (8 x DDR5-5600: 358.4 GB/s). A host pass is assumed to reach
 //         the same 0.9 of it as a device pass ([CAL]'s streaming fraction); no published CPU measurement used.
-//  [FA2]  Dao, FlashAttention-2 (arXiv 2307.08691): 50-73% of the A100's peak forward + backward; 0.6 taken.
-//  [FA3]  Shah et al., FlashAttention-3 (arXiv 2407.08608): H100 forward up to 75% of peak, the backward
-//         about half: 0.55 over forward + backward (2.5x the forward's FLOPs) taken for Hopper and later.
+//  [FA2]  Dao, FlashAttention-2 (arXiv 2307.08691), its benchmark as published in Dao-AILab/flash-attention
+//         assets/flash2_a100_fwd_bwd_benchmark.png and flash2_h100_fwd_bwd_benchmark.png, panels (c) and (d):
+//         forward + backward with the causal mask, TFLOP/s at sequence 512, 1k, 2k, 4k, 8k, 16k for head
+//         dimensions 64 and 128 (the flash tables below). Without a table: 0.6 of peak (the paper's 50-73%).
+//         FlashAttention-3 (Shah et al., arXiv 2407.08608; assets/flash3_fp16_fwd.png) and cuDNN run the H100's
+//         forward up to 1.9x faster than FA2, but no backward of theirs is published there: Hopper uses FA2's
+//         measurement, a lower bound for those kernels. B200 (no table) keeps 0.55 of peak.
 // [DS] bandwidth; [CAL] efficiency, latency, the gather factor and the processor usage; NVLink SHARP from the
 // NVSwitch generation.
 constexpr LinkSpec kNvLink(double bw, bool sharp) { return {bw, 0.6, 1e-6, 1.5, sharp, 0.15}; }
@@ -82,6 +86,23 @@ std::map<std::string, GpuSpec> make_presets() {
   }
   add(gpu("v100", 125e12, 32e9, 900e9, 80, 271.2 / 312, 0.6, kNvLink(150e9, false), kNic(12.5e9),
           "NVIDIA data sheet; MAMF of the A100 assumed (none published)"));
+  // FlashAttention-2 runs on Ampere and later (its README); FA3 / cuDNN on Hopper and Blackwell.
+  for (const char* name : {"a100", "a100-40g", "h100", "h200", "b200"}) p[name].flash_kernels = true;
+  // [FA2] measured forward + backward, causal, TFLOP/s (H200: the H100's).
+  const std::vector<double> seqs = {512, 1024, 2048, 4096, 8192, 16384};
+  auto tflops = [](std::vector<double> v) {
+    for (double& x : v) x *= 1e12;
+    return v;
+  };
+  for (auto [name, d64, d128] :
+       {std::tuple{"a100", std::vector<double>{88, 119, 140, 156, 165, 171}, std::vector<double>{99, 133, 155, 173, 182, 189}},
+        {"a100-40g", {88, 119, 140, 156, 165, 171}, {99, 133, 155, 173, 182, 189}},
+        {"h100", {141, 192, 232, 257, 273, 284}, {163, 221, 265, 294, 308, 328}},
+        {"h200", {141, 192, 232, 257, 273, 284}, {163, 221, 265, 294, 308, 328}}}) {
+    p[name].flash_seq = seqs;
+    p[name].flash_d64 = tflops(d64);
+    p[name].flash_d128 = tflops(d128);
+  }
   // [PCIE] one direction, [HOST] both sockets.
   for (auto [name, pcie, host] : {std::tuple{"v100", 16e9, 2 * 76.8e9}, {"a100", 32e9, 2 * 204.8e9},
                                   {"a100-40g", 32e9, 2 * 204.8e9}, {"h100", 64e9, 2 * 307.2e9},

@@ -27,6 +27,21 @@ double memory_seconds(double bytes, const GpuSpec& gpu) {
   return bytes > 0 ? bytes / (gpu.memory_bw * gpu.memory_efficiency) : 0;
 }
 
+double flash_rate(const GpuSpec& gpu, double seq, double head_dim) {
+  const std::vector<double>& at = gpu.flash_seq;
+  if (at.empty()) return gpu.peak_flops * gpu.flash_efficiency;
+  auto along_seq = [&](const std::vector<double>& rate) {
+    if (seq <= at.front()) return rate.front();
+    if (seq >= at.back()) return rate.back();
+    size_t i = 1;
+    while (at[i] < seq) ++i;
+    const double f = std::log2(seq / at[i - 1]) / std::log2(at[i] / at[i - 1]);
+    return rate[i - 1] + f * (rate[i] - rate[i - 1]);
+  };
+  const double f = std::clamp((head_dim - 64) / 64, 0.0, 1.0);
+  return (1 - f) * along_seq(gpu.flash_d64) + f * along_seq(gpu.flash_d128);
+}
+
 double ring_rate(const LinkSpec& link) {
   const double rate = link.bandwidth * link.efficiency;
   return link.rails > 1 ? std::min(rate * link.rails, link.rail_limit) : rate;

@@ -67,11 +67,14 @@ SearchResult search(const SearchInput& in) {
                   s.tp = tp, s.cp = cp, s.ep = ep, s.dp = dp, s.pp = pp, s.vpp = vpp;
                   s.sp = tp > 1 && f.sp.value_or(true);
                   s.offload = f.offload.value_or(false);
+                  s.flash = f.flash.value_or(in.gpu.flash_kernels);
                   s.zero = zero;
                   s.recompute = rc;
                   s.micro_batch = mb;
                   s.schedule = vpp > 1 ? Schedule::Interleaved : Schedule::OneFOneB;
                   if (vpp > 1 && pp == 1) continue;
+                  // With flash attention selective recomputation has nothing left to recompute: it is "none".
+                  if (s.flash && rc == Recompute::Selective && !f.recompute) continue;
                   try {
                     validate(s, in.model);
                   } catch (const std::invalid_argument& e) {
@@ -106,6 +109,10 @@ SearchResult search(const SearchInput& in) {
                         ? "sequence parallelism whenever tp > 1 (the same bytes as tp's all-reduce, activations split)"
                         : "no sequence parallelism (--no-sp): tp all-reduces, norms and dropout whole on every tp rank");
   r.rules.push_back("mesh order tp, cp, ep, dp, pp: the most frequent traffic on the fastest link");
+  r.rules.push_back(f.flash.value_or(in.gpu.flash_kernels)
+                        ? "flash attention: the scores never materialised (so selective recomputation = none); its "
+                          "time at the kernel's measured rate"
+                        : "attention materialised: scores, softmax and dropout in memory (--no-flash, or no such kernels)");
   if (f.offload.value_or(false)) {
     r.rules.push_back("optimizer offload (--offload): states and fp32 weights on the host, Adam there; ZeRO 1-3 only");
   }

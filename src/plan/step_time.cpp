@@ -105,7 +105,7 @@ void attention_core(Halves& l, const ModelSpec& m, const Strategy& s, const Shap
   const double batch = x.b * x.heads;
   if (s.flash) {
     const double flops = 4 * batch * x.sq * x.sk * x.d * 0.5;  // Q K^T and P V over the causal half
-    const double fwd = flops / (gpu.peak_flops * gpu.flash_efficiency);
+    const double fwd = flops / flash_rate(gpu, x.sq, x.d);  // blocks of this rank's queries
     l.fwd.attention += fwd;
     l.bwd.attention += 2.5 * fwd;
     l.core_fwd += fwd;

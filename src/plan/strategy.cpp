@@ -77,6 +77,7 @@ std::string Strategy::describe() const {
   s += fmt::format(" recompute={} mb={} {}", to_string(recompute), micro_batch, to_string(precision));
   if (pp > 1) s += fmt::format(" {}", to_string(schedule));
   if (offload) s += " offload";
+  if (flash) s += " flash";
   return s;
 }
 

@@ -44,6 +44,11 @@ struct GpuSpec {
   double memory_bw = 0;            // bytes/s of device memory
   double memory_efficiency = 0.9;  // a streaming kernel's share of memory_bw
   double flash_efficiency = 0.6;   // a flash-attention kernel's fraction of peak, forward + backward, long sequences
+  // Where measured: the kernel's forward + backward FLOP/s with the causal mask by sequence length (ascending)
+  // for head dimensions 64 and 128, FLOPs counted as its benchmark counts them (the causal half of 4 s^2 d per
+  // head forward, 2.5x that backward). Empty: flash_efficiency of peak at every shape (plan/op_time.h).
+  std::vector<double> flash_seq, flash_d64, flash_d128;
+  bool flash_kernels = false;  // flash-style attention kernels exist (FlashAttention-2: Ampere and later)
   double fp8_peak_flops = 0;       // dense fp8 (E4M3/E5M2) matrix FLOP/s; 0: no fp8 tensor cores
   double fp8_matmul_efficiency = 0;  // large fp8 GEMM: achieved / fp8 peak (MAMF)
   LinkSpec intra, inter;

@@ -34,6 +34,10 @@ struct Gemm {
 double wave_utilisation(const Gemm& g, const GpuSpec& gpu);
 double gemm_seconds(const Gemm& g, const GpuSpec& gpu, double bytes_per_element = 2);
 double memory_seconds(double bytes, const GpuSpec& gpu);
+// A flash-attention kernel's FLOP/s (the benchmark's convention, GpuSpec::flash_seq) for blocks of `seq`
+// queries and keys at head dimension `head_dim`: the GPU's table, linear in log2(seq) between its points and
+// in the head dimension between 64 and 128, held at the ends; without a table, flash_efficiency of peak.
+double flash_rate(const GpuSpec& gpu, double seq, double head_dim);
 
 // Bytes/s a ring collective moves per rank on `link`: bandwidth x efficiency, times its rails up to their limit.
 double ring_rate(const LinkSpec& link);

@@ -22,6 +22,7 @@ struct Fixed {
   std::optional<Recompute> recompute;
   std::optional<bool> sp;  // sequence parallelism with tp > 1 (default on; off: Korthikanti's tp without SP)
   std::optional<bool> offload;  // optimizer offload to the host (default off)
+  std::optional<bool> flash;    // flash-style attention (default: where the GPU has such kernels)
 };
 
 struct SearchInput {

@@ -7,7 +7,8 @@
 //              x W, backward dX = dY W^T and dW = X^T dY, each with its own shape;
 //   attention  materialised: Q K^T and P V as per-head batched GEMMs (backward: four), plus the softmax and
 //              dropout over the scores as streaming passes; flash: the FLOPs (causal: half the square) at the
-//              GPU's flash_efficiency, backward 2.5x the forward (FlashAttention-2's 5 vs 2 matmuls);
+//              kernel's measured rate for the rank's sequence and head dimension (flash_rate), backward 2.5x
+//              the forward (FlashAttention-2's 5 vs 2 matmuls);
 //   streaming  norms, bias + dropout + residual adds, the activation, RoPE: bytes read and written, backward
 //              twice the forward's;
 //   tp         no SP: 2 all-reduces forward, 2 backward; SP: 2 all-gathers + 2 reduce-scatters forward, as
