@@ -135,9 +135,19 @@ TEST(Plan, CommunicationVolumesFollowTheFormulas) {
   ddp.precision = Precision::Fp32;
   const double psi = static_cast<double>(count_params(m, 128).total);
   EXPECT_DOUBLE_EQ(estimate_step(m, ddp, gpu).traffic["dp"].bytes, 2 * 3.0 / 4 * psi * 4);
+  // One micro-batch per step: ZeRO-3 moves 1.5x DDP's bytes (the ZeRO paper's sec. 7.2.2).
   Strategy z3 = ddp;
   z3.zero = 3;
+  z3.global_batch = 4;
   EXPECT_DOUBLE_EQ(estimate_step(m, z3, gpu).traffic["dp"].bytes / estimate_step(m, ddp, gpu).traffic["dp"].bytes, 1.5);
+  // Two: ZeRO-3 gathers and reduce-scatters again for the second (DeepSpeed, FSDP); ZeRO-2 reduce-scatters
+  // again, and gathers the updated parameters once; DDP and ZeRO-1 reduce once.
+  z3.global_batch = 8;
+  EXPECT_DOUBLE_EQ(estimate_step(m, z3, gpu).traffic["dp"].bytes / estimate_step(m, ddp, gpu).traffic["dp"].bytes, 3.0);
+  Strategy z2 = z3, z1 = z3;
+  z2.zero = 2, z1.zero = 1;
+  EXPECT_DOUBLE_EQ(estimate_step(m, z2, gpu).traffic["dp"].bytes / estimate_step(m, ddp, gpu).traffic["dp"].bytes, 1.5);
+  EXPECT_DOUBLE_EQ(estimate_step(m, z1, gpu).traffic["dp"].bytes / estimate_step(m, ddp, gpu).traffic["dp"].bytes, 1.0);
   // TP: 4 all-reduces of b.s.h per layer per micro-batch, 2(t-1)/t each, 2 bytes.
   Strategy tp;
   tp.tp = 4;
@@ -171,6 +181,9 @@ TEST(Plan, SearchFindsAPlanForLlama2_70BOn64H100) {
   const Candidate& best = r.ranked.front();
   EXPECT_LE(best.peak_bytes, 80e9);
   EXPECT_EQ(best.strategy.world(), 64);
+  for (const std::string axis : {"tp", "cp", "ep", "dp", "pp"}) {  // each axis's link as the mesh places it
+    EXPECT_EQ(best.estimate.traffic.at(axis).inter_node, axis_crosses_nodes(best.strategy, axis, 8)) << axis;
+  }
   EXPECT_LE(best.strategy.tp, 8) << "tp must stay inside a node";
   EXPECT_GT(best.estimate.mfu, 0.0);
   EXPECT_LT(best.estimate.mfu, in.gpu.matmul_efficiency);  // no faster than its GEMMs at their best shape

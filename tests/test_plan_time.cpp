@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "meshtrain/plan/dp_time.h"
 #include "meshtrain/plan/op_time.h"
 #include "meshtrain/plan/validation.h"
 
@@ -129,6 +130,31 @@ TEST(PlanTime, HiddenCommunicationSlowsTheComputeUnderIt) {
   const Work async = layer_work(big, t, a100, false), blocking = layer_work(big, t, a100, false, sync);
   const double hidden = blocking.tp / 2;  // no recomputation, no SP: 2 all-reduces forward, 2 backward
   EXPECT_NEAR(blocking.tp - async.tp, hidden * (1 - a100.intra.processor_usage), 1e-9 * hidden);
+}
+
+TEST(PlanTime, ZeroCollectivesRunWhenTheirDataIsReady) {
+  Strategy s;
+  s.dp = 8, s.zero = 1, s.micro_batch = 1, s.global_batch = 16;  // 2 micro-batches
+  const LinkSpec link{25e9, 1.0, 0, 1, false, 0.1};              // no latency, 10% processor usage
+  const double P = 1e9, rs = 7.0 / 8 * P * 4 / 25e9, ag = 7.0 / 8 * P * 2 / 25e9;  // fp32 grads, 16-bit params
+  TimeOptions o;
+  // ZeRO-1: the reduce-scatter under the last backward (2 of the micro-batch's 3 s), the gather after the step.
+  DpTime t = dp_time(s, P, 0, 4, 2, 3.0, link, o);
+  EXPECT_DOUBLE_EQ(t.bytes, 7.0 / 8 * P * 6);
+  EXPECT_DOUBLE_EQ(t.exposed, 0.1 * rs + ag);
+  o.param_gather_overlap = true;  // Megatron-LM's --overlap-param-gather: under the next forward
+  EXPECT_DOUBLE_EQ(dp_time(s, P, 0, 4, 2, 3.0, link, o).exposed, 0.1 * rs + 0.1 * ag);
+  // ZeRO-3: per micro-batch a gather under its forward, a gather and a reduce-scatter under its backward.
+  s.zero = 3;
+  t = dp_time(s, P, 0, 4, 2, 3.0, link, o);
+  EXPECT_DOUBLE_EQ(t.bytes, 2 * 7.0 / 8 * P * (2 + 2 + 4));
+  EXPECT_NEAR(t.exposed, 2 * 0.1 * (ag + ag + rs), 1e-15);
+  o.dp_overlap = false;  // nothing under compute
+  EXPECT_NEAR(dp_time(s, P, 0, 4, 2, 3.0, link, o).exposed, 2 * (2 * ag + rs), 1e-15);
+  // Gathers longer than the forward stick out by the difference.
+  o.dp_overlap = true;
+  EXPECT_NEAR(dp_time(s, P, 0, 4, 2, 3 * ag / 2, link, o).exposed,
+              2 * (ag / 2 + 0.1 * ag / 2) + 2 * (rs + 0.1 * ag), 1e-15);
 }
 
 TEST(PlanTime, ScatterGatherPipelineSendsAreGatheredOnTheReceiver) {

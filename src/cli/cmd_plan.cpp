@@ -87,6 +87,7 @@ Run add_plan(CLI::App& app) {
     int tp = 0, pp = 0, vpp = 0, cp = 0, ep = 0, dp = 0, zero = -1;
     int64_t micro_batch = 0;
     bool json = false, causal = false, tp_overlap = false, no_dp_overlap = false, explain = false, typical = false;
+    bool param_gather_overlap = false;
     std::string method = "pretrain", lora_targets = "qv", family = "llama";
     plan::ShapeFlags shape;
     int64_t lora_rank = 8;
@@ -141,6 +142,8 @@ Run add_plan(CLI::App& app) {
   cmd->add_option("--recompute", o->recompute, "fix recomputation: none selective full");
   cmd->add_flag("--tp-overlap", o->tp_overlap, "tp collectives run under GEMMs (Transformer Engine's userbuffers)");
   cmd->add_flag("--no-dp-overlap", o->no_dp_overlap, "gradients reduced after the backward, not during it");
+  cmd->add_flag("--param-gather-overlap", o->param_gather_overlap,
+                "ZeRO-1/2 gather the updated parameters under the next forward (Megatron-LM's --overlap-param-gather)");
   cmd->add_flag("--no-sp", o->no_sp, "tp without sequence parallelism (Korthikanti et al.'s baseline)");
   cmd->add_flag("--no-flash", o->no_flash, "attention materialised (flash-style kernels are assumed where the GPU has them)");
   cmd->add_flag("--offload", o->offload,
@@ -223,6 +226,7 @@ Run add_plan(CLI::App& app) {
     in.precision = plan::parse_precision(o->precision);
     in.estimate.time.tp_overlap = o->tp_overlap;
     in.estimate.time.dp_overlap = !o->no_dp_overlap;
+    in.estimate.time.param_gather_overlap = o->param_gather_overlap;
     in.estimate.attn = o->causal ? plan::AttnFlops::Causal : plan::AttnFlops::Full;
     auto fix = [](int v, const char* flag) -> std::optional<int> {
       if (v < 0) throw std::invalid_argument(fmt::format("{} {} must be positive", flag, v));

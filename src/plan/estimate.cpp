@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "meshtrain/plan/dp_time.h"
 #include "meshtrain/plan/op_time.h"
 
 namespace meshtrain::plan {
@@ -95,17 +96,6 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   const double pb = s.precision == Precision::Fp32 ? 4 : 2;
   const bool fp32_grads = o.time.fp32_grad_reduce || s.precision == Precision::Fp32 || s.precision == Precision::Megatron18;
   const double gb = fp32_grads ? 4 : 2;
-  int dp_collectives = 0;  // ring steps' latency: counted per collective below
-  auto reduce = [&](double params, int n) {
-    double dp = 0;
-    if (n <= 1) return dp;
-    if (s.zero == 0) dp = 2 * ring(n) * params * gb, dp_collectives += 2 * (n - 1);
-    else if (s.zero <= 2) dp = ring(n) * params * gb + ring(n) * params * pb, dp_collectives += 2 * (n - 1);
-    else dp = ring(n) * params * gb + 2 * ring(n) * params * pb, dp_collectives += 3 * (n - 1);
-    if (s.dp_shard > 0 && s.dp / s.dp_shard > 1) dp += 2 * ring(s.dp / s.dp_shard) * params / s.dp_shard * gb;
-    return dp;
-  };
-  e.traffic["dp"].bytes = reduce(dense, s.shard_group() * s.cp * s.ep) + reduce(experts, s.shard_group() * s.cp);
 
   // One micro-batch through each stage: its layers, the embedding on the first, the output layer on the last.
   const TimeOptions& to = o.time;
@@ -129,7 +119,6 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   e.bubble_fraction = bubble_fraction(s);
   e.bubble_s = e.bubble_fraction * mb * mean_stage;
 
-  for (auto& [axis, t] : e.traffic) t.inter_node = axis_crosses_nodes(s, axis, gpu.per_node);
   // Pipeline sends: forward activation and backward gradient per micro-batch and virtual stage, on the
   // critical path of 1F1B's steady state and of the ramps.
   double pp_s = 0;
@@ -144,22 +133,21 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
     // Tied embedding: the first and last stages sum their copies' fp32 gradients.
     if (m.tied) pp_s += collective_seconds(Collective::AllReduce, c.embedding / s.tp * 4.0, 2, axis_link(s, "pp", gpu));
   }
-  const LinkSpec dp_link = axis_link(s, "dp", gpu);
-  const double dp_s = e.traffic["dp"].bytes / ring_rate(dp_link) + dp_collectives * dp_link.latency;
-  // Overlapped: gradient buckets reduce under the last micro-batch's backward (about 2/3 of its work).
+  // Data parallel and ZeRO: when each collective runs and what it hides under (plan/dp_time.h).
+  const DpTime dp = dp_time(s, dense, experts, gb, pb, e.microbatch.compute(), axis_link(s, "dp", gpu), to);
+  e.traffic["dp"].bytes = dp.bytes;
   const double backward_window = e.microbatch.compute() * 2.0 / 3.0;
-  const double dp_exposed = to.dp_overlap ? overlap_cost(dp_s, backward_window, dp_link) : dp_s;
   e.traffic["tp"].seconds = mb * e.microbatch.tp_wire;
   e.traffic["cp"].seconds = mb * e.microbatch.cp_wire;
   e.traffic["ep"].seconds = mb * e.microbatch.ep_wire;
   e.traffic["pp"].seconds = pp_s;
-  e.traffic["dp"].seconds = dp_s;
+  e.traffic["dp"].seconds = dp.seconds;
   e.traffic["tp"].exposed = mb * e.microbatch.tp;
   e.traffic["cp"].exposed = mb * e.microbatch.cp;
   e.traffic["ep"].exposed = mb * e.microbatch.ep;
   e.traffic["pp"].exposed = pp_s;
-  e.traffic["dp"].exposed = dp_exposed;
-  e.exposed_comm_s = mb * e.microbatch.comm() + pp_s + dp_exposed;
+  e.traffic["dp"].exposed = dp.exposed;
+  e.exposed_comm_s = mb * e.microbatch.comm() + pp_s + dp.exposed;
   e.optimizer_s = optimizer_seconds(dense + experts, s, gpu);
   if (s.offload) {
     if (gpu.pcie_bw <= 0 || gpu.host_memory_bw <= 0) {
@@ -171,6 +159,7 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
     e.optimizer_s = e.offload.exposed();
   }
   e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;
+  for (auto& [axis, t] : e.traffic) t.inter_node = axis_crosses_nodes(s, axis, gpu.per_node);
   e.tokens_per_s = tokens / e.step_s;
   e.mfu = e.model_flops / (e.step_s * s.world() * gpu.peak_flops);
   return e;

@@ -7,12 +7,13 @@
 //   cp  ring attention: K and V (2.b.s.g.d) pass c-1 hops forward, twice that backward
 //   ep  4 all-to-alls of b.s.k.h per MoE layer per micro-batch
 //   pp  one b.s.h activation forward and one gradient backward per micro-batch (x v)
-//   dp  DDP all-reduce of fp32 gradients; ZeRO-1/2 reduce-scatter fp32 grads +
-//       all-gather 16-bit params; ZeRO-3 all-gather twice + reduce-scatter (~1.5x DDP)
+//   dp  DDP all-reduce of fp32 gradients; ZeRO-1 reduce-scatter fp32 grads + all-gather 16-bit params;
+//       ZeRO-2 the reduce-scatter every micro-batch; ZeRO-3 all-gather twice + reduce-scatter every
+//       micro-batch (plan/dp_time.h, with when each runs)
 // Time (plan/step_time.h, plan/op_time.h): each stage's layers, operation by
 // operation, per micro-batch; the slowest stage sets the pace: step = m x
 // (slowest stage's micro-batch) + the schedule's bubble over the mean stage +
-// pipeline sends + dp traffic not hidden under the backward + the optimizer.
+// pipeline sends + dp traffic not hidden under compute + the optimizer.
 // MFU after PaLM (model FLOPs / (time x GPUs x peak)).
 #pragma once
 

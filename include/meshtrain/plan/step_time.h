@@ -35,9 +35,12 @@ struct TimeOptions {
   bool tp_overlap_backward = true;
   // Every tp collective runs under a GEMM (Transformer Engine's userbuffers, --tp-comm-overlap).
   bool tp_overlap = false;
-  // Gradient buckets are reduced during the backward (DDP, FSDP, Megatron's --overlap-grad-reduce); off in
-  // the Megatron-LM runs of 2021-22.
+  // Gradient buckets are reduced during the backward (DDP, FSDP, Megatron's --overlap-grad-reduce) and ZeRO-3
+  // gathers prefetched under compute; off in the Megatron-LM runs of 2021-22.
   bool dp_overlap = true;
+  // ZeRO-1/2's all-gather of the updated parameters runs under the next step's first forward (Megatron-LM's
+  // --overlap-param-gather); off: after the optimizer, on the step's path (DeepSpeed, meshtrain).
+  bool param_gather_overlap = false;
   // Pipeline sends carry 1/tp of the activation and all-gather it inside the node (Narayanan et al. 2021,
   // sec. 4.1).
   bool pp_scatter_gather = true;
