@@ -139,21 +139,25 @@ TEST(PlanTime, ZeroCollectivesRunWhenTheirDataIsReady) {
   const double P = 1e9, rs = 7.0 / 8 * P * 4 / 25e9, ag = 7.0 / 8 * P * 2 / 25e9;  // fp32 grads, 16-bit params
   TimeOptions o;
   // ZeRO-1: the reduce-scatter under the last backward (2 of the micro-batch's 3 s), the gather after the step.
-  DpTime t = dp_time(s, P, 0, 4, 2, 3.0, link, o);
+  DpTime t = dp_time(s, P, 0, 4, 2, 3.0, 1, link, o);
   EXPECT_DOUBLE_EQ(t.bytes, 7.0 / 8 * P * 6);
   EXPECT_DOUBLE_EQ(t.exposed, 0.1 * rs + ag);
   o.param_gather_overlap = true;  // Megatron-LM's --overlap-param-gather: under the next forward
-  EXPECT_DOUBLE_EQ(dp_time(s, P, 0, 4, 2, 3.0, link, o).exposed, 0.1 * rs + 0.1 * ag);
+  EXPECT_DOUBLE_EQ(dp_time(s, P, 0, 4, 2, 3.0, 1, link, o).exposed, 0.1 * rs + 0.1 * ag);
   // ZeRO-3: per micro-batch a gather under its forward, a gather and a reduce-scatter under its backward.
   s.zero = 3;
-  t = dp_time(s, P, 0, 4, 2, 3.0, link, o);
+  t = dp_time(s, P, 0, 4, 2, 3.0, 1, link, o);
   EXPECT_DOUBLE_EQ(t.bytes, 2 * 7.0 / 8 * P * (2 + 2 + 4));
   EXPECT_NEAR(t.exposed, 2 * 0.1 * (ag + ag + rs), 1e-15);
   o.dp_overlap = false;  // nothing under compute
-  EXPECT_NEAR(dp_time(s, P, 0, 4, 2, 3.0, link, o).exposed, 2 * (2 * ag + rs), 1e-15);
+  EXPECT_NEAR(dp_time(s, P, 0, 4, 2, 3.0, 1, link, o).exposed, 2 * (2 * ag + rs), 1e-15);
+  // ZeRO-3 gathers layer by layer: each of 10 units pays the ring's 7 steps of latency.
+  LinkSpec slow = link;
+  slow.latency = 1e-3;
+  EXPECT_NEAR(dp_time(s, P, 0, 4, 2, 3.0, 10, slow, o).seconds - t.seconds, 2 * 10 * (7 + 14) * 1e-3, 1e-12);
   // Gathers longer than the forward stick out by the difference.
   o.dp_overlap = true;
-  EXPECT_NEAR(dp_time(s, P, 0, 4, 2, 3 * ag / 2, link, o).exposed,
+  EXPECT_NEAR(dp_time(s, P, 0, 4, 2, 3 * ag / 2, 1, link, o).exposed,
               2 * (ag / 2 + 0.1 * ag / 2) + 2 * (rs + 0.1 * ag), 1e-15);
 }
 

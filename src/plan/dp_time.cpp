@@ -5,13 +5,13 @@
 namespace meshtrain::plan {
 
 DpTime dp_time(const Strategy& s, double dense, double experts, double gb, double pb, double microbatch_compute,
-               const LinkSpec& link, const TimeOptions& o) {
+               double units, const LinkSpec& link, const TimeOptions& o) {
   const double m = static_cast<double>(s.microbatches());
   // Seconds of collectives by when they run: in every micro-batch's forward or backward, in the last
   // backward only, after the optimizer.
   double forward_each = 0, backward_each = 0, backward_last = 0, after = 0;
   DpTime t;
-  auto collective = [&](double& phase, double count, double bytes, int steps) {
+  auto collective = [&](double& phase, double count, double bytes, double steps) {
     const double seconds = bytes / ring_rate(link) + steps * link.latency;
     phase += seconds;
     t.bytes += count * bytes;
@@ -32,11 +32,11 @@ DpTime dp_time(const Strategy& s, double dense, double experts, double gb, doubl
         collective(after, 1, ring * P * pb, n - 1);
         break;
       default:
-        collective(forward_each, m, ring * P * pb, n - 1);
-        collective(backward_each, m, ring * P * pb + ring * P * gb, 2 * (n - 1));
+        collective(forward_each, m, ring * P * pb, units * (n - 1));
+        collective(backward_each, m, ring * P * pb + ring * P * gb, units * 2 * (n - 1));
         if (replicas > 1) {
-          const int r = static_cast<int>(replicas);
-          collective(backward_each, m, 2 * (r - 1.0) / r * P / n * gb, 2 * (r - 1));
+          const double r = replicas;
+          collective(backward_each, m, 2 * (r - 1) / r * P / n * gb, units * 2 * (r - 1));
         }
     }
   };

@@ -134,7 +134,7 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
     if (m.tied) pp_s += collective_seconds(Collective::AllReduce, c.embedding / s.tp * 4.0, 2, axis_link(s, "pp", gpu));
   }
   // Data parallel and ZeRO: when each collective runs and what it hides under (plan/dp_time.h).
-  const DpTime dp = dp_time(s, dense, experts, gb, pb, e.microbatch.compute(), axis_link(s, "dp", gpu), to);
+  const DpTime dp = dp_time(s, dense, experts, gb, pb, e.microbatch.compute(), layers, axis_link(s, "dp", gpu), to);
   e.traffic["dp"].bytes = dp.bytes;
   const double backward_window = e.microbatch.compute() * 2.0 / 3.0;
   e.traffic["tp"].seconds = mb * e.microbatch.tp_wire;

@@ -33,8 +33,10 @@ struct DpTime {
 };
 
 // `dense`: parameters reduced over dp x cp x ep (ZeRO's shard group x cp x ep); `experts`: routed experts'
-// parameters, reduced over dp x cp. `microbatch_compute`: one micro-batch's compute on this rank.
+// parameters, reduced over dp x cp. `microbatch_compute`: one micro-batch's compute on this rank. `units`:
+// the layers on this rank, ZeRO-3's gather units (each gather and reduce-scatter pays its ring's latency once
+// per unit; the other stages' collectives are one bucketed stream, whose latency is paid once).
 DpTime dp_time(const Strategy& s, double dense, double experts, double gb, double pb, double microbatch_compute,
-               const LinkSpec& link, const TimeOptions& o);
+               double units, const LinkSpec& link, const TimeOptions& o);
 
 }  // namespace meshtrain::plan
