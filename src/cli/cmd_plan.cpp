@@ -200,6 +200,10 @@ Run add_plan(CLI::App& app) {
     plan::SearchInput in;
     in.model = model_of(o->model, o->family, o->shape, o->seq);
     in.gpu = plan::gpu_preset(o->gpu);
+    if (o->offload && in.gpu.host_memory_bw <= 0) {
+      throw std::invalid_argument(fmt::format("--offload: {} has no separate host to offload the optimizer to",
+                                              in.gpu.name));
+    }
     if (o->per_node < 0) throw std::invalid_argument(fmt::format("--gpus-per-node {} must be positive", o->per_node));
     if (o->per_node > 0) in.gpu.per_node = o->per_node;
     if (o->peak_tflops < 0) throw std::invalid_argument(fmt::format("--peak-tflops {} must be positive", o->peak_tflops));
@@ -247,10 +251,6 @@ Run add_plan(CLI::App& app) {
       if (in.fixed.zero && *in.fixed.zero == 0) {
         throw std::invalid_argument("--offload moves each rank's ZeRO shard of the optimizer to the host: use --zero 1, "
                                     "2 or 3 (or leave --zero to the search)");
-      }
-      if (in.gpu.host_memory_bw <= 0) {
-        throw std::invalid_argument(fmt::format("--offload: {} has no separate host to offload the optimizer to",
-                                                in.gpu.name));
       }
       in.fixed.offload = true;
     }
