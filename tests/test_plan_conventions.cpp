@@ -138,6 +138,15 @@ TEST(PlanConventions, OffloadRunsAdamOnTheHost) {
   after.time.dp_overlap = false;
   EXPECT_DOUBLE_EQ(estimate_step(m, s, a100, after).optimizer_s,
                    off.offload.copies + off.offload.host_adam + off.offload.params_up);
+  // ZeRO shards over dp x cp: adding cp 2 to dp 4 halves what a rank updates, on the host or on the GPU.
+  Strategy dp4 = s, cp2 = s;
+  dp4.dp = 4, dp4.global_batch = 12;
+  cp2.dp = 4, cp2.cp = 2, cp2.global_batch = 12;
+  EXPECT_DOUBLE_EQ(estimate_step(m, cp2, a100).offload.host_adam, off.offload.host_adam);  // as dp 8: 1/8 each
+  dp4.offload = cp2.offload = false;
+  dp4.zero = cp2.zero = 1;  // gradients held whole: only Adam's share halves
+  const double adam4 = estimate_step(m, dp4, a100).optimizer_s, adam2 = estimate_step(m, cp2, a100).optimizer_s;
+  EXPECT_LT(adam2, 0.75 * adam4);
   // One GPU has its host's DRAM to itself.
   Strategy one = s;
   one.dp = 1, one.global_batch = 3;

@@ -148,14 +148,17 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   e.traffic["pp"].exposed = pp_s;
   e.traffic["dp"].exposed = dp.exposed;
   e.exposed_comm_s = mb * e.microbatch.comm() + pp_s + dp.exposed;
-  e.optimizer_s = optimizer_seconds(dense + experts, s, gpu);
+  // ZeRO shards the optimizer as memory.cpp does: dense parameters over dp x cp x ep, experts over dp x cp.
+  const double shard = s.zero >= 1 ? dense / (s.shard_group() * s.cp * s.ep) + experts / (s.shard_group() * s.cp)
+                                   : dense + experts;
+  e.optimizer_s = optimizer_seconds(dense + experts, shard, s, gpu);
   if (s.offload) {
     if (gpu.pcie_bw <= 0 || gpu.host_memory_bw <= 0) {
       throw std::invalid_argument(fmt::format("{} has no separate host to offload the optimizer to: plan it without "
                                               "offload", gpu.name));
     }
     // The host's Adam replaces the GPU's; gradient copies not hidden under the backward count with it.
-    e.offload = offload_time((dense + experts) / s.shard_group(), s, gpu, backward_window, to.dp_overlap);
+    e.offload = offload_time(shard, s, gpu, backward_window, to.dp_overlap);
     e.optimizer_s = e.offload.exposed();
   }
   e.step_s = e.compute_s + e.bubble_s + e.exposed_comm_s + e.optimizer_s;

@@ -277,7 +277,7 @@ Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int6
   return w;
 }
 
-double optimizer_seconds(double params, const Strategy& s, const GpuSpec& gpu) {
+double optimizer_seconds(double params, double shard, const Strategy& s, const GpuSpec& gpu) {
   // AdamW per parameter: read gradient, master, m, v; write master, m, v and the 16-bit copy.
   double grad = 4, adam = 0;
   switch (s.precision) {
@@ -286,10 +286,8 @@ double optimizer_seconds(double params, const Strategy& s, const GpuSpec& gpu) {
     case Precision::Megatron18: adam = 4 + 12 + 12 + 2; break;
     case Precision::Fp8: grad = 2, adam = 2 + 12 + 12 + 2 + 1; break;
   }
-  // Sharded optimizer: each rank updates its 1/shard of the states; gradients zeroed and normed where held.
-  const double shard = s.zero >= 1 ? s.shard_group() : 1;
-  const double grads_held = s.zero >= 2 ? params / shard : params;
-  return memory_seconds(params / shard * adam + grads_held * 2 * grad, gpu);
+  const double grads_held = s.zero >= 2 ? shard : params;  // ZeRO-2/3 keep only their shard's gradients
+  return memory_seconds(shard * adam + grads_held * 2 * grad, gpu);
 }
 
 }  // namespace meshtrain::plan

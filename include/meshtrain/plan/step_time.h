@@ -73,9 +73,10 @@ Work layer_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, bool 
 // cross-entropy, forward and backward.
 Work embedding_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu);
 Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int64_t vocab_padded);
-// The optimizer step over `params` local parameters (AdamW, reading and writing the precision's states;
-// sharded by ZeRO), with gradient zeroing and the norm for clipping.
-double optimizer_seconds(double params, const Strategy& s, const GpuSpec& gpu);
+// The optimizer step on a rank holding `params` parameters of which it updates `shard` (its ZeRO shard; all
+// of them without ZeRO): AdamW reading and writing the precision's states over the shard, gradient zeroing
+// and the norm for clipping over the gradients it holds.
+double optimizer_seconds(double params, double shard, const Strategy& s, const GpuSpec& gpu);
 // Optimizer offload (ZeRO-Offload, Ren et al., USENIX ATC'21, arXiv 2101.06840) as DeepSpeed's ZeRO-1/2 run
 // it (deepspeed/runtime/zero/stage_1_and_2.py, copy_grads_in_partition), for each rank's shard:
 //   gradients  in each micro-batch's backward: with accumulation, the 16-bit gradients so far come up from a

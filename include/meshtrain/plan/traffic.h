@@ -25,7 +25,9 @@
 //   embedding (tied, pp > 1, first and last stage): 2 ring(2) 4 E/tp.
 // This is meshtrain's own accounting (fp32 master parameters gathered in
 // fp32 by ZeRO-1/2, stage 2 reducing per micro-batch as DeepSpeed does); the
-// planner's step estimate (estimate.h) uses the textbook volumes.
+// planner's step estimate (plan/dp_time.h) has the same schedule of
+// collectives but gathers parameters in their own 16-bit dtype and leaves
+// out the small ones (the norm's sums, the sequence-partial parameters).
 #pragma once
 
 #include <cstdint>
