@@ -248,6 +248,15 @@ Run add_plan(CLI::App& app) {
     if (o->no_sp) in.fixed.sp = false;
     if (o->no_flash) in.fixed.flash = false;
     if (o->offload) {
+      if (o->convention == "deepspeed") {
+        throw std::invalid_argument("--offload with --convention deepspeed: DeepSpeed's tables already list the "
+                                    "offload_optimizer=cpu rows; drop --offload");
+      }
+      if (o->method != "pretrain") {
+        throw std::invalid_argument(fmt::format("--offload plans pretraining's search; the --method {} ledger has no "
+                                                "offload: drop one of them",
+                                                o->method));
+      }
       if (in.fixed.zero && *in.fixed.zero == 0) {
         throw std::invalid_argument("--offload moves each rank's ZeRO shard of the optimizer to the host: use --zero 1, "
                                     "2 or 3 (or leave --zero to the search)");

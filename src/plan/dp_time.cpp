@@ -42,7 +42,7 @@ DpTime dp_time(const Strategy& s, double dense, double experts, double gb, doubl
   };
   group(dense, s.shard_group() * s.cp * s.ep);
   group(experts, s.shard_group() * s.cp);
-  const double fwd = microbatch_compute / 3, bwd = 2 * microbatch_compute / 3;
+  const double bwd = kBackwardShare * microbatch_compute, fwd = microbatch_compute - bwd;
   auto under = [&](double seconds, double window, bool hides) {
     return hides ? overlap_cost(seconds, window, link) : seconds;
   };

@@ -136,7 +136,7 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   // Data parallel and ZeRO: when each collective runs and what it hides under (plan/dp_time.h).
   const DpTime dp = dp_time(s, dense, experts, gb, pb, e.microbatch.compute(), layers, axis_link(s, "dp", gpu), to);
   e.traffic["dp"].bytes = dp.bytes;
-  const double backward_window = e.microbatch.compute() * 2.0 / 3.0;
+  const double backward_window = kBackwardShare * e.microbatch.compute();  // the offload's copies hide there too
   e.traffic["tp"].seconds = mb * e.microbatch.tp_wire;
   e.traffic["cp"].seconds = mb * e.microbatch.cp_wire;
   e.traffic["ep"].seconds = mb * e.microbatch.ep_wire;

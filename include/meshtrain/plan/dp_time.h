@@ -26,6 +26,10 @@
 
 namespace meshtrain::plan {
 
+// The backward's share of a micro-batch's compute (twice the forward's FLOPs): the window gradient
+// reductions and copies hide under; the forward has the rest.
+constexpr double kBackwardShare = 2.0 / 3.0;
+
 struct DpTime {
   double bytes = 0;    // sent per rank per step
   double seconds = 0;  // on the wire
