@@ -8,10 +8,23 @@
 # Numbers that README.md quotes are listed by `quote` under the heading that
 # `quotes_heading` prints; README.md cites them as VALUE<!--q PAGE:KEY-->.
 
-# The machine line every results page starts with.
+# The python of the torch meshtrain builds against (scripts/torch_env.sh).
+torch_python() {
+  echo "$("$(dirname "${BASH_SOURCE[0]}")/../scripts/torch_env.sh" --check)/bin/python"
+}
+
+# The machine line every results page starts with: cores, CPU, the libtorch and the
+# libraries its kernels come from (GEMM: MKL or OpenBLAS; oneDNN for bf16).
 machine() {
   echo "$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"
-  echo "libtorch $(dpkg-query -W -f='${Version}' libtorch-dev), OpenBLAS $(dpkg-query -W -f='${Version}' libopenblas0-pthread 2>/dev/null || echo '?')"
+  "$(torch_python)" - <<'PY'
+import re, torch
+cfg = torch.__config__.show()
+blas = re.search(r"BLAS_INFO=(\w+)", cfg)
+dnn = re.search(r"oneDNN v([\d.]+)", cfg)
+print(f"libtorch {torch.__version__} (PyPI wheel), GEMM {blas.group(1) if blas else '?'}"
+      f"{', oneDNN ' + dnn.group(1) if dnn else ''}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
+PY
 }
 
 # demo_step STEP [ARGS...]: trains the demo (configs/kjv-tiny.toml, its data made

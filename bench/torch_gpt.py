@@ -12,6 +12,7 @@ dropout 0. Prints one line: "RESULT <median seconds per step> <peak RSS bytes>".
                --vocab 50304 --norm layernorm --norm-eps 1e-05 --activation gelu
                --position learned --rope-theta 10000 --tied 1 --bias 1
                --micro-batch 4 --seq 256 --precision fp32 --steps 3 --warmup 1 --threads 2
+               [--attention naive|sdpa]   (sdpa: F.scaled_dot_product_attention, PyTorch >= 2.0)
 """
 import argparse
 import math
@@ -75,6 +76,9 @@ class Block(nn.Module):
         if a.kv_heads < a.heads:
             k = k.repeat_interleave(a.heads // a.kv_heads, 1)
             v = v.repeat_interleave(a.heads // a.kv_heads, 1)
+        if a.attention == "sdpa":  # PyTorch >= 2.0's fused kernel (flash / memory-efficient on CPU)
+            return self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+                          .reshape(b, s, a.heads * d))
         scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
         future = torch.ones(s, s, dtype=torch.bool).triu(1)
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), -1, dtype=torch.float32).to(q.dtype)
@@ -116,6 +120,7 @@ def main():
         p.add_argument("--" + name, type=int, required=True)
     for name in ("norm", "activation", "position", "precision"):
         p.add_argument("--" + name, required=True)
+    p.add_argument("--attention", choices=("naive", "sdpa"), default="naive")
     for name in ("norm-eps", "rope-theta"):
         p.add_argument("--" + name, type=float, required=True)
     a = p.parse_args()

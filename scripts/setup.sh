@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Installs every Debian package meshtrain needs to build, test and run its demo.
-# Idempotent: packages already present are skipped. Uses sudo when not root.
+# Installs every Debian package meshtrain needs to build, test and run its demo, then
+# libtorch itself: PyPI's torch wheel in a cached virtual environment (scripts/torch_env.sh).
+# Idempotent: packages already present are skipped, a complete environment is reused.
+# Uses sudo when not root.
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ccache pkg-config
-  libtorch-dev libgloo-dev            # tensors, autograd, c10d (Gloo)
-  libopenblas0-pthread                # fp32 GEMM: without it libtorch falls back to
-                                      # the reference BLAS, ~60x slower (docs/build.md)
-  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libfmt-dev
+  libgloo-dev                         # gloo headers: the torch wheel ships its symbols, not
+                                      # the headers ProcessGroupGloo.hpp includes (compat.h)
+  python3-venv                        # the torch wheel's environment (scripts/torch_env.sh)
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libxxhash-dev  # tokenizer (spm_encode: bench/tokenize.sh), checksums
   zlib1g-dev                          # gzip corpora (meshtrain data)
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
-  python3-torch                       # the independent reference model (tests/reference/)
   bible-kjv                           # the demo corpus: KJV text + its reader `bible`
 )
 
@@ -22,12 +23,15 @@ for p in "${PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# libtorch (tensors, autograd, c10d Gloo and NCCL, CUDA): the torch wheel's C++ half.
+# CMakeLists.txt finds the environment through scripts/torch_env.sh --check.
+echo "setup: libtorch in $("$(dirname "$0")/torch_env.sh")"

@@ -6,6 +6,7 @@
 
 #include "meshtrain/train/memory.h"
 #include "tests/train_parity.h"
+#include <ATen/core/grad_mode.h>
 
 namespace meshtrain::test {
 namespace {

@@ -3,6 +3,7 @@
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <fstream>

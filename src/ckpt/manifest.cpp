@@ -1,5 +1,6 @@
 // Validating a checkpoint manifest before any file is opened (checkpoint.h).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdexcept>
 #include <string>

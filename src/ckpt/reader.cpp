@@ -1,6 +1,7 @@
 // Loading a sharded checkpoint onto any mesh (see checkpoint.h).
 #include <ATen/Functions.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>

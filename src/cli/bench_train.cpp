@@ -9,7 +9,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <unistd.h>
@@ -108,16 +107,9 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       at::Tensor targets = window.narrow(0, 1, n).view({o->micro_batch, o->seq});
       for (auto& p : bare->params().params()) p.tensor.mutable_grad() = at::Tensor();
       at::Tensor loss;
-      if (precision == Precision::Bf16) {
-        at::autocast::set_cpu_enabled(true);
-        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-        at::autocast::increment_nesting();
-      }
-      loss = bare->forward(tokens, targets).mean();
-      if (precision == Precision::Bf16) {
-        at::autocast::decrement_nesting();
-        at::autocast::clear_cache();
-        at::autocast::set_cpu_enabled(false);
+      {
+        AutocastGuard autocast(precision);  // nothing for fp32
+        loss = bare->forward(tokens, targets).mean();
       }
       loss.backward();
       bare_opt->update(0.0);

@@ -2,6 +2,7 @@
 // exceptions and leave as one message and a non-zero status.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdio>

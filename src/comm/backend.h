@@ -8,16 +8,12 @@
 
 #include "meshtrain/compat.h"
 
-#if MESHTRAIN_TORCH_2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#endif
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace meshtrain {
 
-// NCCL only: Gloo in 1.13 throws for both (Comm emulates them there).
+// Native on NCCL; on Gloo Comm uses its own measured-faster emulations (PLATFORM.md).
 c10::intrusive_ptr<c10d::Work> backend_all_gather_base(PGBackend& pg, at::Tensor& out, at::Tensor& in);
 c10::intrusive_ptr<c10d::Work> backend_reduce_scatter_base(PGBackend& pg, at::Tensor& out, at::Tensor& in,
                                                            bool max);

@@ -1,5 +1,7 @@
 #include "meshtrain/nn/recompute.h"
 
+#include "meshtrain/compat.h"
+
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
@@ -21,25 +23,24 @@ struct Closure : torch::CustomClassHolder {
   TensorFn fn;
   std::vector<at::Generator*> rngs;
   std::vector<at::Tensor> rng_states;
-  bool autocast = false;  // mixed precision of the first run (train/precision.h)
-  c10::ScalarType autocast_dtype = c10::ScalarType::BFloat16;
+  // Mixed precision of the first run (train/precision.h), per device type.
+  AutocastSwitch cpu_autocast, cuda_autocast;
 };
 
 // The re-run computes in the precision of the first run: backward runs
 // outside the forward's autocast region, so it is re-entered here (and its
 // cache of cast weights dropped afterwards: weights change at the step).
 struct SameAutocast {
-  bool was;
-  c10::ScalarType was_dtype;
-  explicit SameAutocast(const Closure& c) : was(at::autocast::is_cpu_enabled()), was_dtype(at::autocast::get_autocast_cpu_dtype()) {
-    at::autocast::set_cpu_enabled(c.autocast);
-    at::autocast::set_autocast_cpu_dtype(c.autocast_dtype);
+  AutocastSwitch was_cpu = autocast_switch(c10::DeviceType::CPU), was_cuda = autocast_switch(c10::DeviceType::CUDA);
+  explicit SameAutocast(const Closure& c) {
+    set_autocast_switch(c10::DeviceType::CPU, c.cpu_autocast);
+    set_autocast_switch(c10::DeviceType::CUDA, c.cuda_autocast);
     at::autocast::increment_nesting();
   }
   ~SameAutocast() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(was);
-    at::autocast::set_autocast_cpu_dtype(was_dtype);
+    set_autocast_switch(c10::DeviceType::CPU, was_cpu);
+    set_autocast_switch(c10::DeviceType::CUDA, was_cuda);
   }
 };
 
@@ -57,8 +58,8 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
   // variables (a std::vector argument would be treated as a constant).
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Closure> c) {
     for (auto* g : c->rngs) c->rng_states.push_back(get_state(g));
-    c->autocast = at::autocast::is_cpu_enabled();
-    c->autocast_dtype = at::autocast::get_autocast_cpu_dtype();
+    c->cpu_autocast = autocast_switch(c10::DeviceType::CPU);
+    c->cuda_autocast = autocast_switch(c10::DeviceType::CUDA);
     variable_list out = c->fn(inputs.vec());  // grad mode is off inside forward
     ctx->save_for_backward(inputs.vec());
     ctx->saved_data["closure"] = c10::IValue::make_capsule(c);

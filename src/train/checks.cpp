@@ -4,6 +4,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 #include <cmath>
@@ -26,6 +27,7 @@
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
+#include "meshtrain/runtime/device.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
@@ -132,9 +134,10 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
 // hold a global batch of windows. Each failure is one error naming the value.
 // With `warn_memory`, also prints a warning when the planner's per-rank
 // estimate times the ranks on this host exceeds its free memory.
-void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory) {
+DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool plan_check, bool warn_memory) {
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"ep", c.ep}});
-  check_precision_supported(parse_train_precision(c.precision), "cpu");  // this build trains on the CPU
+  const DeviceKind device = resolve_device(parse_device(c.device), cuda_device_count(), ranks_per_node);
+  check_precision_supported(parse_train_precision(c.precision), to_string(device));
   const int dp = layout.size("dp") * layout.size("ep");  // the replicas reading different data
   if (c.method == "grpo" || c.method == "ppo") {
     // RL reads prompts of a shipped task, not token shards; dp = the world over tp.
@@ -165,7 +168,7 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                                                 c.model.seq, c.tp));
       }
     }
-    return;
+    return device;
   }
   if (!c.eval_tasks.empty()) {
     if (c.method != "pretrain" && c.method != "sft") {
@@ -264,11 +267,11 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
       throw std::invalid_argument(fmt::format("init.from = \"{}\": {}", c.init_from, e.what()));
     }
   }
-  if (!warn_memory) return;
+  if (!warn_memory) return device;
   // The planner's estimate against this host's memory: a warning, not an error (it is an estimate).
   const double per_rank = plan::memory_ledger(c.model, strategy_of(c, dp), plan::MemoryOptions{0, 0}).peak().device_total();
   const double available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  const int local = world;  // every rank of this launch runs on this host
+  const int local = ranks_per_node;  // the ranks of this launch on this host
   if (warn_memory && per_rank * local > available) {
     fmt::print(stderr, "warning: the plan estimates {} per rank ({} attention), {} for this host's {} rank(s), and {} "
                        "is free: expect the out-of-memory killer (model.attention = \"tiled\", parallel.cp, "
@@ -276,6 +279,7 @@ void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memor
                plan::human_bytes(per_rank), plan::attention_name(c.model.attention),
                plan::human_bytes(per_rank * local), local, plan::human_bytes(available));
   }
+  return device;
 }
 
 }  // namespace meshtrain

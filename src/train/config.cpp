@@ -15,6 +15,7 @@
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/train/dpo.h"
+#include "meshtrain/runtime/device.h"
 #include "meshtrain/train/precision.h"
 #include "train/config_keys.h"
 
@@ -305,6 +306,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   try {
     plan::parse_recompute(c.recompute);
     parse_train_precision(c.precision);
+    parse_device(c.device);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: train.{}", path, e.what()));
   }

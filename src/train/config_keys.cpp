@@ -250,6 +250,8 @@ std::vector<ConfigKey> make_keys() {
       number("train.clip", FIELD(optim.clip_norm), 0, false, kInf, false, "gradient norm clip (0: none)"),
       text("train.recompute", FIELD(recompute), "none | selective | full", "activation recomputation"),
       text("train.precision", FIELD(precision), "fp32 | bf16 | fp16", "compute precision (fp32 master weights)"),
+      text("train.device", FIELD(device), "cpu | cuda | auto",
+           "where the run computes (auto: cuda when this machine has a CUDA device, else cpu)"),
       number("train.peak_tflops", FIELD(peak_tflops), 0, false, kInf, false,
              "MFU denominator, TFLOP/s (0: this host's GEMM rate, measured once and cached)"),
       boolean("train.document_mask", FIELD(document_mask), "packed documents do not attend to each other"),

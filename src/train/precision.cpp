@@ -39,24 +39,21 @@ void check_precision_supported(Precision p, const std::string& device) {
   }
 }
 
-// CPU autocast (libtorch 1.13 spelling; 2.4+ also has set_autocast_enabled(device, ...)).
-// CUDA tensors would need the GPU autocast switch as well: added with the CUDA build.
-AutocastGuard::AutocastGuard(Precision p) {
+// Autocast on the device the run computes on (compat.h's device-type switches); the
+// other device type's switch is left alone, so host-side bookkeeping stays in its dtype.
+AutocastGuard::AutocastGuard(Precision p, c10::DeviceType device) : device_(device) {
   if (p == Precision::Fp32) return;
-  if (p == Precision::Fp16) check_precision_supported(p, "cpu");
+  if (p == Precision::Fp16) check_precision_supported(p, device == c10::DeviceType::CUDA ? "cuda" : "cpu");
   active_ = true;
-  was_enabled_ = at::autocast::is_cpu_enabled();
-  was_dtype_ = at::autocast::get_autocast_cpu_dtype();
-  at::autocast::set_cpu_enabled(true);
-  at::autocast::set_autocast_cpu_dtype(compute_dtype(p));
+  was_ = autocast_switch(device);
+  set_autocast_switch(device, {true, compute_dtype(p)});
   at::autocast::increment_nesting();
 }
 
 AutocastGuard::~AutocastGuard() {
   if (!active_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(was_enabled_);
-  at::autocast::set_autocast_cpu_dtype(was_dtype_);
+  set_autocast_switch(device_, was_);
 }
 
 }  // namespace meshtrain

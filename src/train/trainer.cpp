@@ -273,7 +273,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   if (c.method == "grpo" || c.method == "ppo") return train_rl(c, runtime);
   Runtime* rt = &runtime;
   // Also checked before launching (a foreign launcher skips that); one process warns here.
-  check_run(c, rt->world_size(), plan_check, rt->world_size() == 1);
+  const DeviceKind device =
+      check_run(c, rt->world_size(), rt->env().local_world_size, plan_check, rt->world_size() == 1);
   auto layout = MeshLayout::create(rt->world_size(), {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"ep", c.ep}});
   DeviceMesh mesh(*rt, layout, mesh_groups(c));
   // Gradients and the loss normaliser are summed over dp x cp (x ep); windows
@@ -285,6 +286,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   const bool lead = rt->rank() == 0;
   const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
   if (lead) fmt::print("{}{}\n", layout.table(rt->env().local_world_size), transport_variables());
+  if (lead) fmt::print("device {} (train.device = \"{}\"; {} CUDA device(s) visible)\n", to_string(device), c.device,
+                       cuda_device_count());
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
   TokenLoader loader = train_loader(c, data.rank(), data.size());
   std::vector<std::pair<std::string, std::vector<TokenizedChoice>>> tasks;  // [eval] tasks, tokenized on every rank

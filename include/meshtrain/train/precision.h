@@ -23,6 +23,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "meshtrain/compat.h"
+
 namespace meshtrain {
 
 enum class Precision { Fp32, Bf16, Fp16 };
@@ -33,18 +35,19 @@ c10::ScalarType compute_dtype(Precision p);
 // Throws std::invalid_argument when `p` has no kernels on the device ("cpu" | "cuda").
 void check_precision_supported(Precision p, const std::string& device);
 
-// Casts eligible operations to `dtype` while alive (nothing for fp32), then
-// restores the previous state and drops autocast's cache of cast weights.
+// Casts eligible operations on `device` to compute_dtype(p) while alive (nothing for
+// fp32), then restores the previous state and drops autocast's cache of cast weights.
 class AutocastGuard {
  public:
-  explicit AutocastGuard(Precision p);
+  explicit AutocastGuard(Precision p, c10::DeviceType device = c10::DeviceType::CPU);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  bool active_ = false, was_enabled_ = false;
-  c10::ScalarType was_dtype_ = c10::ScalarType::BFloat16;
+  c10::DeviceType device_;
+  bool active_ = false;
+  AutocastSwitch was_;
 };
 
 }  // namespace meshtrain

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "meshtrain/plan/strategy.h"
+#include "meshtrain/runtime/device.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -40,7 +41,9 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp);
 // Each failure is one std::invalid_argument naming the value. With
 // `warn_memory`, also prints a warning when the planner's per-rank estimate
 // times the ranks on this host exceeds its free memory.
-void check_run(const TrainConfig& c, int world, bool plan_check, bool warn_memory);
+// `ranks_per_node`: the ranks started on each node (train.device = cuda needs a device each).
+// Returns the device the run computes on (runtime/device.h).
+DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool plan_check, bool warn_memory);
 
 // Runs the configured training on this process's rank of `rt`. Returns 0.
 int train(const TrainConfig& c, Runtime& rt, bool plan_check);

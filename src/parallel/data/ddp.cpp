@@ -1,6 +1,7 @@
 #include "meshtrain/parallel/data/ddp.h"
 
 #include <ATen/Functions.h>
+#include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
 #include <stdexcept>

@@ -1,8 +1,9 @@
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
 
+#include "meshtrain/compat.h"
+
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -76,9 +77,11 @@ struct Chunk {
   }
 };
 
-// The compute dtype: autocast's when it is on (matmuls are in its lower-precision list), else x's.
+// The compute dtype: autocast's on x's device when it is on (matmuls are in its lower-precision
+// list), else x's.
 at::ScalarType compute_dtype(const at::Tensor& x) {
-  return at::autocast::is_cpu_enabled() ? at::autocast::get_autocast_cpu_dtype() : x.scalar_type();
+  const AutocastSwitch a = autocast_switch(x.device().type());
+  return a.enabled ? a.dtype : x.scalar_type();
 }
 
 struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {

@@ -1,0 +1,87 @@
+// The device a run computes on (runtime/device.h) and the CUDA build itself: the binary
+// links libtorch_cuda and NCCL on a machine without a GPU, and a CUDA run that cannot be
+// placed is one error before any rank starts.
+#include <gtest/gtest.h>
+#include <link.h>
+
+#include <string>
+
+#include "meshtrain/runtime/device.h"
+#include "src/comm/backend.h"
+#include "tests/train_cli.h"
+
+namespace meshtrain {
+namespace {
+
+std::string resolve_error(DeviceRequest r, int devices, int ranks_per_node) {
+  try {
+    resolve_device(r, devices, ranks_per_node);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Device, ParsesTheThreeValuesAndNamesAWrongOne) {
+  EXPECT_EQ(parse_device("cpu"), DeviceRequest::Cpu);
+  EXPECT_EQ(parse_device("cuda"), DeviceRequest::Cuda);
+  EXPECT_EQ(parse_device("auto"), DeviceRequest::Auto);
+  EXPECT_THROW(parse_device("gpu"), std::invalid_argument);
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  EXPECT_NE(test::error_of(cfg, {"train.device=\"gpu\""}).find("train.device 'gpu' unknown; use cpu, cuda or auto"),
+            std::string::npos)
+      << test::error_of(cfg, {"train.device=\"gpu\""});
+}
+
+TEST(Device, CpuAndAutoWithoutADeviceAreTheCpu) {
+  EXPECT_EQ(resolve_device(DeviceRequest::Cpu, 0, 4), DeviceKind::Cpu);
+  EXPECT_EQ(resolve_device(DeviceRequest::Cpu, 8, 16), DeviceKind::Cpu);  // cpu asks for no device
+  EXPECT_EQ(resolve_device(DeviceRequest::Auto, 0, 4), DeviceKind::Cpu);
+}
+
+TEST(Device, CudaWithoutADeviceNamesTheFix) {
+  const std::string e = resolve_error(DeviceRequest::Cuda, 0, 1);
+  EXPECT_NE(e.find("train.device = \"cuda\" but this machine has no CUDA device"), std::string::npos) << e;
+  EXPECT_NE(e.find("use train.device = \"cpu\""), std::string::npos) << e;
+}
+
+TEST(Device, MoreRanksOnANodeThanDevicesNamesTheCount) {
+  const std::string e = resolve_error(DeviceRequest::Cuda, 2, 4);
+  EXPECT_NE(e.find("4 ranks per node but this node has 2 CUDA devices"), std::string::npos) << e;
+  EXPECT_NE(e.find("start at most 2 ranks per node"), std::string::npos) << e;
+  const std::string one = resolve_error(DeviceRequest::Cuda, 1, 2);
+  EXPECT_NE(one.find("2 ranks per node but this node has 1 CUDA device;"), std::string::npos) << one;
+}
+
+// The one build is the CUDA build: ProcessGroupNCCL is compiled in, and libtorch_cuda and
+// NCCL are loaded by the test binary here too (where nothing can run them).
+TEST(Device, TheBuildLinksCudaAndNccl) {
+  EXPECT_TRUE(backend_available(BackendKind::Nccl));
+  EXPECT_TRUE(backend_available(BackendKind::Gloo));
+  std::string loaded;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        *static_cast<std::string*>(out) += std::string(info->dlpi_name) + "\n";
+        return 0;
+      },
+      &loaded);
+  EXPECT_NE(loaded.find("libtorch_cuda.so"), std::string::npos) << loaded;
+  EXPECT_NE(loaded.find("libnccl.so"), std::string::npos) << loaded;
+  EXPECT_NE(loaded.find("libc10_cuda.so"), std::string::npos) << loaded;
+}
+
+// Through the CLI: the launching process refuses, no rank starts.
+TEST(Device, CudaRunWithoutADeviceIsOneErrorBeforeAnyRankStarts) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present: this checks a machine without one";
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  const auto run = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + " --set train.device='\"cuda\"'");
+  EXPECT_EQ(run.code, 1) << run.output;
+  EXPECT_NE(run.output.find("train.device = \"cuda\" but this machine has no CUDA device"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("[rank"), std::string::npos) << "ranks were started\n" << run.output;
+}
+
+}  // namespace
+}  // namespace meshtrain
