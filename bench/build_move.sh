@@ -7,7 +7,7 @@
 # Each builds in a temporary worktree. Needs Debian's libtorch-dev (1.13), libfmt-dev,
 # libopenblas0-pthread and python3-torch installed for the before side (installed when missing).
 # About 45 minutes on 2 cores. Writes docs/build-move.md.
-# Usage: bench/build_move.sh [BEFORE_REF] [AFTER_REF] [JOBS]
+# Usage: [KEEP_BEFORE_BIN=PATH] bench/build_move.sh [BEFORE_REF] [AFTER_REF] [JOBS]
 set -euo pipefail
 shopt -s inherit_errexit
 source "$(dirname "$0")/header.sh"
@@ -50,6 +50,8 @@ side() {
 }
 
 read -r b_build b_test b_pass b_total < <(side before "$BEFORE")
+# KEEP_BEFORE_BIN=PATH keeps the before build's binary (bench/train.sh's BASELINE_BIN).
+[ -z "${KEEP_BEFORE_BIN:-}" ] || cp "$tmp/before/build/meshtrain" "$KEEP_BEFORE_BIN"
 b_torch=$(grep -m1 -oE 'libtorch_cpu\.so[.0-9]*' "$tmp/before/build/CMakeCache.txt" || true)
 read -r a_build a_test a_pass a_total < <(side after "$AFTER")
 ratio() { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
