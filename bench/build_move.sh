@@ -69,12 +69,10 @@ ratio() { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
   echo "| after | $(git rev-parse --short "$AFTER") | $("$(torch_python)" -c 'import torch; print(torch.__version__)') (CUDA 13.0, NCCL, MKL) | $a_build | $a_test | $a_pass / $a_total |"
   echo "| after / before | | | $(ratio "$a_build" "$b_build") | $(ratio "$a_test" "$b_test") | |"
   echo
-  cat <<'TEXT'
-The clean build grows with the wheel's headers: libtorch 2.11's ATen and c10d headers are larger than 1.13's, and
-fmt is header-only (the wheel ships fmt's headers, not its library). CI builds with ccache and a warm
-`~/.cache/meshtrain` environment; a first run on a fresh machine adds the wheel's download (about 1.5 minutes,
-4.6 GB: `scripts/torch_env.sh`).
-TEXT
+  echo "The clean build grows with the wheel's headers: libtorch 2.11's ATen and c10d headers are larger than 1.13's, and"
+  echo "fmt is header-only (the wheel ships fmt's headers, not its library). CI builds with ccache and a warm"
+  echo "\`~/.cache/meshtrain\` environment; a first run on a fresh machine adds the wheel's download into it"
+  echo "($(du -sh "$("$(dirname "$0")/../scripts/torch_env.sh" --check)" | cut -f1) on this machine: \`scripts/torch_env.sh\`)."
   quotes_heading
   quote build_after_s "$a_build" "clean build on libtorch 2.11, seconds"
   quote test_after_s "$a_test" "whole suite on libtorch 2.11, seconds"

@@ -32,6 +32,16 @@ else
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# The wheel's CMake config (TorchConfig -> Caffe2's cuda.cmake) needs a CUDA toolkit at configure
+# time, GPU or not: nvcc, cudart and the driver stub. These machines carry CUDA 13.0 under
+# /usr/local/cuda; neither Debian nor PyPI serves a whole toolkit that CMake accepts.
+if ! command -v nvcc > /dev/null && [ ! -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDACXX:-}" ]; then
+  echo "setup: no CUDA toolkit (nvcc not on PATH, no /usr/local/cuda/bin/nvcc, CUDACXX unset): meshtrain builds" \
+       "against the CUDA 13.0 torch wheel, whose CMake config needs the toolkit even without a GPU; install" \
+       "CUDA 13.0 (NVIDIA's cuda-toolkit-13-0) or set CUDACXX to its nvcc, then run this again" >&2
+  exit 1
+fi
+
 # libtorch (tensors, autograd, c10d Gloo and NCCL, CUDA): the torch wheel's C++ half.
 # CMakeLists.txt finds the environment through scripts/torch_env.sh --check.
 echo "setup: libtorch in $("$(dirname "$0")/torch_env.sh")"
