@@ -62,9 +62,9 @@ cc_hit=$(secs cmake --build "$tmp/pch_ON" -j"$JOBS" --target meshtrain_lib)
 No file includes `torch/torch.h`; library code includes `ATen/core/Tensor.h` and the c10d headers it needs, and
 `<torch/csrc/autograd/custom_function.h>` only where a custom autograd function lives.
 
-Debian's `libtorch1.13` only recommends OpenBLAS: installed without recommends, fp32 GEMM runs on the reference
-BLAS (netlib), tens of times slower. `scripts/setup.sh` installs `libopenblas0-pthread`, which the alternatives
-system selects for `libblas.so.3` (`update-alternatives --display libblas.so.3-x86_64-linux-gnu` shows it).
+libtorch is the torch 2.11 wheel's (scripts/torch_env.sh): its GEMM is MKL, linked in; fmt is header-only
+(the wheel's headers), which the precompiled header carries. docs/build-move.md compares the clean build and
+the suite with the libtorch 1.13 build.
 TEXT
 } > "$OUT.tmp"
 seal "$OUT"
