@@ -56,7 +56,7 @@ QUOTES=""
   machine
   echo "PyTorch eager: torch $(torch_version "$PY") with F.scaled_dot_product_attention, $THREADS threads for every side;"
   [ -z "$BASELINE_PY" ] || echo "baseline PyTorch eager: $BASELINE_PY, torch $(torch_version "$BASELINE_PY") (naive attention: no SDPA before 2.0);"
-  [ -z "$BASELINE_BIN" ] || echo "baseline meshtrain: $BASELINE_BIN ($(ldd "$BASELINE_BIN" | grep -m1 -oE 'libtorch_cpu\.so[.0-9]*'));"
+  [ -z "$BASELINE_BIN" ] || echo "baseline meshtrain: $BASELINE_BIN ($(ldd "$BASELINE_BIN" | grep -oE 'libtorch_cpu\.so[.0-9]*' | head -1));"
   echo "every side under GLIBC_TUNABLES=$GLIBC_TUNABLES, OMP_WAIT_POLICY=PASSIVE,"
   echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(unset: OpenBLAS picks the kernels for the CPU)}."
   echo
