@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <set>
 #include <sys/wait.h>
 
@@ -101,6 +102,49 @@ TEST(Loader, RanksPartitionTheGlobalBatch) {
   Batch e1 = one.next();
   EXPECT_EQ(one.state().epoch, 1u);
   EXPECT_EQ(e1.windows.size(), 6u);
+}
+
+// Where an epoch ends depends on the global batch alone: one process with the whole batch, or
+// with accumulation, and 2, 3 or 4 data ranks with theirs read the same windows at every
+// optimizer step, across epoch boundaries (165 windows: 13 global batches of 12, 9 left over).
+TEST(Loader, EpochsEndOnTheSameOptimizerStepOnEveryMesh) {
+  TempDir d;
+  write_shard(d.file("a.bin"), ramp(1000, 1000), {0}, 2);
+  write_shard(d.file("b.bin"), ramp(333, 1000), {0}, 2);
+  const std::vector<std::string> shards{d.file("a.bin"), d.file("b.bin")};
+  const int64_t seq = 8, global = 12, steps = 40;  // three epochs and a step into the fourth
+  // Per optimizer step: the epoch it starts in and its windows, sorted (gradients are summed).
+  auto run = [&](int dp, int64_t micro) {
+    const int64_t acc = global / (micro * dp);
+    LoaderOptions o;
+    o.accumulation = acc;
+    std::vector<TokenLoader> ranks;
+    for (int r = 0; r < dp; ++r) ranks.emplace_back(shards, seq, micro, r, dp, 5, o);
+    std::vector<std::pair<uint64_t, std::vector<uint64_t>>> out;
+    for (int64_t s = 0; s < steps; ++s) {
+      std::vector<uint64_t> windows;
+      uint64_t epoch = 0;
+      for (int64_t a = 0; a < acc; ++a) {
+        for (auto& l : ranks) {
+          Batch b = l.next();
+          epoch = l.state().epoch;
+          windows.insert(windows.end(), b.windows.begin(), b.windows.end());
+        }
+      }
+      std::sort(windows.begin(), windows.end());
+      out.emplace_back(epoch, windows);
+    }
+    return out;
+  };
+  const auto one = run(1, global);
+  EXPECT_EQ(one[12].first, 0u);
+  EXPECT_EQ(one[13].first, 1u) << "165 windows hold 13 global batches of 12";
+  for (auto [dp, micro] : std::vector<std::pair<int, int64_t>>{{1, 2}, {2, 3}, {3, 2}, {4, 1}, {2, 6}}) {
+    const auto other = run(dp, micro);
+    for (int64_t s = 0; s < steps; ++s) {
+      ASSERT_EQ(other[s], one[s]) << "dp " << dp << " micro-batch " << micro << ": optimizer step " << s;
+    }
+  }
 }
 
 TEST(Loader, ResumeContinuesExactly) {

@@ -54,6 +54,22 @@ TEST(MoeCli, ExpertParallelCheckpointsResumeOnAnotherEp) {
   expect_same_losses(path("ref.jsonl"), path("ep1.jsonl"), 4, 2);
 }
 
+// The replica check under expert parallelism compares each parameter over its own replicas:
+// experts over dp x cp (the ep ranks hold other experts by design), dense ones over every data
+// rank. A healthy ep2 x dp2 run passes every check; a weight changed on rank 2 is still named.
+TEST(MoeCli, ReplicaCheckUnderExpertParallelismComparesEachGroup) {
+  Dir d;
+  const std::string cfg = moe_config(d) + " --nproc 4 --set parallel.ep=2 --set check.replicas_every=1 --set train.steps=4";
+  auto run = run_command(std::string(MESHTRAIN_BIN) + " train " + cfg);
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_EQ(run.output.find("replicas' parameters differ"), std::string::npos) << run.output;
+  run = run_command("MESHTRAIN_FAULT='perturb step=2 rank=2' " + std::string(MESHTRAIN_BIN) + " train " + cfg);
+  ASSERT_NE(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("after step 2 the data-parallel replicas' parameters differ"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("embed.weight differs on rank 2"), std::string::npos) << run.output;
+}
+
 // --check-plan on MoE runs: the planner's parameters and bytes per axis
 // (plan/traffic.h: experts whole on every tp rank, split over ep; expert
 // gradients over dp x cp; the dispatch and combine moving the rows the layers

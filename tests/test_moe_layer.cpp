@@ -169,6 +169,15 @@ TEST(MoeConfig, BadInputIsOneClearErrorBeforeAnythingStarts) {
       << error({"model.router=\"topk\""});
   EXPECT_NE(error({"model.experts=0", "parallel.ep=2"}).find("parallel.ep = 2 splits the experts"), std::string::npos)
       << error({"model.experts=0", "parallel.ep=2"});
+  // Refused until the router's statistics are summed over the sequence's pieces (issue 41).
+  EXPECT_NE(error({"parallel.cp=2"}).find("model.experts = 8 with parallel.cp = 2: the router would see each cp rank's "
+                                          "chunks alone"),
+            std::string::npos)
+      << error({"parallel.cp=2"});
+  const std::vector<std::string> sp_capacity{"parallel.tp=2", "parallel.sp=true", "model.capacity_factor=1.25"};
+  EXPECT_NE(error(sp_capacity).find("model.capacity_factor = 1.25 with sequence parallelism"), std::string::npos)
+      << error(sp_capacity);
+  EXPECT_NO_THROW(load_train_config(path, {"parallel.tp=2", "parallel.sp=true"}));  // dropless under SP: tested
   std::filesystem::remove_all(dir);
 }
 

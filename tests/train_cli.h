@@ -68,16 +68,22 @@ inline std::map<int, std::string> losses(const std::string& metrics) {
   return out;
 }
 
-// Steps after `from` of two metrics files agree within fp32 rounding
-// (relative 1e-5: other meshes reduce in other orders).
+// Steps after `from` of two metrics files agree within fp32 rounding, the loss and the
+// gradient norm each (relative 1e-5: other meshes reduce in other orders).
 inline void expect_same_losses(const std::string& a_file, const std::string& b_file, int from, size_t count) {
   const auto a = losses(a_file), b = losses(b_file);
   ASSERT_EQ(b.size(), count) << b_file;
+  const auto split = [](const std::string& v) {  // "loss grad_norm"
+    const size_t space = v.find(' ');
+    return std::pair<double, double>{std::stod(v.substr(0, space)), std::stod(v.substr(space + 1))};
+  };
   for (const auto& [step, v] : b) {
     ASSERT_TRUE(a.count(step)) << "step " << step;
     if (step <= from) continue;
-    const double x = std::stod(a.at(step)), y = std::stod(v);
-    EXPECT_NEAR(x, y, 1e-5 * x) << "step " << step;
+    const auto [x, gx] = split(a.at(step));
+    const auto [y, gy] = split(v);
+    EXPECT_NEAR(x, y, 1e-5 * x) << "loss, step " << step;
+    EXPECT_NEAR(gx, gy, 1e-5 * gx) << "gradient norm, step " << step;
   }
 }
 

@@ -12,10 +12,11 @@ namespace meshtrain {
 
 TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank,
                          int dp_size, uint64_t seed, LoaderOptions o)
-    : documents_(o.documents), seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed) {
-  if (seq < 1 || micro_batch < 1 || o.group < 1) {
-    throw std::invalid_argument(fmt::format("sequence {}, micro-batch {} and group {} must be positive", seq,
-                                            micro_batch, o.group));
+    : documents_(o.documents), seq_(seq), micro_batch_(micro_batch), dp_rank_(dp_rank), dp_size_(dp_size), seed_(seed),
+      accumulation_(o.accumulation) {
+  if (seq < 1 || micro_batch < 1 || o.group < 1 || o.accumulation < 1) {
+    throw std::invalid_argument(fmt::format("sequence {}, micro-batch {}, group {} and accumulation {} must be positive",
+                                            seq, micro_batch, o.group, o.accumulation));
   }
   group_ = static_cast<uint64_t>(o.group);
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size) {
@@ -68,10 +69,10 @@ TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, in
   }
   if (steps_per_epoch() == 0) {
     throw std::invalid_argument(fmt::format(
-        "the shards hold {} windows of {} tokens{}, fewer than one global batch of {} x {} ranks; use more data, a "
-        "shorter sequence or a smaller batch",
+        "the shards hold {} windows of {} tokens{}, fewer than one global batch of {} x {} ranks x {} micro-batches; "
+        "use more data, a shorter sequence or a smaller batch",
         total_windows_, seq + 1, group_ > 1 ? fmt::format(" ({} groups of {})", total_windows_ / group_, group_) : "",
-        micro_batch, dp_size));
+        micro_batch, dp_size, accumulation_));
   }
 }
 
@@ -85,12 +86,14 @@ TokenLoader::TokenLoader(const std::vector<MixtureSource>& sources, int64_t seq,
                                             dp_size));
   }
   group_ = static_cast<uint64_t>(o.group);
+  LoaderOptions one = o;
+  one.accumulation = 1;  // a source's own epochs: every window of it, one at a time
   std::vector<double> weights;
   for (size_t i = 0; i < sources.size(); ++i) {
     try {
       // Each source's own order: from the seed and the source's index.
       sources_.push_back(std::make_unique<TokenLoader>(sources[i].shards, seq, 1, 0, 1,
-                                                       seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL * (i + 1), o));
+                                                       seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL * (i + 1), one));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(fmt::format("data.sources[{}] ({}): {}", i, sources[i].name, e.what()));
     }
@@ -138,7 +141,8 @@ Batch TokenLoader::next_mixed() {
 uint64_t TokenLoader::steps_per_epoch() const {
   if (mixture()) return UINT64_MAX;  // no epoch of the whole: each source has its own
   const uint64_t units = repack_ ? rows(state_.epoch).size() : total_windows_ / group_;
-  return units / (static_cast<uint64_t>(micro_batch_) * dp_size_);
+  const uint64_t acc = static_cast<uint64_t>(accumulation_);
+  return units / (static_cast<uint64_t>(micro_batch_) * dp_size_ * acc) * acc;  // whole global batches
 }
 
 const std::vector<std::vector<size_t>>& TokenLoader::rows(uint64_t epoch) const {

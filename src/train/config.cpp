@@ -72,6 +72,22 @@ void check_moe(const TrainConfig& c, const std::string& path) {
                                             "holds experts / ep of them; choose an ep that divides {}",
                                             path, m.experts, c.ep, m.experts));
   }
+  // The router sees the tokens of its rank: under cp a chunk of each sequence, under SP a tp
+  // shard of it. Its load-balancing statistics (aux, z) and capacity would then be per piece, not
+  // per sequence as on one process: refused until they are summed over the cp (and tp) group.
+  if (c.cp > 1) {
+    throw std::invalid_argument(fmt::format("{}: model.experts = {} with parallel.cp = {}: the router would see each "
+                                            "cp rank's chunks alone (its aux/z losses and capacity per chunk, not per "
+                                            "sequence as on one process); not supported yet: set parallel.cp = 1",
+                                            path, m.experts, c.cp));
+  }
+  if (c.tp > 1 && c.sp && m.capacity_factor > 0) {
+    throw std::invalid_argument(fmt::format("{}: model.capacity_factor = {} with sequence parallelism (parallel.tp = "
+                                            "{}, parallel.sp = true): capacity and drop priority would be per tp shard "
+                                            "of the sequence, not per sequence as on one process; not supported yet: "
+                                            "set model.capacity_factor = 0 (dropless) or parallel.sp = false",
+                                            path, m.capacity_factor, c.tp));
+  }
   if (c.ep > 1 && c.dp_shard > 0) {
     throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with HSDP (parallel.dp_shard = {}): not supported; "
                                             "set parallel.dp_shard = 0",

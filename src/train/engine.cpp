@@ -207,6 +207,8 @@ LoaderOptions loader_options(const TrainConfig& c) {
 }
 
 TokenLoader train_loader(const TrainConfig& c, int rank, int size, LoaderOptions o) {
+  // Epochs end on whole global batches: at the same optimizer step on every mesh.
+  o.accumulation = std::max<int64_t>(1, c.global_batch / (c.micro_batch * size));
   if (!c.sources.empty()) return TokenLoader(c.sources, c.seq, c.micro_batch, rank, size, c.seed, o);
   return TokenLoader(c.train_shards, c.seq, c.micro_batch, rank, size, c.seed, o);
 }

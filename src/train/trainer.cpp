@@ -394,7 +394,16 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       engine.model_params().at(0).tensor.view({-1})[0].add_(1e-3);
     }
     if (c.check_replicas_every > 0 && s % c.check_replicas_every == 0) {
-      if (const auto bad = compare_replicas(engine.model_params(), dp); !bad.empty()) {
+      // Each parameter over its own replicas: dense ones over dp (x cp x ep), experts over dp x cp
+      // (the ep ranks hold other experts, by design).
+      std::vector<Param> dense, experts;
+      for (auto& p : engine.model_params()) (c.ep > 1 && p.expert ? experts : dense).push_back(p);
+      auto bad = compare_replicas(dense, dp);
+      if (c.ep > 1) {
+        const auto off = compare_replicas(experts, mesh.group({"dp", "cp"}));
+        bad.insert(bad.end(), off.begin(), off.end());
+      }
+      if (!bad.empty()) {
         throw std::runtime_error(fmt::format("after step {} the data-parallel replicas' parameters differ (silent "
                                              "data corruption: a faulty device or memory; resume from the newest "
                                              "checkpoint without the named ranks' hosts):\n{}",

@@ -4,12 +4,15 @@
 // Each shard of N tokens holds floor((N-1)/seq) windows: window w is tokens
 // [w*seq, w*seq + seq] (seq inputs, the same shifted by one as targets); windows
 // never cross shards. Epoch e visits the windows in a permutation drawn from
-// (seed, e). Every step takes the next dp_size * micro_batch windows of that
-// order; rank r gets the r-th micro_batch of them, so ranks never overlap and
-// together see exactly what one process with the global batch would. Windows
-// left over at the end of an epoch (fewer than a global batch) are skipped.
-// The state is (epoch, step in epoch): restoring it resumes on the very next
-// window, with no repeat and no skip.
+// (seed, e). Every step (one micro-batch) takes the next dp_size * micro_batch
+// windows of that order; rank r gets the r-th micro_batch of them, so ranks
+// never overlap and together see exactly what one process with the global
+// batch would. An epoch holds whole global batches of dp_size * micro_batch *
+// accumulation windows, the leftover (fewer than a global batch) skipped: so
+// where an epoch ends depends on the global batch alone, not on how it is
+// split over ranks and micro-batches, and every mesh starts epoch e+1 at the
+// same optimizer step. The state is (epoch, step in epoch): restoring it
+// resumes on the very next window, with no repeat and no skip.
 //
 // With `documents`, each batch also carries the document of every input
 // position (from the shards' document starts), numbered 0, 1, ... within its
@@ -73,6 +76,9 @@ struct LoaderOptions {
   bool loss_masks = false;  // targets masked by X.mask.bin
   int64_t group = 1;        // windows that stay together (2: preference pairs)
   bool repack = false;      // conversations shuffled and packed afresh each epoch
+  // Micro-batches per optimizer step: an epoch ends on a whole global batch
+  // (dp_size x micro_batch x accumulation units), the same step on every mesh.
+  int64_t accumulation = 1;
 };
 
 class TokenLoader {
@@ -107,7 +113,7 @@ class TokenLoader {
   // Windows of the shards (with `repack`: conversations).
   uint64_t windows() const { return repack_ ? convs_.size() : total_windows_; }
   bool mixture() const { return !sources_.empty(); }
-  // Steps of the current epoch.
+  // Steps (micro-batches) of the current epoch: a multiple of the accumulation.
   uint64_t steps_per_epoch() const;
 
  private:
@@ -139,6 +145,7 @@ class TokenLoader {
   int64_t seq_, micro_batch_;
   int dp_rank_, dp_size_;
   uint64_t seed_, total_windows_ = 0;
+  int64_t accumulation_ = 1;
   LoaderState state_;
   uint64_t order_epoch_ = UINT64_MAX;
   std::vector<uint64_t> order_;  // a permutation of the groups
