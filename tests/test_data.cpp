@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
+#include <fmt/format.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/validation.h"
 #include "tests/run_command.h"
 
 namespace meshtrain {
@@ -144,6 +146,61 @@ TEST(Loader, EpochsEndOnTheSameOptimizerStepOnEveryMesh) {
     for (int64_t s = 0; s < steps; ++s) {
       ASSERT_EQ(other[s], one[s]) << "dp " << dp << " micro-batch " << micro << ": optimizer step " << s;
     }
+  }
+}
+
+// Validation is one set of windows on every mesh (data/validation.h): the first
+// `count` of the epoch-0 order, each exactly once over the data ranks' calls,
+// the rest of every call padded with rows that train nothing; DPO's pairs stay
+// whole. 166 windows (83 pairs); counts 0 (all), 7 and 1.
+TEST(Validation, EveryMeshCoversTheSameWindowsOnce) {
+  TempDir d;
+  write_shard(d.file("a.bin"), ramp(1000, 1000), {0}, 2);
+  write_shard(d.file("b.bin"), ramp(337, 1000), {0}, 2);
+  const std::vector<std::string> shards{d.file("a.bin"), d.file("b.bin")};
+  for (int64_t group : {1, 2}) {
+    LoaderOptions o;
+    o.group = group;
+    TokenLoader order(shards, 8, 1, 0, 1, 5, o);
+    for (uint64_t count : {0, 7, 1}) {
+      std::vector<uint64_t> want;
+      const uint64_t units = count ? count : order.steps_per_epoch();
+      for (uint64_t u = 0; u < units; ++u) {
+        order.restore({0, u});
+        const Batch b = order.next();
+        want.insert(want.end(), b.windows.begin(), b.windows.end());
+      }
+      for (auto [dp, micro] : std::vector<std::pair<int, int64_t>>{{1, 1}, {1, 4}, {2, 3}, {3, 2}, {4, 1}}) {
+        const std::string what = fmt::format("group {} count {} dp {} micro {}", group, count, dp, micro);
+        std::vector<ValidationSet> ranks;
+        for (int r = 0; r < dp; ++r) ranks.emplace_back(shards, 8, micro, 5, o, count, r, dp);
+        ASSERT_EQ(ranks[0].units(), units) << what;
+        const uint64_t per_call = static_cast<uint64_t>(micro * dp);
+        EXPECT_EQ(ranks[0].calls(), (units + per_call - 1) / per_call) << what;
+        std::vector<uint64_t> got;
+        for (uint64_t k = 0; k < ranks[0].calls(); ++k) {
+          for (auto& r : ranks) {
+            const Batch b = r.batch(k);
+            ASSERT_EQ(b.tokens.size(0), micro * group) << what;
+            const int64_t real = static_cast<int64_t>(b.windows.size());
+            got.insert(got.end(), b.windows.begin(), b.windows.end());
+            for (int64_t row = real; row < b.tokens.size(0); ++row) {
+              EXPECT_TRUE((b.targets[row] < 0).all().item<bool>()) << what << ": padded row " << row;
+            }
+            for (int64_t row = 0; row < real; ++row) {
+              EXPECT_TRUE((b.targets[row] >= 0).all().item<bool>()) << what << ": row " << row;
+            }
+          }
+        }
+        EXPECT_EQ(got, want) << what;
+      }
+    }
+  }
+  try {
+    ValidationSet(shards, 8, 2, 5, {}, 167, 0, 2);
+    ADD_FAILURE() << "167 of 166 windows";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("train.eval_windows = 167 is more than the 166"), std::string::npos) << e.what();
   }
 }
 

@@ -120,7 +120,7 @@ TEST(MixtureCli, ResumeIsBitwiseAndEachSourceIsLogged) {
   auto config = [&](const std::string& name, const std::string& extra) {
     return d.write(name, "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.1\n[data]\n" + sources +
                              "[train]\nsteps = 6\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\nlr = 1e-2\nlog_every = 1\n"
-                             "eval_every = 3\neval_batches = 5\npeak_tflops = 0.001\n[parallel]\nnproc = 2\n" + extra);
+                             "eval_every = 3\npeak_tflops = 0.001\n[parallel]\nnproc = 2\n" + extra);
   };
   auto metrics = [&](const std::string& name) { return " --set train.metrics='\"" + (d.path / name).string() + "\"'"; };
   auto run = test::run_command(bin + " train " + config("ref.toml", "") + metrics("ref.metrics"));
@@ -150,7 +150,7 @@ TEST(MixtureCli, ResumeIsBitwiseAndEachSourceIsLogged) {
   ASSERT_EQ(a.size(), 6u);
   EXPECT_EQ(a, b);  // bitwise: the printed doubles, dropout on
   // meshtrain eval --data on the final checkpoint: each source's validation loss as training logged it
-  // (its 20 windows of 33 tokens are all of the validation: 5 batches x 2 x dp 2).
+  // (its 20 windows of 33 tokens, all of them: train.eval_windows = 0).
   run = test::run_command(bin + " eval " + ck + " --data " + (d.path / "a_val.bin").string() + " --data " +
                           (d.path / "b_val.bin").string());
   ASSERT_EQ(run.code, 0) << run.output;

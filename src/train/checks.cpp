@@ -16,6 +16,7 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/choice_task.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/validation.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
@@ -231,14 +232,16 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
   for (const auto& src : c.sources) {
     if (src.val.empty()) continue;
     try {
-      TokenLoader(src.val, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
+      ValidationSet(src.val, c.seq, c.micro_batch, c.seed, loader_options(c), static_cast<uint64_t>(c.eval_windows), 0,
+                    dp);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(fmt::format("data.sources ({}) val: {}", src.name, e.what()));
     }
   }
   if (!c.val_shards.empty()) {
     try {
-      TokenLoader(c.val_shards, c.seq, c.micro_batch, 0, dp, c.seed, loader_options(c));
+      ValidationSet(c.val_shards, c.seq, c.micro_batch, c.seed, loader_options(c),
+                    static_cast<uint64_t>(c.eval_windows), 0, dp);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(fmt::format("data.val: {} (or drop data.val: --set data.val=[])", e.what()));
     }

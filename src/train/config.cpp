@@ -39,13 +39,19 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
       const std::string full = sec + "." + std::string(key.str());
       if (full == "model.preset") continue;
       const ConfigKey* k = find_config_key(full);
+      if (full == "train.eval_batches") {
+        throw std::invalid_argument(fmt::format("{}: train.eval_batches is gone: validation covered micro_batch x dp "
+                                                "windows per batch, another set on every mesh; set train.eval_windows "
+                                                "(the first N windows of the validation order, 0 = all)",
+                                                where));
+      }
       if (!k) {
         std::string known;
         for (const auto& other : config_keys()) {
           if (other.name.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + other.name;
         }
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, rl, grpo, ppo, parallel, ddp"
+                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, rl, grpo, ppo, parallel, ddp, zero"
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       try {
@@ -198,6 +204,17 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     plan::parse_schedule(c.schedule);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: parallel.schedule: {}", path, e.what()));
+  }
+  if (c.zero_param_dtype != "fp32" && c.zero_param_dtype != "bf16") {
+    throw std::invalid_argument(fmt::format("{}: zero.param_dtype = \"{}\": use \"fp32\" (the default: the same "
+                                            "computation as DDP) or \"bf16\"",
+                                            path, c.zero_param_dtype));
+  }
+  if (c.zero_param_dtype == "bf16" && (c.zero != 3 || c.precision != "bf16")) {
+    throw std::invalid_argument(fmt::format("{}: zero.param_dtype = \"bf16\" gathers ZeRO-3's parameters as bf16 copies: "
+                                            "it needs parallel.zero = 3 and train.precision = \"bf16\" (they are {} "
+                                            "and \"{}\")",
+                                            path, c.zero, c.precision));
   }
   if (c.pp > 1 && c.zero >= 2) {
     throw std::invalid_argument(fmt::format("{}: parallel.zero = {} with parallel.pp = {}: stage 2 would reduce-scatter, "

@@ -258,7 +258,8 @@ std::vector<ConfigKey> make_keys() {
       boolean("train.repack", FIELD(repack), "SFT: pack conversations afresh each epoch"),
       integer("train.log_every", FIELD(log_every), 1, kMaxInt, "steps between log lines"),
       integer("train.eval_every", FIELD(eval_every), 1, kMaxInt, "steps between validations"),
-      integer("train.eval_batches", FIELD(eval_batches), 1, kMaxInt, "micro-batches per validation"),
+      integer("train.eval_windows", FIELD(eval_windows), 0, kMaxInt,
+              "validation windows (the first of its order, the same on every mesh; 0: all)"),
       text("train.metrics", FIELD(metrics), "", "JSON-lines file of per-step metrics (\"\": none)"),
       integer("train.stop_after", FIELD(stop_after), 0, kMaxInt, "stop (and save) after this step (0: run all)"),
       // [eval]
@@ -282,6 +283,10 @@ std::vector<ConfigKey> make_keys() {
       integer("ddp.bucket_mb", FIELD(ddp_bucket_mb), 1, kMaxInt, "gradient bucket size"),
       boolean("ddp.overlap", FIELD(ddp_overlap), "all-reduce buckets during backward"),
       boolean("ddp.find_unused", FIELD(ddp_find_unused), "parameters without a gradient count as zero"),
+      // [zero]
+      text("zero.param_dtype", FIELD(zero_param_dtype), "fp32 | bf16",
+           "ZeRO-3's gathered parameters (bf16: half the bytes, bf16 weights and residual stream; needs train.precision "
+           "= bf16)"),
       // [comm]
       number("comm.timeout", FIELD(comm_timeout), 0, true, kInf, false,
              "seconds a collective waits for a slow rank before the run fails (names the call)"),

@@ -53,15 +53,23 @@ DpoResult dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rej
   return r;
 }
 
-double DpoObjective::units(const Batch& b) const {
+namespace {
+
+// [pairs] bool: the pairs with a target in either row.
+at::Tensor live_pairs(const Batch& b) {
   if (b.tokens.size(0) % 2 != 0) {
     throw std::invalid_argument(fmt::format("a DPO batch holds chosen/rejected pairs; it has {} rows", b.tokens.size(0)));
   }
-  return static_cast<double>(b.tokens.size(0) / 2);
+  return (b.targets >= 0).any(1).view({-1, 2}).any(1);
 }
 
+}  // namespace
+
+double DpoObjective::units(const Batch& b) const { return live_pairs(b).sum().item<double>(); }
+
 at::Tensor DpoObjective::loss(Transformer& m, const Batch& b, bool train, std::vector<double>& metric_sums) {
-  const int64_t rows = static_cast<int64_t>(units(b)) * 2;
+  const at::Tensor live = live_pairs(b);
+  const int64_t rows = b.tokens.size(0);
   // One forward over chosen and rejected rows together (one ZeRO-3 gather, one DDP backward).
   const at::Tensor policy = sequence_logprobs(m, b.tokens, b.targets, train);
   at::Tensor ref;
@@ -82,11 +90,12 @@ at::Tensor DpoObjective::loss(Transformer& m, const Batch& b, bool train, std::v
   }
   const DpoResult r = dpo_loss(policy.slice(0, 0, rows, 2), policy.slice(0, 1, rows, 2), ref.slice(0, 0, rows, 2),
                                ref.slice(0, 1, rows, 2), o_.beta, o_.loss);
+  // A padded pair's log-probs are 0 in both models: every term below is 0 for it but the loss's and accuracy's.
   metric_sums.at(0) += r.chosen.sum().item<double>();
   metric_sums.at(1) += r.rejected.sum().item<double>();
   metric_sums.at(2) += (r.chosen - r.rejected).sum().item<double>();
-  metric_sums.at(3) += (r.chosen > r.rejected).sum().item<double>();
-  return r.per_pair.sum();
+  metric_sums.at(3) += ((r.chosen > r.rejected) & live).sum().item<double>();
+  return at::where(live, r.per_pair, at::zeros_like(r.per_pair)).sum();
 }
 
 }  // namespace meshtrain

@@ -80,7 +80,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     for (auto& m : chunks_) {
       zero_.push_back(std::make_unique<ShardedDataParallel>(
           *m, *shard_groups_.shard, *shard_groups_.replicate, tp_, c.optim,
-          ZeroOptions{c.zero, c.ddp_find_unused, true, c.zero == 3 && precision_ == Precision::Bf16,
+          ZeroOptions{c.zero, c.ddp_find_unused, true, c.zero_param_dtype == "bf16",
                       ep_.size() > 1 ? &expert_dp_ : nullptr}));
       for (const auto& p : zero_.back()->shard_params()) updated_.push_back(p);
     }

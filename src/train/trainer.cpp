@@ -17,6 +17,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/loader.h"
+#include "meshtrain/data/validation.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/loss_scaler.h"
@@ -55,15 +56,17 @@ namespace {
 
 
 
-// Validation over `dp` (the data-parallel x cp group): the loader reads
-// windows by data-parallel replica (`data`), each cp rank takes its chunks.
-// Returns the mean loss, then the objective's metrics, per unit.
+// Validation over `dp` (the data-parallel x cp group): the same windows on
+// every mesh (data/validation.h), split by data-parallel replica (`data`),
+// each cp rank taking its chunks. Returns the mean loss, then the
+// objective's metrics, per unit.
 std::vector<double> evaluate(TrainEngine& engine, const TrainConfig& c, Comm& dp, Comm& data, const ZigZag& chunks,
                              const std::vector<std::string>& shards) {
-  TokenLoader val(shards, c.seq, c.micro_batch, data.rank(), data.size(), c.seed, loader_options(c));
+  ValidationSet val(shards, c.seq, c.micro_batch, c.seed, loader_options(c), static_cast<uint64_t>(c.eval_windows),
+                    data.rank(), data.size());
   at::Tensor sums;
-  for (int64_t i = 0; i < std::min<int64_t>(c.eval_batches, static_cast<int64_t>(val.steps_per_epoch())); ++i) {
-    const at::Tensor one = at::tensor(engine.evaluate(context_shard(val.next(), chunks)), at::kDouble);
+  for (uint64_t k = 0; k < val.calls(); ++k) {
+    const at::Tensor one = at::tensor(engine.evaluate(context_shard(val.batch(k), chunks)), at::kDouble);
     sums = sums.defined() ? sums + one : one;
   }
   dp.all_reduce(sums);

@@ -26,7 +26,10 @@ struct TrainConfig {
   std::vector<MixtureSource> sources;
   int64_t steps = 100, micro_batch = 4, global_batch = 16, seq = 128;  // [train]
   uint64_t seed = 1;
-  int64_t log_every = 10, eval_every = 50, eval_batches = 8;
+  int64_t log_every = 10, eval_every = 50;
+  // Validation windows (data/validation.h): the first N of the validation
+  // order, the same on every mesh; 0 = all.
+  int64_t eval_windows = 0;
   // [eval] tasks: multiple-choice tasks (data/choice_task.h) scored with the
   // validation (every train.eval_every steps and at the last), their accuracy
   // and length-normalised accuracy logged (train/choice_eval.h); tokenizer:
@@ -113,6 +116,12 @@ struct TrainConfig {
   int64_t ddp_bucket_mb = 25;
   bool ddp_overlap = true;
   bool ddp_find_unused = false;
+  // [zero] param_dtype: the dtype ZeRO-3 gathers the parameters in. "fp32"
+  // (default): the fp32 weights, autocast casting them per op, the same
+  // computation as DDP; "bf16": bf16 copies (FSDP's param_dtype = bf16; half
+  // the gather bytes), so embeddings, norms and the residual stream are bf16
+  // too: another computation, whose one-process reference is itself on one rank.
+  std::string zero_param_dtype = "fp32";
   int64_t stop_after = 0;         // [train] stop_after: stop (and save) after this step; 0 = run all steps
   // [checkpoint]
   std::string ckpt_dir;           // dir: "" = no checkpoints

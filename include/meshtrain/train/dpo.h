@@ -56,6 +56,8 @@ struct DpoOptions {
 // one); units are pairs. `reference` is the frozen reference model; null means
 // the policy itself with its LoRA adapters disabled (it must have some). The
 // reference's log-probs are computed without gradients and without dropout.
+// A pair with no target in either row (validation's padding, data/
+// validation.h) is no pair: it counts as no unit and adds nothing.
 // Metrics: rewards/chosen, rewards/rejected, margin, accuracy.
 class DpoObjective : public Objective {
  public:
