@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include <ATen/Functions.h>
 
@@ -97,6 +98,66 @@ TEST(LoraCli, FineTunesAdaptersOnly) {
     EXPECT_NE(run.output.find("lora"), std::string::npos) << bad << "\n" << run.output;
     EXPECT_EQ(run.output.find("[rank"), std::string::npos) << "a rank started: " << run.output;
   }
+}
+
+// Adapters are pinned to the step they were trained on (ckpt/pin.h), not to
+// init.from's newest: LoRA from base/ (its step 3) stops at step 3; the base
+// trains on to step 6; the LoRA run resumes on the pinned step 3 (the losses of
+// a run from base/step_00000003 named outright) and eval loads that step too.
+// It used to resolve base/ again at each load and took step 6. A base whose
+// manifest changed, or that moved, is one error naming both, before any rank
+// starts; init.from inside the run's own checkpoint.dir is refused.
+TEST(LoraCli, AdaptersArePinnedToTheirBaseStep) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = tiny_config(d, "p.toml", "") + " --nproc 1 --set model.dropout=0.0";
+  auto ck = [&](const std::string& name) { return " --set checkpoint.dir='\"" + (d.path / name).string() + "\"'"; };
+  auto metrics = [&](const std::string& tag) { return " --set train.metrics='\"" + (d.path / tag).string() + "\"'"; };
+  auto lora_from = [&](const std::string& from) {
+    return cfg + " --set init.from='\"" + (d.path / from).string() + "\"' --set lora.rank=4 --set lora.alpha=8 "
+                 "--set lora.targets='[\"all\"]' --set train.lr=3e-2";
+  };
+  auto eval_loss = [&](const std::string& ckpt) {
+    const auto r = run_command(bin + " eval " + (d.path / ckpt).string() + " --data " + (d.path / "train.bin").string());
+    EXPECT_EQ(r.code, 0) << r.output;
+    const size_t at = r.output.find("train.bin: loss ");
+    return at == std::string::npos ? r.output : r.output.substr(at);
+  };
+  auto run = run_command(bin + " train " + cfg + ck("base") + " --set train.stop_after=3");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = run_command(bin + " train " + lora_from("base") + ck("lora") + " --set train.stop_after=3");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = run_command(bin + " train " + lora_from("base/step_00000003") + ck("straight") + metrics("straight.metrics"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string at_step3 = eval_loss("lora");
+  run = run_command(bin + " train " + cfg + ck("base"));  // the base trains on: base/ now reads as its step 6
+  ASSERT_EQ(run.code, 0) << run.output;
+  ASSERT_TRUE(std::filesystem::exists(d.path / "base/step_00000006"));
+  EXPECT_EQ(eval_loss("lora"), at_step3);
+  run = run_command(bin + " train " + lora_from("base") + ck("lora") + metrics("resumed.metrics"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  expect_same_losses((d.path / "straight.metrics").string(), (d.path / "resumed.metrics").string(), 3, 3);
+  EXPECT_EQ(eval_loss("lora"), eval_loss("straight"));
+  ckpt::Reader tuned(ckpt::resolve((d.path / "lora").string()));
+  EXPECT_EQ(tuned.manifest().at("base").at("step_dir").get<std::string>(), (d.path / "base/step_00000003").string());
+
+  const std::string manifest = (d.path / "base/step_00000003/manifest.json").string();
+  std::ofstream(manifest, std::ios::app) << "\n";  // another manifest: other weights, as far as anyone can tell
+  run = run_command(bin + " eval " + (d.path / "lora").string() + " --data " + (d.path / "train.bin").string());
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("whose manifest has changed since"), std::string::npos) << run.output;
+  run = run_command(bin + " train " + lora_from("base") + ck("lora") + " --set train.steps=8");
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find((d.path / "base/step_00000003").string() + " (init.from = "), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("[rank"), std::string::npos) << "a rank started: " << run.output;
+  std::filesystem::rename(d.path / "base/step_00000003", d.path / "moved");
+  run = run_command(bin + " ckpt export " + (d.path / "lora").string() + " --out " + (d.path / "m.safetensors").string());
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("which is gone: it was moved or deleted"), std::string::npos) << run.output;
+  run = run_command(bin + " train " + lora_from("base") + ck("base"));
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("lies in this run's checkpoint.dir"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("[rank"), std::string::npos) << "a rank started: " << run.output;
 }
 
 // [adapters] bottleneck through `meshtrain train`: from a pretrained checkpoint,

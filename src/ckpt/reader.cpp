@@ -12,6 +12,7 @@
 #include "ckpt/files.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/flat_boxes.h"
+#include "meshtrain/ckpt/pin.h"
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/peft/nf4.h"
 #include "meshtrain/train/state.h"
@@ -321,7 +322,12 @@ VerifyReport verify(const std::string& step_dir) {
   return r;
 }
 
-std::map<std::string, at::Tensor> model_weights(Reader& reader, bool adapters_only) {
+namespace {
+
+// Adapter checkpoints on adapter checkpoints: a chain of bases this long at most.
+constexpr size_t kMaxBaseChain = 8;
+
+std::map<std::string, at::Tensor> weights_along(Reader& reader, bool adapters_only, std::vector<std::string>& chain) {
   const auto& m = reader.manifest();
   const int64_t vocab = m.contains("config") ? m["config"]["model"].value("vocab", int64_t{0}) : 0;
   std::map<std::string, at::Tensor> out, adapters;
@@ -341,12 +347,25 @@ std::map<std::string, at::Tensor> model_weights(Reader& reader, bool adapters_on
   if (m.contains("base") && m["base"].is_object()) {
     // An adapter checkpoint: the frozen base is its [init] weights; QLoRA's
     // block linears were those in NF4, quantised and dequantised again exactly as the run did.
-    Reader base(resolve(m["base"].at("from").get<std::string>()));
+    const Pin p = pinned(m["base"], reader.dir());
+    const std::string here = fs::weakly_canonical(p.step_dir).string();
+    if (std::find(chain.begin(), chain.end(), here) != chain.end()) {
+      throw std::runtime_error(fmt::format("checkpoint {}: its bases form a cycle ({} -> {}): a checkpoint cannot be "
+                                           "its own base",
+                                           reader.dir(), fmt::join(chain, " -> "), here));
+    }
+    chain.push_back(here);
+    if (chain.size() > kMaxBaseChain) {
+      throw std::runtime_error(fmt::format("checkpoint {}: more than {} bases deep ({}); export a merged model and "
+                                           "train from that",
+                                           reader.dir(), kMaxBaseChain, fmt::join(chain, " -> ")));
+    }
+    Reader base(p.step_dir);
     std::set<std::string> quantized;
     if (m.contains("qlora") && m["qlora"].is_object()) {
       for (const auto& name : linear_names(spec_from_json(m.at("config").at("model")))) quantized.insert(name + ".weight");
     }
-    for (auto& [name, w] : model_weights(base)) {
+    for (auto& [name, w] : weights_along(base, false, chain)) {
       if (out.count(name)) continue;
       out[name] = quantized.count(name) ? nf4_dequantize(nf4_quantize(w, m["qlora"].at("block").get<int64_t>(),
                                                                       m["qlora"].at("double_quant").get<bool>()),
@@ -370,6 +389,13 @@ std::map<std::string, at::Tensor> model_weights(Reader& reader, bool adapters_on
     w = w + at::mm(b, a) * scale;
   }
   return out;
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> model_weights(Reader& reader, bool adapters_only) {
+  std::vector<std::string> chain{fs::weakly_canonical(reader.dir()).string()};
+  return weights_along(reader, adapters_only, chain);
 }
 
 void export_model(const std::string& step_dir, const std::string& out, bool force, bool adapters_only) {

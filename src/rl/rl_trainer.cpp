@@ -12,10 +12,12 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <unistd.h>
 
 #include "meshtrain/ckpt/checkpoint.h"
+#include "meshtrain/ckpt/pin.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/peft/lora.h"
@@ -191,9 +193,12 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   if (c.ppo.critic_lr > 0) critic_config.optim.lr = c.ppo.critic_lr;
   std::unique_ptr<TrainEngine> critic;
   if (ppo) critic = std::make_unique<TrainEngine>(critic_config, rt, mesh, 1, false, EngineRole::Critic);
+  std::optional<ckpt::Pin> init;  // pinned (ckpt/pin.h): RL runs start afresh
   if (!c.init_from.empty()) {
-    ckpt::Reader r(ckpt::resolve(c.init_from));
+    init = ckpt::pin(c.init_from);
+    ckpt::Reader r(init->step_dir);
     engine.load_weights(r);
+    engine.load_reference(r);
     if (critic) critic->load_weights(r);
     if (lead) fmt::print("weights from {} (step {})\n", r.dir(), r.manifest().value("step", 0));
   }
@@ -368,7 +373,8 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
           {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
                                                     {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
                                    : nlohmann::json(nullptr)},
-          {"base", adapter_checkpoints(c) ? nlohmann::json{{"from", c.init_from}} : nlohmann::json(nullptr)}};
+          {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
+          {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)}};
       saver->save(s, engine.pieces(dp.rank(), rt.rank(), adapter_checkpoints(c)), fields, nlohmann::json::object());
       if (lead) fmt::print("step {:>5} | checkpoint {}/{}\n", s, c.ckpt_dir, ckpt::step_dir_name(s));
     }

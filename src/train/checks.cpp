@@ -258,6 +258,13 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
     try {
       const ckpt::Reader r(ckpt::resolve(c.init_from));
       check_same_model(r, c.model);
+      namespace fs = std::filesystem;
+      if (!c.ckpt_dir.empty() && fs::exists(c.ckpt_dir) &&
+          fs::equivalent(fs::path(r.dir()).parent_path(), c.ckpt_dir)) {
+        throw std::invalid_argument(fmt::format("it lies in this run's checkpoint.dir = \"{}\", whose steps rotate "
+                                                "(keep = {}) and would delete it; train into another directory",
+                                                c.ckpt_dir, c.ckpt_keep));
+      }
       // LoRA adapters merge into the weights (train/state.h); bottleneck adapters cannot.
       for (const auto& [name, t] : r.manifest()["tensors"].items()) {
         if (name.find(".adapter_") != std::string::npos && c.adapters.bottleneck == 0) {
@@ -268,6 +275,17 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
       }
     } catch (const std::exception& e) {
       throw std::invalid_argument(fmt::format("init.from = \"{}\": {}", c.init_from, e.what()));
+    }
+    // The checkpoint a resume would load holds the pinned starting weights: moved or changed is one error here.
+    std::string resumed;
+    if (c.resume == "auto" && !c.ckpt_dir.empty()) resumed = ckpt::latest(c.ckpt_dir).value_or("");
+    if (c.resume != "auto" && c.resume != "none") resumed = ckpt::resolve(c.resume);
+    if (!resumed.empty()) {
+      try {
+        starting_weights(c, resumed);
+      } catch (const std::runtime_error& e) {
+        throw std::invalid_argument(e.what());
+      }
     }
   }
   if (!warn_memory) return device;

@@ -119,9 +119,10 @@ Replay replay(const TrainConfig& c, const std::string& path, int64_t step, Runti
   TrainEngine engine(c, rt, mesh, accumulation, false);
   ckpt::Reader r(path, c.ckpt_staging_mb << 20);
   const auto& m = r.manifest();
-  if (!c.init_from.empty() && adapter_checkpoints(c)) {  // adapters on a base: the base first, as the trainer does
-    ckpt::Reader base(ckpt::resolve(c.init_from));
-    engine.load_weights(base);
+  if (!c.init_from.empty()) {  // the pinned starting weights: adapters' base first, as the trainer does
+    ckpt::Reader base(starting_weights(c, path).step_dir);
+    if (adapter_checkpoints(c)) engine.load_weights(base);
+    engine.load_reference(base);
   }
   if (c.lora_quantize != "none") engine.quantize_base();
   const auto& mm = m.at("mesh");

@@ -107,13 +107,9 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
                                (c.method == "grpo" && c.grpo.beta > 0 && c.lora.rank == 0) ||
                                (c.method == "ppo" && c.ppo.kl_coef > 0 && c.lora.rank == 0));
   if (copy_reference) {
-    // The reference is the starting model: built from the same seed and [init]
-    // weights as the policy (so a resumed run gets the same one), frozen.
+    // The reference is the starting model: built from the same seed as the
+    // policy, then given the same pinned [init] weights (load_reference), frozen.
     reference_ = std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed);
-    if (!c.init_from.empty()) {
-      ckpt::Reader r(ckpt::resolve(c.init_from));
-      load_initial_weights(r, *reference_);
-    }
     for (auto& p : reference_->params().params()) p.tensor.requires_grad_(false);
   }
   if (role == EngineRole::Critic) {
@@ -294,6 +290,10 @@ void TrainEngine::load_weights(ckpt::Reader& r) {
       zero_[c]->load_weights(w);
     }
   }
+}
+
+void TrainEngine::load_reference(ckpt::Reader& r) {
+  if (reference_) load_initial_weights(r, *reference_);
 }
 
 int64_t TrainEngine::quantize_base() {

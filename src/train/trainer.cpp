@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "meshtrain/comm/transport_env.h"
 #include "meshtrain/ckpt/checkpoint.h"
@@ -115,7 +116,7 @@ std::string metrics_text(const std::vector<std::string>& names, const std::vecto
 
 // Manifest fields besides the tensors (train/state.h).
 nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int dp,
-                                 const LossScaler* scaler, const SpikeDefence& spike) {
+                                 const LossScaler* scaler, const SpikeDefence& spike, const ckpt::Pin* init) {
   const LoaderState ls = loader.state();
   nlohmann::json scaler_state = nullptr;
   if (scaler) {
@@ -137,9 +138,10 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
           {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
                                                     {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
                                    : nlohmann::json(nullptr)},
-          // Adapters on a frozen base from [init] from: the checkpoint holds what trains, and the
-          // base is found again there (ckpt::model_weights, load_model); QLoRA's in NF4.
-          {"base", adapter_checkpoints(c) ? nlohmann::json{{"from", c.init_from}} : nlohmann::json(nullptr)},
+          // The pinned starting weights (ckpt/pin.h). Adapters on a frozen base: the checkpoint
+          // holds what trains, and the base is that pinned step (ckpt::model_weights, load_model); QLoRA's in NF4.
+          {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
+          {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
           {"qlora", c.lora_quantize != "none" ? nlohmann::json{{"block", 64}, {"double_quant", c.lora_double_quant}}
                                               : nlohmann::json(nullptr)},
           {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
@@ -248,6 +250,17 @@ bool adapter_checkpoints(const TrainConfig& c) {
   return (c.lora.rank > 0 || c.adapters.bottleneck > 0) && !c.init_from.empty();
 }
 
+ckpt::Pin starting_weights(const TrainConfig& c, const std::string& resumed) {
+  if (!resumed.empty()) {
+    std::ifstream f(std::filesystem::path(resumed) / "manifest.json");
+    const nlohmann::json m = nlohmann::json::parse(f, nullptr, false);
+    for (const char* key : {"init", "base"}) {
+      if (m.is_object() && m.contains(key) && m[key].is_object()) return ckpt::pinned(m[key], resumed);
+    }
+  }
+  return ckpt::pin(c.init_from);  // a new run (or a checkpoint written before pins that holds no base)
+}
+
 // The planner's description of this run.
 plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   plan::Strategy s;
@@ -333,9 +346,12 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   // re-save's only copy) before the newest checkpoint is looked for.
   std::unique_ptr<ckpt::Checkpointer> saver = checkpoint_saver(c, *rt);
   const std::string resumed = resume_path(c, mesh.world(), rt->env().restart);
-  if (!c.init_from.empty() && (resumed.empty() || adapter_checkpoints(c))) {
-    ckpt::Reader r(ckpt::resolve(c.init_from));
-    engine.load_weights(r);
+  std::optional<ckpt::Pin> init;
+  if (!c.init_from.empty()) {
+    init = starting_weights(c, resumed);
+    ckpt::Reader r(init->step_dir);
+    if (resumed.empty() || adapter_checkpoints(c)) engine.load_weights(r);
+    engine.load_reference(r);
     if (lead && resumed.empty()) {
       fmt::print("weights from {} (step {}; a new optimizer, step 0)\n", r.dir(), r.manifest().value("step", 0));
     }
@@ -357,7 +373,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     const PeakProbe probe;
     // Every pipeline stage writes its own layers under their global names.
     saver->save(s, engine.pieces(dp.rank(), rt->rank(), adapter_checkpoints(c)),
-                checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler(), spike),
+                checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler(), spike,
+                                  init ? &*init : nullptr),
                 nlohmann::json::object());
     newest = s;
     spike.saved(s);

@@ -77,6 +77,9 @@ class TrainEngine {
   int64_t load(ckpt::Reader& r, int world_rank, bool same_mesh);
   // The parameters only (optimizer untouched): [init] from.
   void load_weights(ckpt::Reader& r);
+  // The frozen reference (reference()), if any: the starting weights [init]
+  // from, pinned (ckpt/pin.h); without a call it keeps the seed's.
+  void load_reference(ckpt::Reader& r);
   // QLoRA (peft/qlora.h): the block linears into NF4. Returns their bytes.
   int64_t quantize_base();
 

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
+
+#include "meshtrain/ckpt/pin.h"
 
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/runtime/device.h"
@@ -25,6 +28,11 @@ class Runtime;
 // bottleneck) on a frozen base that [init] from names (small checkpoints; the
 // base is loaded from there again on resume and export).
 bool adapter_checkpoints(const TrainConfig& c);
+
+// The starting weights of a run with [init] from, pinned (ckpt/pin.h): a
+// resumed run's are its checkpoint's pin, checked against the disk (a base
+// that moved or changed is one error naming both); a new run pins init.from now.
+ckpt::Pin starting_weights(const TrainConfig& c, const std::string& resumed);
 
 // The run's checkpoint saver (null without checkpoint.dir), over a group of
 // all ranks of its own whose collectives wait checkpoint.timeout seconds.
