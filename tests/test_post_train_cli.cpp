@@ -8,10 +8,12 @@
 // start.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/ckpt/checkpoint.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
 
@@ -255,6 +257,50 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
                   {" --set ppo.value_clip=0", "ppo.value_clip = 0 must be > 0"},
                   {" --set rl.environment='\"browser\"'", "rl.environment: environment \"browser\": use \"calculator\""},
                   {" --set rl.max_turns=0", "rl.max_turns = 0 must be at least 1"}});
+}
+
+// RL runs resume (issue 41, item 6): PPO stopped after step 2 (train.stop_after)
+// on dp 2 and resumed gives the uninterrupted run's steps 3 and 4 bitwise (the
+// checkpoint holds the actor, the critic under "critic/", their moments, the
+// spike detector and the config; rollouts are a function of seed, step and
+// rank; dropout's generators are restored on the same mesh). The keys of
+// training on data that RL cannot use are one error each before ranks start.
+TEST(PostTrainCli, RlRunsStopAndResume) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  arithmetic_task(d, 80);
+  const std::string cfg = d.write(
+      "r.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.1\n[rl]\nprompts = \"" +
+                    (d.path / "arith/prompts.jsonl").string() + "\"\ngroup = 2\nmax_new = 4\nepochs = 2\n"
+                    "reward_command = \"awk '{ print length($0) % 7 / 7 }'\"\n[ppo]\nkl_coef = 0.1\n"
+                    "[train]\nmethod = \"ppo\"\nsteps = 4\nmicro_batch = 2\nglobal_batch = 4\nlr = 1e-3\nlog_every = 1\n");
+  auto train = [&](const std::string& set, const std::string& tag) {
+    const auto r = run_command(bin + " train " + cfg + set + " --set train.metrics='\"" + (d.path / tag).string() + "\"'");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.output;
+  };
+  train(" --nproc 2", "straight");
+  const std::string ck = " --set checkpoint.dir='\"" + (d.path / "ck").string() + "\"'";
+  train(" --nproc 2 --set train.stop_after=2" + ck, "first");
+  ASSERT_TRUE(std::filesystem::exists(d.path / "ck/step_00000002"));
+  {
+    ckpt::Reader r(ckpt::resolve((d.path / "ck").string()));
+    EXPECT_TRUE(r.has("critic/model/value_head.weight"));
+    EXPECT_TRUE(r.has("model/layers.0.attn.q.weight"));
+    EXPECT_NE(r.manifest().at("config_toml").get<std::string>().find("method = \"ppo\""), std::string::npos);
+  }
+  const std::string resumed = train(" --nproc 2" + ck, "second");
+  EXPECT_NE(resumed.find("resumed from " + (d.path / "ck/step_00000002").string()), std::string::npos) << resumed;
+  for (const char* key : {"loss", "value_loss", "reward", "kl", "grad_norm"}) {
+    const auto a = metric((d.path / "straight").string(), key), b = metric((d.path / "second").string(), key);
+    ASSERT_EQ(b.size(), 2u) << key;
+    for (const auto& [step, v] : b) EXPECT_EQ(v, a.at(step)) << key << " step " << step;
+  }
+  expect_refused(bin + " train " + cfg + " --nproc 2",
+                 {{" --set check.replicas_every=1", "check.replicas_every = 1: the replica check runs in training on data"},
+                  {" --set eval.tasks='[\"x.jsonl\"]'", "drop eval.tasks"},
+                  {" --set data.val='[\"x.bin\"]'", "drop data.val"},
+                  {" --set spike.policy='\"skip\"'", "logs spikes of the actor's updates only"}});
 }
 
 // A learned reward model (rl/reward_model.h) on tokenize task's preference

@@ -138,16 +138,17 @@ Reader::Reader(const std::string& step_dir, int64_t staging_bytes)
 
 Reader::~Reader() = default;
 
-bool Reader::has(const std::string& name) const { return manifest_["tensors"].contains(name); }
+bool Reader::has(const std::string& name) const { return manifest_["tensors"].contains(prefix_ + name); }
 
 std::vector<int64_t> Reader::global_shape(const std::string& name) const {
-  if (!has(name)) throw std::runtime_error(fmt::format("checkpoint {} holds no tensor '{}'", dir_, name));
-  return manifest_["tensors"][name]["shape"].get<std::vector<int64_t>>();
+  if (!has(name)) throw std::runtime_error(fmt::format("checkpoint {} holds no tensor '{}'", dir_, prefix_ + name));
+  return manifest_["tensors"][prefix_ + name]["shape"].get<std::vector<int64_t>>();
 }
 
-void Reader::read(const std::string& name, const at::Tensor& dst, const std::vector<int64_t>& offsets,
+void Reader::read(const std::string& asked, const at::Tensor& dst, const std::vector<int64_t>& offsets,
                   const std::vector<int64_t>& global_shape) {
-  const auto stored = this->global_shape(name);
+  const auto stored = this->global_shape(asked);
+  const std::string name = prefix_ + asked;
   const size_t nd = stored.size();
   bool shape_ok = nd == global_shape.size() && nd == static_cast<size_t>(dst.dim()) && offsets.size() == nd;
   for (size_t d = 1; shape_ok && d < nd; ++d) shape_ok = stored[d] == global_shape[d];
@@ -254,7 +255,7 @@ int64_t Reader::copy_shard(const std::string& name, const nlohmann::json& s, con
 
 at::Tensor Reader::read_full(const std::string& name) {
   const auto shape = global_shape(name);
-  const auto& t = manifest_["tensors"][name];
+  const auto& t = manifest_["tensors"][prefix_ + name];
   at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype_from_name(t["dtype"].get<std::string>())));
   read(name, out, std::vector<int64_t>(shape.size(), 0), shape);
   return out;

@@ -33,6 +33,7 @@
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
+#include "train/spike_defence.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/state.h"
@@ -175,11 +176,6 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     throw std::invalid_argument(fmt::format("train.global_batch {} prompts do not divide over {} data-parallel ranks", P,
                                             dp.size()));
   }
-  if (!c.ckpt_dir.empty() && c.resume != "none" && ckpt::latest(c.ckpt_dir)) {
-    throw std::invalid_argument(fmt::format("{} holds checkpoints and RL runs do not resume yet: use a new "
-                                            "checkpoint.dir or checkpoint.resume = \"none\"",
-                                            c.ckpt_dir));
-  }
   const auto prompts = read_task_examples(c.rl.prompts);
   std::vector<TaskExample> eval;
   if (!c.rl.eval.empty()) {
@@ -193,15 +189,45 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   if (c.ppo.critic_lr > 0) critic_config.optim.lr = c.ppo.critic_lr;
   std::unique_ptr<TrainEngine> critic;
   if (ppo) critic = std::make_unique<TrainEngine>(critic_config, rt, mesh, 1, false, EngineRole::Critic);
-  std::optional<ckpt::Pin> init;  // pinned (ckpt/pin.h): RL runs start afresh
+  // The saver first: it takes the directory's lock and recovers what a crash left.
+  std::unique_ptr<ckpt::Checkpointer> saver = checkpoint_saver(c, rt);
+  const std::string resumed = resume_path(c, mesh.world(), rt.env().restart);
+  std::optional<ckpt::Pin> init;  // pinned (ckpt/pin.h)
   if (!c.init_from.empty()) {
-    init = ckpt::pin(c.init_from);
+    init = starting_weights(c, resumed);
     ckpt::Reader r(init->step_dir);
-    engine.load_weights(r);
+    if (resumed.empty() || adapter_checkpoints(c)) {
+      engine.load_weights(r);
+      if (critic) critic->load_weights(r);
+    }
     engine.load_reference(r);
-    if (critic) critic->load_weights(r);
-    if (lead) fmt::print("weights from {} (step {})\n", r.dir(), r.manifest().value("step", 0));
+    if (lead && resumed.empty()) fmt::print("weights from {} (step {})\n", r.dir(), r.manifest().value("step", 0));
   }
+  // The loss-spike detector watches the actor's updates (policy log; skip and rollback are refused for RL).
+  SpikeDefence spike(c.spike, 1, static_cast<uint64_t>(P));
+  // Resume: the actor and its moments, the critic's under "critic/", the detector. Rollouts are a
+  // function of (seed, step, rank) and prompts of (seed, position): nothing else to restore.
+  int64_t start = 0;
+  if (!resumed.empty()) {
+    ckpt::Reader r(resumed, c.ckpt_staging_mb << 20);
+    const auto& m = r.manifest();
+    const std::string method = m.at("config").at("train").value("method", std::string());
+    if (method != c.method) {
+      throw std::invalid_argument(fmt::format("checkpoint {} is of train.method = \"{}\", this run's is \"{}\": use "
+                                              "another checkpoint.dir, or checkpoint.resume = \"none\"",
+                                              resumed, method, c.method));
+    }
+    const bool same_mesh = m.at("world_size").get<int>() == rt.world_size() && m.at("mesh").value("tp", 1) == c.tp;
+    start = m.at("step").get<int64_t>();
+    engine.load(r, rt.rank(), same_mesh);
+    if (critic) {
+      r.set_prefix("critic/");
+      critic->load(r, rt.rank(), same_mesh);
+    }
+    spike.restore(m.value("spike", nlohmann::json()), false);
+    if (lead) fmt::print("resumed from {} (step {})\n", resumed, start);
+  }
+  const int64_t last = c.stop_after > 0 ? std::min(c.stop_after, c.steps) : c.steps;
   auto& objective = dynamic_cast<GrpoObjective&>(engine.objective());
   // A learned reward model (frozen, tensor-parallel like the policy): the fourth model of PPO (RLHF).
   const std::unique_ptr<Transformer> reward_model =
@@ -221,7 +247,6 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       fmt::print("loss {}, beta {}\n", c.grpo.loss, c.grpo.beta);
     }
   }
-  std::unique_ptr<ckpt::Checkpointer> saver = checkpoint_saver(c, rt);
   std::ofstream metrics;
   if (lead && !c.metrics.empty()) {
     std::filesystem::path p(c.metrics);
@@ -244,13 +269,13 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       j["eval_reward"] = e.reward;
     }
   };
-  {
+  if (start == 0) {
     nlohmann::json j{{"step", 0}};
     evaluate(0, j);
     if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
   }
   std::map<uint64_t, std::vector<size_t>> perms;
-  for (int64_t s = 1; s <= c.steps; ++s) {
+  for (int64_t s = start + 1; s <= last; ++s) {
     // Rollouts: this rank's prompts, G completions each.
     const auto t0 = Clock::now();
     std::vector<size_t> which(static_cast<size_t>(mine));
@@ -311,8 +336,14 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     objective.set_rollouts(b);
     // Optimisation: rl.epochs steps over the rollout batch (actor, then critic).
     StepResult r, rc;
+    nlohmann::json spike_event;
     for (int64_t e = 0; e < c.rl.epochs; ++e) {
-      r = engine.step(micro_batches(R, c.micro_batch, [&](const auto& ids) { return objective.rows(ids); }));
+      r = engine.step(micro_batches(R, c.micro_batch, [&](const auto& ids) { return objective.rows(ids); }),
+                      spike.gate());
+      if (spike.spiked()) {
+        spike_event = spike.note(s, r, "trained on (policy log)");
+        if (lead) fmt::print("step {:>5} | {}\n", s, spike_line(spike_event));
+      }
       if (critic) {
         auto& value = dynamic_cast<ValueObjective&>(critic->objective());
         rc = critic->step(micro_batches(R, c.micro_batch, [&](const auto& ids) { return value.rows(ids); }));
@@ -362,12 +393,15 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
                  ppo ? fmt::format(" | value loss {:.4f} clip {:.3f}", rc.loss, j.value("value_clipped", 0.0)) : "",
                  rollout_s, train_s);
     }
+    if (!spike_event.is_null()) j["spike"] = spike_event;
     if (s % c.eval_every == 0 || s == c.steps) evaluate(s, j);
     if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
     if (saver) saver->poll();  // an async save completes (or fails, on every rank) here
-    if (saver && ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == c.steps)) {
+    if (saver && ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last)) {
       const nlohmann::json fields{
           {"config", {{"model", spec_to_json(c.model)}, {"train", {{"seed", c.seed}, {"method", c.method}}}}},
+          {"config_toml", print_config(c)},
+          {"spike", spike.state()},
           {"mesh", {{"tp", c.tp}, {"pp", 1}, {"dp", dp.size()}, {"cp", 1}}},
           {"optimizer", {{"steps", engine.optimizer().steps()}}},
           {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
@@ -375,7 +409,15 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
                                    : nlohmann::json(nullptr)},
           {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
           {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)}};
-      saver->save(s, engine.pieces(dp.rank(), rt.rank(), adapter_checkpoints(c)), fields, nlohmann::json::object());
+      std::vector<ckpt::Piece> pieces = engine.pieces(dp.rank(), rt.rank(), adapter_checkpoints(c));
+      if (critic) {
+        for (auto& p : critic->pieces(dp.rank(), rt.rank(), adapter_checkpoints(c))) {
+          p.name = "critic/" + p.name;
+          pieces.push_back(std::move(p));
+        }
+      }
+      saver->save(s, std::move(pieces), fields, nlohmann::json::object());
+      spike.saved(s);
       if (lead) fmt::print("step {:>5} | checkpoint {}/{}\n", s, c.ckpt_dir, ckpt::step_dir_name(s));
     }
   }

@@ -137,6 +137,19 @@ void check_rl(const TrainConfig& c, const std::string& path) {
                                             "1, zero 0, lora.quantize \"none\" (they are {}, {}, {}, {}, \"{}\")",
                                             path, m, c.sp, c.pp, c.cp, c.zero, c.lora_quantize));
   }
+  // The keys of training on data that an RL run has no use for: one error each, not silence.
+  const std::pair<bool, std::string> unused[] = {
+      {c.check_replicas_every > 0,
+       fmt::format("check.replicas_every = {}: the replica check runs in training on data; set it to 0",
+                   c.check_replicas_every)},
+      {!c.eval_tasks.empty(), "eval.tasks: an RL run scores its held-out prompts (rl.eval); drop eval.tasks"},
+      {!c.val_shards.empty(), "data.val: an RL run has no token data to validate on (its held-out set is rl.eval); "
+                              "drop data.val"},
+      {!c.train_shards.empty() || !c.sources.empty(),
+       "data.train / data.sources: an RL run trains on rl.prompts' rollouts; drop the token data"}};
+  for (const auto& [set, why] : unused) {
+    if (set) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" with {}", path, m, why));
+  }
   try {
     parse_grpo_loss(c.grpo.loss);
   } catch (const std::invalid_argument& e) {
@@ -235,9 +248,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   if ((c.method == "grpo" || c.method == "ppo") &&
       (c.spike.policy == SpikePolicy::Skip || c.spike.policy == SpikePolicy::Rollback)) {
-    throw std::invalid_argument(fmt::format("{}: spike.policy = \"{}\": the spike defence watches training on data "
-                                            "(pretrain, sft, dpo, reward); train.method = \"{}\" runs without it: "
-                                            "set spike.policy = \"off\"",
+    throw std::invalid_argument(fmt::format("{}: spike.policy = \"{}\": skip and rollback act on training on data "
+                                            "(pretrain, sft, dpo, reward); train.method = \"{}\" logs spikes of the "
+                                            "actor's updates only: set spike.policy = \"log\" or \"off\"",
                                             path, spike_policy_name(c.spike.policy), c.method));
   }
   if (c.check_replicas_every > 0 && c.zero == 3) {

@@ -149,35 +149,6 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
 
 
 
-// Loads the newest checkpoint (or the one named) into model, optimizer,
-// loader and RNG; returns its step (0: nothing to resume).
-// The checkpoint this run resumes from ("" when it starts afresh).
-// The checkpoint to resume from. After a restart (the launcher's
-// --max-restarts) the newest one that verifies: rank 0 checks every shard's
-// checksum, newest first, and tells the others which (a crash may have hit
-// the disk, not only the process).
-std::string resume_path(const TrainConfig& c, Comm& world, int restart) {
-  if (c.resume == "none") return "";
-  if (c.resume != "auto") return ckpt::resolve(c.resume);
-  if (c.ckpt_dir.empty()) return "";
-  if (restart == 0) {
-    auto l = ckpt::latest(c.ckpt_dir);
-    return l ? *l : "";
-  }
-  at::Tensor step = at::full({1}, int64_t{-1}, at::kLong);
-  if (world.rank() == 0) {
-    std::vector<std::string> skipped;
-    const auto l = ckpt::latest_verified(c.ckpt_dir, &skipped);
-    for (const auto& why : skipped) fmt::print("restart {}: skipping {}\n", restart, why);
-    int64_t s = -1;
-    if (l && ckpt::parse_step_dir(std::filesystem::path(*l).filename().string(), s)) step[0] = s;
-    fmt::print("restart {}: resuming from {}\n", restart, l ? *l : "the start (no checkpoint verifies)");
-  }
-  world.broadcast(step, 0, Transport::Native);
-  const int64_t s = step.item<int64_t>();
-  return s < 0 ? "" : (std::filesystem::path(c.ckpt_dir) / ckpt::step_dir_name(s)).string();
-}
-
 // The largest of every rank's `x` (collective).
 double max_over(Comm& group, double x) {
   at::Tensor t = at::full({1}, x, at::kDouble);
@@ -236,6 +207,32 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
 }
 
 }  // namespace
+
+// The checkpoint to resume from. After a restart (the launcher's
+// --max-restarts) the newest one that verifies: rank 0 checks every shard's
+// checksum, newest first, and tells the others which (a crash may have hit
+// the disk, not only the process).
+std::string resume_path(const TrainConfig& c, Comm& world, int restart) {
+  if (c.resume == "none") return "";
+  if (c.resume != "auto") return ckpt::resolve(c.resume);
+  if (c.ckpt_dir.empty()) return "";
+  if (restart == 0) {
+    auto l = ckpt::latest(c.ckpt_dir);
+    return l ? *l : "";
+  }
+  at::Tensor step = at::full({1}, int64_t{-1}, at::kLong);
+  if (world.rank() == 0) {
+    std::vector<std::string> skipped;
+    const auto l = ckpt::latest_verified(c.ckpt_dir, &skipped);
+    for (const auto& why : skipped) fmt::print("restart {}: skipping {}\n", restart, why);
+    int64_t s = -1;
+    if (l && ckpt::parse_step_dir(std::filesystem::path(*l).filename().string(), s)) step[0] = s;
+    fmt::print("restart {}: resuming from {}\n", restart, l ? *l : "the start (no checkpoint verifies)");
+  }
+  world.broadcast(step, 0, Transport::Native);
+  const int64_t s = step.item<int64_t>();
+  return s < 0 ? "" : (std::filesystem::path(c.ckpt_dir) / ckpt::step_dir_name(s)).string();
+}
 
 std::unique_ptr<ckpt::Checkpointer> checkpoint_saver(const TrainConfig& c, Runtime& rt) {
   if (c.ckpt_dir.empty()) return nullptr;

@@ -42,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -130,6 +131,9 @@ class Reader {
 
   const nlohmann::json& manifest() const { return manifest_; }
   const std::string& dir() const { return dir_; }
+  // Names asked for from now on are read as `prefix` + name: a second model
+  // stored beside the first (PPO's critic under "critic/").
+  void set_prefix(std::string prefix) { prefix_ = std::move(prefix); }
   bool has(const std::string& name) const;
   std::vector<int64_t> global_shape(const std::string& name) const;
 
@@ -153,6 +157,7 @@ class Reader {
   nlohmann::json manifest_;
   std::unique_ptr<Files> files_;
   int64_t staging_;
+  std::string prefix_;
 };
 
 // `meshtrain ckpt verify`: every shard of every tensor against its checksum.

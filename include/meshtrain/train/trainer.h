@@ -22,12 +22,20 @@ namespace ckpt {
 class Checkpointer;
 }
 
+class Comm;
 class Runtime;
 
 // Whether the run's checkpoints hold only what trains: adapters (LoRA or
 // bottleneck) on a frozen base that [init] from names (small checkpoints; the
 // base is loaded from there again on resume and export).
 bool adapter_checkpoints(const TrainConfig& c);
+
+// The checkpoint to resume from ("" to start afresh): checkpoint.resume's
+// choice; after a restart (the launcher's --max-restarts) the newest one that
+// verifies: rank 0 checks every shard's checksum, newest first, and tells the
+// others which (a crash may have hit the disk, not only the process). Collective
+// after a restart.
+std::string resume_path(const TrainConfig& c, Comm& world, int restart);
 
 // The starting weights of a run with [init] from, pinned (ckpt/pin.h): a
 // resumed run's are its checkpoint's pin, checked against the disk (a base
