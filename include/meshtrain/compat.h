@@ -48,4 +48,18 @@ struct AutocastSwitch {
 AutocastSwitch autocast_switch(c10::DeviceType device);
 void set_autocast_switch(c10::DeviceType device, AutocastSwitch s);
 
+// Autocast off (CPU and CUDA) for a scope that computes in fp32 by design and
+// mixes in-place and out-of-place ops (autocast casts only the latter): the
+// tiled and ring attention kernels under train.precision = bf16.
+class AutocastOff {
+ public:
+  AutocastOff();
+  ~AutocastOff();
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  AutocastSwitch cpu_, cuda_;
+};
+
 }  // namespace meshtrain

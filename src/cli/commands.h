@@ -41,6 +41,7 @@ Run add_diagnose(CLI::App& app);
 Run add_lab(CLI::App& app);
 Run add_data(CLI::App& app);
 Run add_mesh(CLI::App& app);
+Run add_matrix(CLI::App& app);
 Run add_plan(CLI::App& app);
 Run add_plot(CLI::App& app);
 Run add_tokenize(CLI::App& app);

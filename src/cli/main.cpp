@@ -42,14 +42,14 @@ int main(int argc, char** argv) {
   // malloc tunables before libraries load: re-exec once with them (threads.h).
   // The launcher itself computes nothing and does not need them.
   if (argc > 1 && std::strcmp(argv[1], "launch") != 0 && std::strcmp(argv[1], "mesh") != 0 &&
-      std::strcmp(argv[1], "plan") != 0 && std::strcmp(argv[1], "ckpt") != 0) {
+      std::strcmp(argv[1], "plan") != 0 && std::strcmp(argv[1], "ckpt") != 0 && std::strcmp(argv[1], "matrix") != 0) {
     try {
       meshtrain::reexec_with_rank_environment(argv, meshtrain::DistEnv::from_environment().local_world_size);
     } catch (const std::exception&) {
       // a broken environment is reported by the command itself
     }
   }
-  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, train, sample, ckpt, tokenize, plan, mesh, bench, lab)"};
+  CLI::App app{"meshtrain: distributed LLM training in C++ (launch, train, sample, ckpt, tokenize, plan, mesh, matrix, bench, lab)"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, meshtrain::cli::Run>> commands;
   auto add = [&](auto adder) {
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_launch);
   add(meshtrain::cli::add_data);
   add(meshtrain::cli::add_mesh);
+  add(meshtrain::cli::add_matrix);
   add(meshtrain::cli::add_bench);
   add(meshtrain::cli::add_lab);
   add(meshtrain::cli::add_plan);

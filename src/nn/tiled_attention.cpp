@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "meshtrain/compat.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -157,6 +159,7 @@ struct Problem {
 
 // Forward: out [b, hq, s, d] fp32, lse [b, hq, s] fp32.
 std::tuple<at::Tensor, at::Tensor> forward_pass(const Problem& p) {
+  const AutocastOff fp32;  // the tiles compute in fp32 (in-place addmm_ among autocast's casts would mix dtypes)
   at::Tensor out = at::zeros({p.b, p.hq, p.s, p.d}, at::kFloat);
   at::Tensor lse = at::full({p.b, p.hq, p.s}, -kInf, at::kFloat);
   at::parallel_for(0, p.b * p.hq * p.nq, 1, [&](int64_t begin, int64_t end) {
@@ -195,6 +198,7 @@ std::tuple<at::Tensor, at::Tensor> forward_pass(const Problem& p) {
 // once per tile pair.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_pass(const Problem& p, const at::Tensor& dout,
                                                               const at::Tensor& out, const at::Tensor& lse) {
+  const AutocastOff fp32;
   const at::Tensor D = (dout * out).sum(-1);  // [b, hq, s]
   // Rows that saw no key have lse = -inf: P = exp(S - lse) must be 0 there, so shift by +inf.
   const at::Tensor lse_shift = lse.masked_fill(lse == -kInf, kInf);

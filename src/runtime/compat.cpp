@@ -13,4 +13,15 @@ void set_autocast_switch(c10::DeviceType device, AutocastSwitch s) {
   at::autocast::set_autocast_dtype(device, s.dtype);
 }
 
+AutocastOff::AutocastOff()
+    : cpu_(autocast_switch(c10::DeviceType::CPU)), cuda_(autocast_switch(c10::DeviceType::CUDA)) {
+  at::autocast::set_autocast_enabled(c10::DeviceType::CPU, false);
+  at::autocast::set_autocast_enabled(c10::DeviceType::CUDA, false);
+}
+
+AutocastOff::~AutocastOff() {
+  set_autocast_switch(c10::DeviceType::CPU, cpu_);
+  set_autocast_switch(c10::DeviceType::CUDA, cuda_);
+}
+
 }  // namespace meshtrain

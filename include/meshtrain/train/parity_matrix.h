@@ -1,0 +1,64 @@
+// The parity matrix (shared/DESIGN.md's first invariant; issue 41): every
+// feature on every mesh axis either equals one process, proved by a named
+// test, or is refused before any rank starts, with a named error. There is no
+// third state: a combination that runs without a parity test fails the walk
+// (tests/test_parity_matrix.cpp).
+//
+// A row is a feature: config overrides on the matrix's tiny run (gpt-tiny, 2
+// layers, seq 32, global batch 8 of micro-batches of 2, lr 1e-3, 6 steps over 37
+// windows: the run crosses an epoch boundary), and, for a mesh feature, the
+// mesh it needs (`dp` data ranks and its parallel.* keys). A column is a mesh
+// axis doubled: dp, tp, sp (tp with sequence parallelism), cp, pp, ep. A
+// cell's run is the row's overrides and mesh with the column's axis set to 2
+// (ranks: dp x tp x cp x pp x ep); its reference is one process with the
+// row's overrides less every parallel.* key. Most tested cells are proved by
+// the generic runner (ParityMatrix/Row.Cells/<row>: loss and gradient norm at
+// every step within the row's tolerance), a few by the named test that
+// already covers them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+struct MatrixAxis {
+  std::string name;               // dp, tp, sp, cp, pp, ep
+  std::vector<std::string> sets;  // key=value (TOML values), applied after the row's
+};
+
+struct MatrixCell {
+  std::string column;
+  bool refused = false;
+  // Tested: the test's full name ("" = the generic runner's). Refused: a
+  // piece of the one error load_train_config or check_run gives.
+  std::string what;
+};
+
+struct MatrixRow {
+  std::string name, feature;      // "zero3", "ZeRO-3"
+  std::vector<std::string> sets;  // key=value; "{dir}" stands for a scratch directory per run
+  int dp = 1;                     // data ranks of the row's own mesh
+  double loss_tol = 1e-5, norm_tol = 1e-5;  // relative, per step; fp32 unless the row says why
+  std::vector<MatrixCell> cells;  // one per axis, in matrix_axes() order
+};
+
+const std::vector<MatrixAxis>& matrix_axes();
+const std::vector<MatrixRow>& parity_matrix();
+
+// The generic runner's test name for `row`.
+std::string generic_test(const MatrixRow& row);
+
+// A cell's overrides (the row's, the axis's, parallel.nproc) and its ranks.
+struct CellRun {
+  std::vector<std::string> sets;
+  int ranks = 1;
+};
+CellRun cell_run(const MatrixRow& row, const MatrixAxis& axis);
+// The row's one-process reference: its overrides less parallel.*.
+std::vector<std::string> reference_sets(const MatrixRow& row);
+
+// The table as Markdown: one line per row, each cell "= TEST" or "refused: ERROR".
+std::string matrix_markdown();
+
+}  // namespace meshtrain
