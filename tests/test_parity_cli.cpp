@@ -88,6 +88,12 @@ TEST(ParityConfig, ZeroParamDtypeIsNamedAndChecked) {
                 .find("(they are 2 and \"bf16\")"),
             std::string::npos);
   EXPECT_EQ(error_of(cfg, {"zero.param_dtype=\"bf16\"", "parallel.zero=3", "train.precision=\"bf16\""}), "");
+  for (const char* axis : {"parallel.tp=2", "parallel.cp=2"}) {  // untested beyond data parallelism: refused
+    EXPECT_NE(error_of(cfg, {"zero.param_dtype=\"bf16\"", "parallel.zero=3", "train.precision=\"bf16\"", axis})
+                  .find("tested against one process on data parallelism only"),
+              std::string::npos)
+        << axis;
+  }
   EXPECT_NE(error_of(cfg, {"train.eval_batches=4"}).find("set train.eval_windows"), std::string::npos);
 }
 

@@ -229,6 +229,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "and \"{}\")",
                                             path, c.zero, c.precision));
   }
+  if (c.zero_param_dtype == "bf16" && (c.tp > 1 || c.cp > 1 || c.ep > 1)) {
+    throw std::invalid_argument(fmt::format("{}: zero.param_dtype = \"bf16\" is tested against one process on data "
+                                            "parallelism only (Zero.Stage3InBf16GathersBf16CopiesOfFp32Shards): set "
+                                            "parallel.tp, cp and ep to 1 (they are {}, {}, {}) or zero.param_dtype = "
+                                            "\"fp32\"",
+                                            path, c.tp, c.cp, c.ep));
+  }
   if (c.pp > 1 && c.zero >= 2) {
     throw std::invalid_argument(fmt::format("{}: parallel.zero = {} with parallel.pp = {}: stage 2 would reduce-scatter, "
                                             "and stage 3 re-gather, once per micro-batch on every stage; use "
