@@ -13,6 +13,8 @@ dropout 0. Prints one line: "RESULT <median seconds per step> <peak RSS bytes>".
                --position learned --rope-theta 10000 --tied 1 --bias 1
                --micro-batch 4 --seq 256 --precision fp32 --steps 3 --warmup 1 --threads 2
                [--attention naive|sdpa]   (sdpa: F.scaled_dot_product_attention, PyTorch >= 2.0)
+               [--device cpu|cuda]        (cuda: the model on cuda:0, fused AdamW, timed after a synchronize;
+                                           the peak is torch.cuda.max_memory_allocated)
 """
 import argparse
 import math
@@ -41,8 +43,8 @@ class Norm(nn.Module):
 
 def rope(x, theta):  # x [b, heads, s, d], "rotate half" layout
     s, d = x.shape[2], x.shape[3]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    ang = torch.arange(s, dtype=torch.float32)[:, None] * inv[None, :]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)
+    ang = torch.arange(s, dtype=torch.float32, device=x.device)[:, None] * inv[None, :]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
@@ -80,7 +82,7 @@ class Block(nn.Module):
             return self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
                           .reshape(b, s, a.heads * d))
         scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-        future = torch.ones(s, s, dtype=torch.bool).triu(1)
+        future = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         probs = torch.softmax(scores.masked_fill(future, float("-inf")), -1, dtype=torch.float32).to(q.dtype)
         return self.o((probs @ v).transpose(1, 2).reshape(b, s, a.heads * d))
 
@@ -121,6 +123,7 @@ def main():
     for name in ("norm", "activation", "position", "precision"):
         p.add_argument("--" + name, required=True)
     p.add_argument("--attention", choices=("naive", "sdpa"), default="naive")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     for name in ("norm-eps", "rope-theta"):
         p.add_argument("--" + name, type=float, required=True)
     a = p.parse_args()
@@ -131,8 +134,11 @@ def main():
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    data = torch.randint(0, a.vocab, (64 * a.micro_batch * a.seq + 1,))
+    cuda = a.device == "cuda"
+    model.to(a.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                            fused=True if cuda else None)
+    data = torch.randint(0, a.vocab, (64 * a.micro_batch * a.seq + 1,)).to(a.device)
     n = a.micro_batch * a.seq
     times = []
     for i in range(a.warmup + a.steps):
@@ -140,13 +146,15 @@ def main():
         tokens, targets = w[:-1].view(a.micro_batch, a.seq), w[1:].view(a.micro_batch, a.seq)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             loss = model(tokens, targets)
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print("RESULT %.6f %d" % (statistics.median(times), peak))
 
 

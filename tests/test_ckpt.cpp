@@ -193,6 +193,31 @@ TEST(Checkpoint, HostileManifestsAreRefused) {
   EXPECT_EQ(error_of([&] { Reader r(dir); }), "");
 }
 
+// A manifest of 2·10⁵ shards (a tensor in one-row boxes) validates by a sweep, not by
+// comparing every pair (4·10¹⁰ comparisons: it stalled loading); an overlap among them, or
+// between column splits, is still found.
+TEST(Checkpoint, ManyShardsValidateAndTheirOverlapsAreFound) {
+  const int64_t n = 200000;
+  nlohmann::json shards = nlohmann::json::array();
+  for (int64_t i = 0; i < n; ++i) {
+    shards.push_back({{"file", "a.safetensors"}, {"offsets", {i, 0}}, {"shape", {1, 4}}, {"xxh64", "0"}});
+  }
+  nlohmann::json m{{"tensors", {{"w", {{"dtype", "F32"}, {"shape", {n, 4}}, {"shards", shards}}}}}};
+  EXPECT_NO_THROW(validate_manifest(m, "m.json"));
+  // One row moved onto its neighbour: an overlap (and a gap).
+  m["tensors"]["w"]["shards"][n / 2]["offsets"] = {n / 2 + 1, 0};
+  EXPECT_NE(error_of([&] { validate_manifest(m, "m.json"); }).find("overlap"), std::string::npos);
+  // Column splits (the sweep runs along dim 1): two halves and a stray box across both.
+  nlohmann::json cols{{"tensors", {{"w", {{"dtype", "F32"}, {"shape", {4, 4}}, {"shards", {
+      {{"file", "a"}, {"offsets", {0, 0}}, {"shape", {4, 2}}, {"xxh64", "0"}},
+      {{"file", "b"}, {"offsets", {0, 2}}, {"shape", {4, 2}}, {"xxh64", "0"}}}}}}}}};
+  EXPECT_NO_THROW(validate_manifest(cols, "m.json"));
+  cols["tensors"]["w"]["shards"].push_back({{"file", "c"}, {"offsets", {3, 1}}, {"shape", {0, 2}}, {"xxh64", "0"}});
+  EXPECT_NO_THROW(validate_manifest(cols, "m.json"));  // empty: overlaps nothing
+  cols["tensors"]["w"]["shards"][2]["shape"] = {1, 2};
+  EXPECT_NE(error_of([&] { validate_manifest(cols, "m.json"); }).find("overlap"), std::string::npos);
+}
+
 TEST(Checkpoint, ShardsAreAssembledIntoAnyBox) {
   TempDir d;
   Comm world("world", 0);

@@ -8,9 +8,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/runtime/device.h"
 #include "meshtrain/train/precision.h"
 #include "src/comm/backend.h"
+#include "tests/run_command.h"
+#include "tests/train_cli.h"
 
 namespace meshtrain {
 namespace {
@@ -57,6 +60,106 @@ TEST(Cuda, NcclCollectivesAtWorldSizeOne) {
     EXPECT_TRUE(at::equal(t.cpu(), want)) << dtype;
     EXPECT_TRUE(at::equal(out.cpu(), want)) << dtype;
   }
+}
+
+// PyTorch's fused attention on the device (flash / memory-efficient kernels) computes the
+// naive path's attention: fp32 within reassociation, grouped-query heads too.
+TEST(Cuda, SdpaOnTheDeviceEqualsNaiveAttention) {
+  REQUIRE_CUDA();
+  at::manual_seed(3);
+  const auto o = at::TensorOptions().device(at::kCUDA);
+  for (int64_t hkv : {4, 2}) {
+    const at::Tensor q = at::randn({2, 4, 64, 32}, o), k = at::randn({2, hkv, 64, 32}, o), v = at::randn({2, hkv, 64, 32}, o);
+    const at::Tensor naive = nn::causal_attention(q, k, v), fused = nn::sdpa_causal_attention(q, k, v);
+    EXPECT_TRUE(at::allclose(fused, naive, 1e-5, 1e-5)) << (fused - naive).abs().max();
+    // bf16: the flash kernel, within bf16 rounding of the fp32 result
+    const at::Tensor low = nn::sdpa_causal_attention(q.to(at::kBFloat16), k.to(at::kBFloat16), v.to(at::kBFloat16));
+    EXPECT_TRUE(at::allclose(low.to(at::kFloat), naive, 2e-2, 2e-2)) << (low.to(at::kFloat) - naive).abs().max();
+  }
+}
+
+// Runs `meshtrain train cfg + set`, metrics to `tag` in `d`; returns the metrics path.
+std::string train(const test::Dir& d, const std::string& cfg, const std::string& set, const std::string& tag) {
+  const std::string metrics = (d.path / tag).string();
+  const auto r = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + set + " --set train.metrics='\"" +
+                                   metrics + "\"'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  return metrics;
+}
+
+const std::string kOnCuda = " --set train.device='\"cuda\"' --set train.lr=1e-3";
+
+// A CUDA run computes what a CPU run computes: the same weights (drawn on the host), data
+// and dropout masks (the model's CPU generators), fp32 without TF32; what differs is the
+// order of the device's sums and the fused AdamW kernel's roundings. Tolerances, stated
+// before the first device run: loss 1e-5, gradient norm 1e-4 (relative), 6 steps.
+TEST(Cuda, TrainingOnTheDeviceEqualsTheCpu) {
+  REQUIRE_CUDA();
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  const std::string cpu = train(d, cfg, " --nproc 1 --set train.device='\"cpu\"' --set train.lr=1e-3", "cpu");
+  const std::string gpu = train(d, cfg, " --nproc 1" + kOnCuda, "cuda");
+  test::expect_close_losses(cpu, gpu, 0, 6, 1e-5, 1e-4);
+}
+
+// Two ranks on one GPU (NCCL refuses two ranks on one device) with comm.backend = "gloo":
+// every collective carries CUDA tensors through host memory (comm.h). DDP, ZeRO-3 and tp 2
+// with sequence parallelism each equal one process on the device within fp32 reordering.
+TEST(Cuda, TwoRanksShareTheDeviceOverGloo) {
+  REQUIRE_CUDA();
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  const std::string one = train(d, cfg, " --nproc 1" + kOnCuda, "one");
+  const std::string two = " --nproc 2 --set comm.backend='\"gloo\"'" + kOnCuda;
+  test::expect_same_losses(one, train(d, cfg, two, "ddp"), 0, 6);
+  test::expect_same_losses(one, train(d, cfg, two + " --set parallel.zero=3", "zero3"), 0, 6);
+  test::expect_same_losses(one, train(d, cfg, two + " --set parallel.tp=2 --set parallel.sp=true", "tp2"), 0, 6);
+}
+
+// A CUDA run stops, saves from the device, and resumes onto it: the resumed steps equal the
+// uninterrupted run's bitwise (the same kernels in the same order).
+TEST(Cuda, CheckpointsResumeOnTheDevice) {
+  REQUIRE_CUDA();
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  const std::string ck = " --set checkpoint.dir='\"" + (d.path / "ck").string() + "\"' --set checkpoint.every=2";
+  const std::string whole = train(d, cfg, " --nproc 1" + kOnCuda, "whole");
+  train(d, cfg, " --nproc 1 --set train.stop_after=3" + kOnCuda + ck, "first");
+  const std::string rest = train(d, cfg, " --nproc 1" + kOnCuda + ck, "rest");
+  const auto a = test::losses(whole), b = test::losses(rest);
+  for (const auto& [step, v] : b) {
+    ASSERT_TRUE(a.count(step)) << step;
+    EXPECT_EQ(a.at(step), v) << "step " << step;
+  }
+  EXPECT_EQ(b.size(), 3u) << rest;
+}
+
+// fp16 with the dynamic loss scaler, which can run only on a GPU: it trains (finite
+// losses, the last below the first) and stays near the fp32 run (fp16's rounding, 1e-2).
+TEST(Cuda, Fp16TrainsWithTheLossScaler) {
+  REQUIRE_CUDA();
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  const std::string fp32 = train(d, cfg, " --nproc 1" + kOnCuda, "fp32");
+  const std::string fp16 = train(d, cfg, " --nproc 1 --set train.precision='\"fp16\"'" + kOnCuda, "fp16");
+  const auto a = test::losses(fp32), b = test::losses(fp16);
+  ASSERT_EQ(b.size(), 6u) << fp16;
+  const double first = std::stod(b.begin()->second), last = std::stod(b.rbegin()->second);
+  EXPECT_TRUE(std::isfinite(first) && std::isfinite(last)) << fp16;
+  EXPECT_LT(last, first);
+  EXPECT_NEAR(last, std::stod(a.rbegin()->second), 1e-2 * last);
+}
+
+// The log line's peak memory is the CUDA caching allocator's, on the bound device.
+TEST(Cuda, TheLogNamesTheDeviceAndItsPeakMemory) {
+  REQUIRE_CUDA();
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  const auto r = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + " --nproc 1" + kOnCuda);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("device cuda"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on cuda:0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GEMM rate of NVIDIA"), std::string::npos) << r.output;
 }
 
 }  // namespace

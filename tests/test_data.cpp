@@ -77,6 +77,21 @@ TEST(Shard, BadFilesAreClearErrors) {
   EXPECT_THROW(write_shard(d.file("big.bin"), {70000}, {}, 2), std::invalid_argument);
   EXPECT_THROW(write_shard(d.file("none.bin"), {}, {}, 2), std::invalid_argument);
   EXPECT_THROW(write_shard(d.file("docs.bin"), {1, 2, 3}, {1}, 2), std::invalid_argument);
+  // A document table written by someone else: starts past the tokens (SFT repacking read out of
+  // bounds by them), descending, or not from 0 are refused when the shard is opened.
+  write_shard(d.file("doc.bin"), ramp(100, 50), {0, 40, 80}, 2);
+  const auto tail = fs::file_size(d.file("doc.bin")) - 3 * 8;  // the table ends the file
+  for (const auto& [starts, want] : std::vector<std::pair<std::vector<uint64_t>, std::string>>{
+           {{0, 40, 1000}, "document 2 starts at token 1000"},
+           {{0, 80, 40}, "document 2 starts at token 40"},
+           {{5, 40, 80}, "document 0 starts at token 5"}}) {
+    {
+      std::fstream f(d.file("doc.bin"), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(tail));
+      f.write(reinterpret_cast<const char*>(starts.data()), 3 * 8);
+    }
+    EXPECT_NE(error_of(d.file("doc.bin")).find(want), std::string::npos) << error_of(d.file("doc.bin"));
+  }
 }
 
 TEST(Loader, RanksPartitionTheGlobalBatch) {

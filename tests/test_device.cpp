@@ -7,6 +7,7 @@
 #include <string>
 
 #include "meshtrain/runtime/device.h"
+#include "meshtrain/train/trainer.h"
 #include "src/comm/backend.h"
 #include "tests/train_cli.h"
 
@@ -52,6 +53,48 @@ TEST(Device, MoreRanksOnANodeThanDevicesNamesTheCount) {
   EXPECT_NE(e.find("start at most 2 ranks per node"), std::string::npos) << e;
   const std::string one = resolve_error(DeviceRequest::Cuda, 1, 2);
   EXPECT_NE(one.find("2 ranks per node but this node has 1 CUDA device;"), std::string::npos) << one;
+}
+
+// comm.backend = "gloo" lets ranks share a device (collectives through host memory).
+TEST(Device, GlooLetsRanksShareADevice) {
+  EXPECT_EQ(resolve_device(DeviceRequest::Cuda, 1, 2, true), DeviceKind::Cuda);
+  EXPECT_NE(resolve_error(DeviceRequest::Cuda, 1, 2).find("set comm.backend = \"gloo\" to share devices"),
+            std::string::npos);
+}
+
+TEST(Device, CommBackendIsNamedAndChecked) {
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  EXPECT_NE(test::error_of(cfg, {"comm.backend=\"mpi\""}).find("comm.backend 'mpi' unknown; use auto, nccl or gloo"),
+            std::string::npos)
+      << test::error_of(cfg, {"comm.backend=\"mpi\""});
+  const TrainConfig c = load_train_config(cfg, {"comm.backend=\"nccl\"", "train.device=\"cpu\""});
+  try {
+    check_run(c, 2, 2, false, false);
+    ADD_FAILURE() << "nccl on cpu accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("comm.backend = \"nccl\" carries CUDA tensors"), std::string::npos) << e.what();
+  }
+}
+
+// What a CUDA run cannot compute yet is one error naming it, checkable without a device.
+TEST(Device, CudaRefusesWhatRunsOnCpuOnlyByName) {
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  EXPECT_NO_THROW(check_cuda_run(load_train_config(cfg, {})));
+  EXPECT_NO_THROW(check_cuda_run(load_train_config(cfg, {"parallel.zero=3"})));
+  for (const auto& [set, named] : std::vector<std::pair<std::string, std::string>>{
+           {"parallel.pp=2", "parallel.pp = 2"},
+           {"parallel.cp=2", "parallel.cp = 2"},
+           {"model.attention=\"tiled\"", "model.attention = \"tiled\" (a CPU kernel)"}}) {
+    try {
+      check_cuda_run(load_train_config(cfg, {set, "model.dropout=0"}));
+      ADD_FAILURE() << set << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(named + " runs on cpu only for now"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("use train.device = \"cpu\""), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The one build is the CUDA build: ProcessGroupNCCL is compiled in, and libtorch_cuda and

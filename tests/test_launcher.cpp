@@ -401,6 +401,12 @@ TEST(Launcher, AMistypedCommandNamesTheNearestOne) {
   EXPECT_NE(r.output.find("unknown command 'trian', did you mean 'train'?"), std::string::npos) << r.output;
   r = run(kBin + " frobnicate");
   EXPECT_NE(r.output.find("unknown command 'frobnicate'; the commands are: launch,"), std::string::npos) << r.output;
+  // One level down too (CLI11 alone says "A subcommand is required" without naming the word).
+  r = run(kBin + " ckpt verfy /nowhere");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown command 'verfy', did you mean 'verify'?; the commands of 'meshtrain ckpt' are:"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Launcher, MissingRankVariablesAreNamed) {

@@ -11,6 +11,8 @@
 #include <ATen/TensorOperators.h>
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <set>
 
@@ -23,6 +25,7 @@
 #include "meshtrain/train/step.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/grpo.h"
+#include "meshtrain/rl/reward.h"
 #include "meshtrain/rl/rollout.h"
 
 namespace meshtrain {
@@ -271,6 +274,66 @@ TEST(Tasks, HeldOutPromptsAreNeitherTrainedNorRlPrompts) {
       EXPECT_GT(s.eval.size(), 190u);
     }
   }
+}
+
+}  // namespace
+}  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// rl.reward_command is split into words as a shell would split them, expanding nothing.
+TEST(RewardCommand, WordsAreSplitWithoutAShell) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(command_words("awk '{ print length($0) % 7 / 7 }'"), (V{"awk", "{ print length($0) % 7 / 7 }"}));
+  EXPECT_EQ(command_words("  a  \"b \\\"c\\\"\"  d\\ e $HOME;x "), (V{"a", "b \"c\"", "d e", "$HOME;x"}));
+  for (const char* bad : {"", "   ", "awk '{", "a \"b", "a\\"}) EXPECT_THROW(command_words(bad), std::invalid_argument) << bad;
+}
+
+struct RewardRun {
+  std::vector<TaskExample> ex{{"1+1=", "2"}, {"2+2=", "4"}};
+  std::vector<std::vector<int64_t>> done{CharVocab::encode("2"), CharVocab::encode("5")};
+  // TMPDIR of its own: the scratch directories the calls leave (none) are countable.
+  fs::path tmp = fs::temp_directory_path() / ("meshtrain_reward_test_" + std::to_string(getpid()));
+  RewardRun() {
+    fs::create_directories(tmp);
+    setenv("TMPDIR", tmp.c_str(), 1);
+  }
+  ~RewardRun() {
+    unsetenv("TMPDIR");
+    fs::remove_all(tmp);
+  }
+  std::string error(const RewardCommand& c) {
+    try {
+      command_rewards(c, ex, done);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  }
+  size_t left_behind() const { return static_cast<size_t>(std::distance(fs::directory_iterator(tmp), {})); }
+};
+
+// No shell sees the command (metacharacters are words); its files live in a private directory
+// removed after each call; a command that hangs is killed at rl.reward_timeout; one that
+// cannot start is named. With rl.reward_shell the shell runs it.
+TEST(RewardCommand, RunsWithoutAShellInAPrivateDirectoryWithATimeout) {
+  RewardRun r;
+  EXPECT_EQ(command_rewards({"awk '{ print length($0) % 7 / 7 }'"}, r.ex, r.done).size(), 2u);
+  const fs::path planted = r.tmp / "planted";
+  EXPECT_NE(r.error({"echo 1; touch " + planted.string()}).find("not a number"), std::string::npos);
+  EXPECT_FALSE(fs::exists(planted)) << "a shell ran the command";
+  EXPECT_EQ(command_rewards({"sed s/.*/0.5/ | cat", true}, r.ex, r.done), (std::vector<double>{0.5, 0.5}));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(r.error({"sleep 30", false, 0.3}).find("did not finish within 0.3 s (rl.reward_timeout); killed"),
+            std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  EXPECT_NE(r.error({"no-such-program-xyz 1"}).find("cannot start 'no-such-program-xyz': No such file or directory"),
+            std::string::npos)
+      << r.error({"no-such-program-xyz 1"});
+  EXPECT_EQ(r.left_behind(), 0u) << "scratch directories were left in " << r.tmp;
 }
 
 }  // namespace

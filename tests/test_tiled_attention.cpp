@@ -27,6 +27,7 @@
 #include <limits>
 
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/nn/tiled_attention.h"
 
@@ -148,6 +149,28 @@ TEST(TiledAttention, GqaAndMqa) {
   check_tilings(c);
   c.hkv = 1;
   check_tilings(c);
+}
+
+// model.attention = "sdpa" (at::scaled_dot_product_attention) computes the naive path's
+// attention, values and gradients, fp32 within reassociation; GQA and MQA included.
+TEST(SdpaAttention, EqualsNaiveAttentionWithGradients) {
+  at::manual_seed(5);
+  for (int64_t hkv : {4, 2, 1}) {
+    const at::Tensor q0 = at::randn({2, 4, 48, 16}), k0 = at::randn({2, hkv, 48, 16}), v0 = at::randn({2, hkv, 48, 16});
+    const at::Tensor dy = at::randn({2, 4, 48, 16});
+    std::vector<at::Tensor> grads[2];
+    at::Tensor out[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      const at::Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+      out[fused] = fused ? nn::sdpa_causal_attention(q, k, v) : nn::causal_attention(q, k, v);
+      (out[fused] * dy).sum().backward();
+      grads[fused] = {q.grad(), k.grad(), v.grad()};
+    }
+    EXPECT_TRUE(at::allclose(out[1], out[0], 1e-5, 1e-5)) << hkv << ": " << (out[1] - out[0]).abs().max();
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-4, 1e-5)) << hkv << " grad " << i;
+    }
+  }
 }
 
 // Packed documents (one-token documents among them) and padding (id -1: rows

@@ -13,6 +13,7 @@
 #include <future>
 #include <iterator>
 #include <map>
+#include <tuple>
 #include <fstream>
 #include <sstream>
 
@@ -52,7 +53,7 @@ TEST(TrainConfig, UnknownKeysAndWrongTypesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of(d.write("k.toml", base), {"parallel.dp_shard=2"}).find("needs parallel.zero >= 1"),
             std::string::npos);
-  EXPECT_NE(error_of(d.write("l.toml", base), {"parallel.offload=true"}).find("applies to CUDA builds only"),
+  EXPECT_NE(error_of(d.write("l.toml", base), {"parallel.offload=true"}).find("for CUDA runs; it is not built yet"),
             std::string::npos);
   EXPECT_NE(error_of(d.write("m.toml", base), {"parallel.pp=2", "parallel.zero=2"})
                 .find("parallel.zero = 2 with parallel.pp = 2"),
@@ -149,6 +150,23 @@ TEST(TrainCli, ConfigOnlyErrorsComeBeforeAnyRankStarts) {
     EXPECT_EQ(run.code, 1) << set << "\n" << run.output;
     EXPECT_NE(run.output.find(want), std::string::npos) << set << "\n" << run.output;
     EXPECT_EQ(run.output.find("[rank"), std::string::npos) << set << ": ranks were started\n" << run.output;
+  }
+  // What each rank used to find after it started (the error printed once per rank, the
+  // checkpoint directory already locked): one message from the launching process, and the
+  // checkpoint directory untouched.
+  const std::string fresh = (d.path / "fresh").string();
+  const std::string in_fresh = " --set checkpoint.dir='\"" + fresh + "\"'";
+  for (const auto& [pre, set, want] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"", " --set checkpoint.resume='\"" + (d.path / "nowhere").string() + "\"'", "checkpoint.resume = \""},
+           {"MESHTRAIN_SHM=2 ", "", "MESHTRAIN_SHM='2': use 1"},
+           {"MESHTRAIN_SHM_CMA=yes ", "", "MESHTRAIN_SHM_CMA='yes': use 1"},
+           {"", " --set train.metrics='\"" + (d.path / "not_a_dir/m.jsonl").string() + "\"'", "is not a writable directory"}}) {
+    const auto run = test::run_command(pre + bin + " train " + cfg + in_fresh + set);
+    EXPECT_EQ(run.code, 1) << set << "\n" << run.output;
+    EXPECT_NE(run.output.find(want), std::string::npos) << pre << set << "\n" << run.output;
+    EXPECT_EQ(run.output.find(want), run.output.rfind(want)) << "printed more than once\n" << run.output;
+    EXPECT_EQ(run.output.find("[rank"), std::string::npos) << set << ": ranks were started\n" << run.output;
+    EXPECT_FALSE(std::filesystem::exists(fresh + "/.lock")) << pre << set << ": a lock was left\n" << run.output;
   }
   // Job A holds the directory (a long run); job B on it is refused before its ranks start; A finishes.
   const std::string ck = " --set checkpoint.dir='\"" + (d.path / "shared").string() + "\"'";

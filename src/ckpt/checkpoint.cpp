@@ -122,8 +122,8 @@ void check_directory(const std::string& dir) {
   }
   fs::remove(probe, ec);
   const std::string lock = (fs::path(dir) / ".lock").string();
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return;  // the Checkpointer reports it
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);  // no lock file: no job holds it (and none is made here)
+  if (fd < 0) return;  // absent, or the Checkpointer reports it
   const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0;
   ::close(fd);
   if (held) {

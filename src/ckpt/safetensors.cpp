@@ -63,7 +63,7 @@ std::vector<std::string> write_safetensors(const std::string& path, const std::v
     if (t.name == "__metadata__" || header.contains(t.name)) {
       throw std::invalid_argument(fmt::format("{}: duplicate or reserved tensor name '{}'", path, t.name));
     }
-    at::Tensor c = t.tensor.contiguous();
+    at::Tensor c = t.tensor.cpu().contiguous();  // a CUDA run writes from the host
     const uint64_t bytes = c.numel() * c.element_size();
     header[t.name] = {{"dtype", dtype_name(c.scalar_type())}, {"shape", c.sizes().vec()},
                       {"data_offsets", {offset, offset + bytes}}};

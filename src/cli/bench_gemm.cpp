@@ -55,12 +55,7 @@ int run(const Opts& o) {
   fmt::print("{}: the step's matrix multiplies alone, micro-batch {} x seq {}, {}, {} threads\n", m.name,
              o.micro_batch, o.seq, o.precision, threads_per_rank(1));
   // The model's shape as bench/torch_gpt.py's flags (bench/train.sh passes them on).
-  fmt::print("shape: --layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --vocab {} --norm {} --norm-eps {} "
-             "--activation {} --position {} --rope-theta {} --tied {} --bias {}\n",
-             m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, plan::padded_vocab(m.vocab, 128),
-             m.norm == plan::Norm::LayerNorm ? "layernorm" : "rmsnorm", m.norm_eps,
-             m.activation == plan::Activation::SwiGLU ? "swiglu" : "gelu",
-             m.position == plan::Position::RoPE ? "rope" : "learned", m.rope_theta, int{m.tied}, int{m.bias});
+  fmt::print("shape: {}\n", torch_gpt_shape(m));
   fmt::print("{:<24} {:>5} {:>6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>10}\n", "GEMM", "batch", "m", "n", "k", "count",
              "ms each", "GFLOP/s", "s per step");
   double seconds = 0, flops = 0;

@@ -24,7 +24,10 @@
 #include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/plan/count.h"
+#include "meshtrain/runtime/device.h"
 #include "meshtrain/runtime/threads.h"
+#include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/step.h"
 
@@ -32,7 +35,8 @@ namespace meshtrain::cli {
 
 void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
   struct Opts {
-    std::string model = "gpt2-124m", precision = "fp32", recompute = "none", loop = "both", profile;
+    std::string model = "gpt2-124m", precision = "fp32", recompute = "none", loop = "both", profile, device = "cpu";
+    std::string attention;
     int64_t micro_batch = 4, seq = 256;
     int steps = 2, rounds = 3, warmup = 1;
   };
@@ -41,7 +45,10 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
   cmd->add_option("--model", o->model, "model preset")->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--seq", o->seq, "sequence length")->capture_default_str();
-  cmd->add_option("--precision", o->precision, "fp32 | bf16")->capture_default_str();
+  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16 (cuda)")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu | cuda (cuda:0; MFU against this device's measured GEMM rate)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--attention", o->attention, "naive | tiled | sdpa | auto (default: the preset's)");
   cmd->add_option("--recompute", o->recompute, "none | selective | full (both sides)")->capture_default_str();
   cmd->add_option("--steps", o->steps, "timed steps per round and side")->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "rounds (sides alternate who goes first)")->capture_default_str();
@@ -56,9 +63,13 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       throw std::invalid_argument("--micro-batch, --seq, --steps and --rounds must be positive, --warmup >= 0");
     }
     const Precision precision = parse_train_precision(o->precision);
-    check_precision_supported(precision, "cpu");
+    const DeviceKind device = resolve_device(parse_device(o->device), cuda_device_count(), 1);
+    bind_compute_device(device, 0);
+    check_precision_supported(precision, o->device);
+    if (precision == Precision::Fp16) throw std::invalid_argument("bench train runs fp32 or bf16 (fp16 needs a loss scaler)");
     configure_threads(1);
     plan::ModelSpec spec = plan::preset(o->model);
+    if (!o->attention.empty()) spec.attention = plan::parse_attention(o->attention);
     spec.dropout = 0;
     spec.seq = std::max(spec.seq, o->seq);
     Comm solo("solo", 0);
@@ -103,8 +114,8 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       const int64_t n = o->micro_batch * o->seq;
       at::Tensor window = all.narrow(0, (cursor % 64) * n, n + 1);
       ++cursor;
-      at::Tensor tokens = window.narrow(0, 0, n).view({o->micro_batch, o->seq});
-      at::Tensor targets = window.narrow(0, 1, n).view({o->micro_batch, o->seq});
+      at::Tensor tokens = window.narrow(0, 0, n).view({o->micro_batch, o->seq}).to(compute_device());
+      at::Tensor targets = window.narrow(0, 1, n).view({o->micro_batch, o->seq}).to(compute_device());
       for (auto& p : bare->params().params()) p.tensor.mutable_grad() = at::Tensor();
       at::Tensor loss;
       {
@@ -113,8 +124,12 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       }
       loss.backward();
       bare_opt->update(0.0);
+      synchronize_compute_device();
     };
-    auto trainer_step = [&]() { trainer->run({loader->next()}); };
+    auto trainer_step = [&]() {
+      trainer->run({loader->next()});
+      synchronize_compute_device();  // the update is queued after the step's last host read
+    };
     for (int i = 0; i < o->warmup; ++i) {
       if (want_trainer) trainer_step();
       if (want_bare) bare_step();
@@ -135,11 +150,21 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     }
     profile.reset();
     const double tokens = static_cast<double>(o->micro_batch * o->seq);
+    const bool cuda = computes_on_cuda();
+    const double peak_mem = cuda ? static_cast<double>(peak_device_bytes()) : peak_rss_bytes();
+    // MFU: the planner's FLOPs per token (6N + attention) over this device's measured GEMM rate.
+    const double flops_per_token = plan::train_flops_per_token(spec, o->seq);
+    const std::string gemm = std::string(cuda ? "cuda_gemm_" : "gemm_") + (precision == Precision::Bf16 ? "bf16" : "fp32");
+    const MachinePeak peak = machine_peak(gemm, threads_per_rank(1));
+    auto mfu = [&](double s_per_step) { return flops_per_token * tokens / s_per_step / peak.value; };
+    fmt::print("shape: {}\n", torch_gpt_shape(spec));
     if (o->loop != "both") {
       const double t = median(want_trainer ? t_trainer : t_bare);
-      fmt::print("{} {}: {:.3f} s/step, {:.0f} tokens/s, peak resident memory {:.0f} MiB\n", spec.name, o->loop, t,
-                 tokens / t, peak_rss_bytes() / (1 << 20));
-      fmt::print("RESULT {:.6f} {:.0f}\n", t, peak_rss_bytes());
+      fmt::print("{} {} on {}: {:.3f} s/step, {:.0f} tokens/s, MFU {:.1f}% ({:.1f} TFLOP/s {} GEMM peak, {}), peak {} "
+                 "memory {:.0f} MiB\n",
+                 spec.name, o->loop, compute_device_name(), t, tokens / t, 100 * mfu(t), peak.value / 1e12, gemm,
+                 peak.source, cuda ? "device" : "resident", peak_mem / (1 << 20));
+      fmt::print("RESULT {:.6f} {:.0f} {:.6f} {:.6g}\n", t, peak_mem, mfu(t), peak.value);
       return 0;
     }
     const double a = median(t_trainer), b = median(t_bare);
@@ -150,6 +175,9 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     fmt::print("{:<36} {:>14.3f} {:>12.0f}\n", "bare loop (forward, backward, AdamW)", b, tokens / b);
     fmt::print("{:<36} {:>14.3f} {:>12.0f}\n", "meshtrain trainer", a, tokens / a);
     fmt::print("trainer overhead: {:+.1f}% (time ratio {:.3f})\n", 100 * (a / b - 1), a / b);
+    fmt::print("on {}: trainer MFU {:.1f}%, bare MFU {:.1f}% ({:.1f} TFLOP/s {} GEMM peak), peak {} memory {:.0f} MiB\n",
+               compute_device_name(), 100 * mfu(a), 100 * mfu(b), peak.value / 1e12, gemm, cuda ? "device" : "resident",
+               peak_mem / (1 << 20));
     return 0;
   });
 }

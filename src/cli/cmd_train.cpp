@@ -58,7 +58,9 @@ Run add_train(CLI::App& app) {
       if (!c.ckpt_dir.empty()) ckpt::check_directory(c.ckpt_dir);
     }
     if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) return rc;
-    auto rt = start_runtime(c.comm_timeout, c.comm_check_every);
+    const DistEnv env = DistEnv::from_environment();
+    const BackendKind backend = bind_run_device(c, env.local_rank, env.local_world_size);
+    auto rt = start_runtime(c.comm_timeout, c.comm_check_every, backend);
     return train(c, *rt, o->check_plan);
   };
 }

@@ -2,6 +2,7 @@
 // CLI11 app and returns the function that runs it (returning the exit status).
 #pragma once
 
+#include "meshtrain/compat.h"
 #include "meshtrain/runtime/subprocess.h"
 
 #include <cstdint>
@@ -16,6 +17,9 @@ class App;
 }
 namespace meshtrain {
 class Runtime;
+}
+namespace meshtrain::plan {
+struct ModelSpec;
 }
 
 namespace meshtrain::cli {
@@ -78,8 +82,10 @@ void check_train_bench_options(const TrainBenchOptions& o);
 
 // The median of benchmark samples (the upper one of an even count).
 double median(std::vector<double> samples);
+// A model's shape as bench/torch_gpt.py's flags (bench/train.sh and scripts/gpu_check.sh pass them on).
+std::string torch_gpt_shape(const plan::ModelSpec& m);
 
 // Joins the job the environment describes, with a collective timeout in seconds.
-std::unique_ptr<Runtime> start_runtime(double timeout_s, int check_every = 64);
+std::unique_ptr<Runtime> start_runtime(double timeout_s, int check_every = 64, BackendKind backend = BackendKind::Gloo);
 
 }  // namespace meshtrain::cli

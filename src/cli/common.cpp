@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "meshtrain/plan/spec.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/launcher.h"
 #include "meshtrain/runtime/runtime.h"
@@ -43,13 +44,14 @@ int relaunch_if_needed(int nproc, int max_restarts) {
   return launch(o);
 }
 
-std::unique_ptr<Runtime> start_runtime(double timeout_s, int check_every) {
+std::unique_ptr<Runtime> start_runtime(double timeout_s, int check_every, BackendKind backend) {
   if (!(timeout_s > 0)) {
     throw std::invalid_argument(fmt::format("--timeout {} must be a positive number of seconds", timeout_s));
   }
   RuntimeOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   opts.check_every = check_every;
+  opts.backend = backend;
   return Runtime::init(DistEnv::from_environment(), opts);
 }
 
@@ -71,6 +73,15 @@ void check_train_bench_options(const TrainBenchOptions& o) {
                          {"--steps", o.steps}, {"--rounds", o.rounds}, {"--nproc", o.nproc}}) {
     if (v < 1) throw std::invalid_argument(fmt::format("{} {} must be positive", name, v));
   }
+}
+
+std::string torch_gpt_shape(const plan::ModelSpec& m) {
+  return fmt::format("--layers {} --hidden {} --heads {} --kv-heads {} --ffn {} --vocab {} --norm {} --norm-eps {} "
+                     "--activation {} --position {} --rope-theta {} --tied {} --bias {}",
+                     m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, plan::padded_vocab(m.vocab, 128),
+                     m.norm == plan::Norm::LayerNorm ? "layernorm" : "rmsnorm", m.norm_eps,
+                     m.activation == plan::Activation::SwiGLU ? "swiglu" : "gelu",
+                     m.position == plan::Position::RoPE ? "rope" : "learned", m.rope_theta, int{m.tied}, int{m.bias});
 }
 
 double median(std::vector<double> samples) {

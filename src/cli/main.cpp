@@ -71,20 +71,27 @@ int main(int argc, char** argv) {
   add(meshtrain::cli::add_eval);
   add(meshtrain::cli::add_ckpt);
   add(meshtrain::cli::add_diagnose);
-  // A word that is no command: name it and the nearest command (CLI11 would only say one is required).
-  if (argc > 1 && argv[1][0] != '-') {
+  // A word that is no command, at any level that requires one (`meshtrain ckpt verfy`): name it and the
+  // nearest command there (CLI11 would only say that a subcommand is required).
+  const CLI::App* level = &app;
+  std::string path = "meshtrain";
+  for (int i = 1; i < argc && argv[i][0] != '-' && level->get_require_subcommand_min() > 0; ++i) {
     std::vector<std::string> names;
-    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
-    const std::string word = argv[1];
-    if (std::find(names.begin(), names.end(), word) == names.end()) {
-      const std::string nearest = *std::min_element(names.begin(), names.end(), [&](const auto& x, const auto& y) {
-        return edit_distance(word, x) < edit_distance(word, y);
-      });
-      fmt::print(stderr, "meshtrain: error: unknown command '{}'{}; the commands are: {} (meshtrain --help)\n", word,
-                 edit_distance(word, nearest) <= 2 ? fmt::format(", did you mean '{}'?", nearest) : "",
-                 fmt::join(names, ", "));
-      return 2;
+    for (const CLI::App* sub : level->get_subcommands({})) names.push_back(sub->get_name());
+    const std::string word = argv[i];
+    const auto found = std::find(names.begin(), names.end(), word);
+    if (found != names.end()) {
+      level = level->get_subcommands({})[static_cast<size_t>(found - names.begin())];
+      path += " " + word;
+      continue;
     }
+    const std::string nearest = *std::min_element(names.begin(), names.end(), [&](const auto& x, const auto& y) {
+      return edit_distance(word, x) < edit_distance(word, y);
+    });
+    fmt::print(stderr, "meshtrain: error: unknown command '{}'{}; the commands{} are: {} ({} --help)\n", word,
+               edit_distance(word, nearest) <= 2 ? fmt::format(", did you mean '{}'?", nearest) : "",
+               path == "meshtrain" ? "" : " of '" + path + "'", fmt::join(names, ", "), path);
+    return 2;
   }
   // `meshtrain launch [OPTIONS] -- PROGRAM ARGS`: CLI11 would take the "--" as the end of every command's
   // options and refuse the program's words; drop it (only the one that ends the launcher's own options).

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -170,8 +171,31 @@ std::string Comm::describe(const char* op, const at::Tensor& t) const {
 }
 
 
+std::optional<c10::Device> Comm::staging(const at::Tensor& t) const {
+  if (size() == 1 || !t.defined()) return std::nullopt;
+  if (kind_ == BackendKind::Gloo && t.is_cuda()) return c10::Device(c10::DeviceType::CPU);
+  if (kind_ == BackendKind::Nccl && t.is_cpu()) return c10::Device(c10::DeviceType::CUDA, c10::cuda::current_device());
+  return std::nullopt;
+}
+
+CommWork Comm::followed(CommWork w, std::function<void()> then) {
+  if (w.done_) {
+    then();
+    return w;
+  }
+  w.finish_ = [first = std::move(w.finish_), then = std::move(then)]() {
+    if (first) first();
+    then();
+  };
+  return w;
+}
+
 CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo) {
   check_contiguous("all_reduce", t);
+  if (const auto d = staging(t)) {
+    at::Tensor s = t.to(*d);
+    return followed(all_reduce_async(s, op, algo), [t, s]() { t.copy_(s); });
+  }
   if (op == ReduceOp::Avg && !is_floating(t)) {
     throw std::invalid_argument(fmt::format("all_reduce avg needs a floating tensor, got {}; use sum",
                                             c10::toString(t.scalar_type())));
@@ -204,6 +228,10 @@ CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, Gat
   check_contiguous("all_gather", out);
   check_contiguous("all_gather", in);
   check_same_dtype("all_gather", out, in);
+  if (const auto d = staging(in)) {
+    at::Tensor so = at::empty(out.sizes(), out.options().device(*d));
+    return followed(all_gather_async(so, in.to(*d), algo), [out, so]() { out.copy_(so); });
+  }
   const int n = size();
   const int64_t m = in.numel();
   if (out.numel() != n * m) {
@@ -293,6 +321,10 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in,
   check_contiguous("reduce_scatter", out);
   check_contiguous("reduce_scatter", in);
   check_same_dtype("reduce_scatter", out, in);
+  if (const auto d = staging(in)) {
+    at::Tensor so = at::empty(out.sizes(), out.options().device(*d));
+    return followed(reduce_scatter_async(so, in.to(*d), op, algo), [out, so]() { out.copy_(so); });
+  }
   const int n = size();
   const int64_t m = out.numel();
   if (in.numel() != n * m) {
@@ -439,6 +471,10 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
   if (root < 0 || root >= size()) {
     throw std::invalid_argument(fmt::format("broadcast on group '{}': root {} outside 0..{}", name_, root, size() - 1));
   }
+  if (const auto d = staging(t)) {
+    at::Tensor s = t.to(*d);
+    return followed(broadcast_async(s, root, algo), [t, s]() { t.copy_(s); });
+  }
   count("broadcast", t, 1.0);
   begin(CallKind::Broadcast, t, root);
   CommWork w = make_work("broadcast", t);
@@ -461,6 +497,12 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
   check_contiguous("all_to_all", out);
   check_contiguous("all_to_all", in);
   check_same_dtype("all_to_all", out, in);
+  if (const auto d = staging(in)) {
+    at::Tensor so = at::empty(out.sizes(), out.options().device(*d));
+    all_to_all(so, in.to(*d), std::move(out_splits), std::move(in_splits), algo);
+    out.copy_(so);
+    return;
+  }
   const int n = size();
   auto check_splits = [&](const char* which, const std::vector<int64_t>& splits, const at::Tensor& t) {
     if (splits.empty()) {
@@ -525,6 +567,7 @@ CommWork Comm::isend(const at::Tensor& t, int dst, int tag) {
                                             name_, dst, size() - 1));
   }
   if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("send: tag {} outside [0, 2^20)", tag));
+  if (const auto d = staging(t)) return isend(t.to(*d), dst, tag);  // the work holds the copy
   count("send", t, 1.0);
   begin(CallKind::Send, t, dst);
   CommWork w = make_work("send", t);
@@ -541,6 +584,10 @@ CommWork Comm::irecv(const at::Tensor& t, int src, int tag) {
                                             name_, src, size() - 1));
   }
   if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("recv: tag {} outside [0, 2^20)", tag));
+  if (const auto d = staging(t)) {
+    at::Tensor s = at::empty(t.sizes(), t.options().device(*d));
+    return followed(irecv(s, src, tag), [t, s]() { t.copy_(s); });
+  }
   count("recv", t, 1.0);
   begin(CallKind::Recv, t, src);
   CommWork w = make_work("recv", t);

@@ -17,6 +17,7 @@
 #include "comm/local_reduce.h"
 #include "comm/shm_group.h"
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/comm/transport_env.h"
 
 namespace meshtrain {
 namespace {
@@ -287,15 +288,11 @@ void Comm::shm_all_to_all(uint8_t* out, const std::vector<int64_t>& out_bytes, c
 bool Comm::cma_ready(ShmGroup& g, const std::string& what) {
   if (cma_ >= 0) return cma_ == 1;
   const int n = size(), me = index_;
-  const char* env = std::getenv("MESHTRAIN_SHM_CMA");
-  if (env && std::string(env) != "0" && std::string(env) != "1") {
-    throw std::invalid_argument(fmt::format("MESHTRAIN_SHM_CMA='{}': use 1 (the default: one-copy all_to_all where the "
-                                            "ranks may read each other's memory) or 0 (through the segments)",
-                                            env));
+  bool ok = transport_switch("MESHTRAIN_SHM_CMA");
+  if (ok) {  // opted out: the process stays closed to its user's other processes
+    static const int allowed = prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    (void)allowed;  // fails harmlessly where Yama is absent
   }
-  bool ok = !(env && std::string(env) == "0");
-  static const int allowed = prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  (void)allowed;  // fails harmlessly where Yama is absent
   const int64_t probe = 0x6d657368 + me;  // read by the peers during the two operations below
   const int64_t mine[2] = {static_cast<int64_t>(getpid()), static_cast<int64_t>(reinterpret_cast<intptr_t>(&probe))};
   g.next(call_);

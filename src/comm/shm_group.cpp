@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "comm/backend.h"
+#include "meshtrain/comm/transport_env.h"
 
 #ifdef __linux__
 #include <fcntl.h>
@@ -51,16 +52,9 @@ int64_t host_id() {
   return static_cast<int64_t>(std::hash<std::string>{}(std::string(name) + "/" + boot) >> 1);
 }
 
-// MESHTRAIN_SHM: unset or 1 = use shared memory where the ranks share a host,
-// 0 = Gloo only. Anything else is an error (the launcher gives every rank the
-// same environment, so every rank throws it before the collective set-up).
-bool shm_wanted() {
-  const char* v = std::getenv("MESHTRAIN_SHM");
-  if (!v || std::string(v) == "1") return true;
-  if (std::string(v) == "0") return false;
-  throw std::invalid_argument(fmt::format(
-      "MESHTRAIN_SHM='{}': use 1 (the default: shared memory between ranks on one host) or 0 (Gloo only)", v));
-}
+// MESHTRAIN_SHM (transport_env.h): the launcher gives every rank the same environment, so a
+// bad value makes every rank throw before the collective set-up.
+bool shm_wanted() { return transport_switch("MESHTRAIN_SHM"); }
 
 // Element-wise MAX over the group, through the raw process group.
 at::Tensor all_max(PGBackend& pg, std::vector<int64_t> values) {

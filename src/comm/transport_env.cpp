@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,22 @@ std::string transport_variables() {
   }
   std::sort(set.begin(), set.end());
   return fmt::format("transport variables: {}", set.empty() ? "none set" : fmt::format("{}", fmt::join(set, " ")));
+}
+
+bool transport_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  const std::string what = std::string(name) == "MESHTRAIN_SHM"
+                               ? "1 (the default: shared memory between ranks on one host) or 0 (Gloo only)"
+                               : "1 (the default: one-copy all_to_all where the ranks may read each other's memory) "
+                                 "or 0 (through the segments)";
+  throw std::invalid_argument(fmt::format("{}='{}': use {}", name, v, what));
+}
+
+void check_transport_variables() {
+  transport_switch("MESHTRAIN_SHM");
+  transport_switch("MESHTRAIN_SHM_CMA");
 }
 
 }  // namespace meshtrain

@@ -8,6 +8,8 @@
 #include <random>
 #include <stdexcept>
 
+#include "meshtrain/runtime/device.h"
+
 namespace meshtrain {
 
 TokenLoader::TokenLoader(const std::vector<std::string>& shards, int64_t seq, int64_t micro_batch, int dp_rank,
@@ -111,6 +113,13 @@ std::vector<TokenLoader::SourceStats> TokenLoader::source_stats() const {
     out.push_back({source_names_[i], blend_->taken()[i], sources_[i]->windows() / group_});
   }
   return out;
+}
+
+Batch on_compute_device(const Batch& b) {
+  const c10::Device d = compute_device();
+  if (d.is_cpu()) return b;
+  auto to = [d](const at::Tensor& t) { return t.defined() ? t.to(d) : t; };
+  return Batch{to(b.tokens), to(b.targets), b.windows, to(b.doc_ids)};
 }
 
 Batch TokenLoader::next_mixed() {

@@ -115,6 +115,18 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
   doc_count_ = h.docs;
   tokens_ = static_cast<const unsigned char*>(map_) + kHeader;
   docs_ = reinterpret_cast<const uint64_t*>(tokens_ + count_ * token_bytes_);
+  // The document table as write_shard makes it (readers index tokens by it): ascending from 0,
+  // every start inside the tokens. Checked here, before anything reads by it.
+  uint64_t prev = 0;
+  for (uint64_t i = 0; i < doc_count_; ++i) {
+    uint64_t start;
+    std::memcpy(&start, docs_ + i, 8);  // unaligned
+    if ((i == 0 && start != 0) || (i > 0 && start <= prev) || start >= count_) {
+      bad(fmt::format("document {} starts at token {}: starts must ascend from 0 and lie below its {} tokens", i, start,
+                      count_));
+    }
+    prev = start;
+  }
 }
 
 ShardReader::~ShardReader() {

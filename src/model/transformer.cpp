@@ -20,6 +20,7 @@
 #include "meshtrain/parallel/context/attention.h"
 #include "meshtrain/parallel/context/zigzag.h"
 #include "meshtrain/peft/adapter.h"
+#include "meshtrain/runtime/device.h"
 #include "meshtrain/runtime/fault.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
@@ -166,13 +167,13 @@ int Transformer::cp_size() const { return cp_ ? cp_->size() : 1; }
 at::Tensor Transformer::positions(int64_t local, int64_t past, const at::Tensor& docs) const {
   if (docs.defined()) {
     // position = index - index of the document's first token (a running max of document starts)
-    const at::Tensor idx = at::arange(local, at::TensorOptions().dtype(at::kLong)).expand({docs.size(0), local});
+    const at::Tensor idx = at::arange(local, docs.options().dtype(at::kLong)).expand({docs.size(0), local});
     at::Tensor starts = docs.ne(docs.roll(1, 1));
     starts.select(1, 0).fill_(true);
     return idx - std::get<0>((idx * starts).cummax(1));
   }
-  if (cp_size() > 1) return ZigZag(local * cp_size(), cp_size(), cp_->rank()).positions();
-  return at::arange(past, past + local, at::TensorOptions().dtype(at::kLong));
+  if (cp_size() > 1) return ZigZag(local * cp_size(), cp_size(), cp_->rank()).positions().to(compute_device());
+  return at::arange(past, past + local, at::TensorOptions().dtype(at::kLong).device(compute_device()));
 }
 
 at::Tensor Transformer::norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
@@ -222,9 +223,15 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   }
   const double p = train ? spec_.dropout : 0.0;
   at::Generator* gen = &rng_split_;
-  const bool tiled = plan::attention_tiled(spec_.attention, past + s * cp_size(), docs.defined());
+  // On CUDA "auto" is sdpa (the tiled kernel is the CPU's); sdpa is causal from the first key,
+  // so a KV cache's later tokens (queries after `past` keys) take the naive path.
+  const bool cuda = q.is_cuda();
+  const bool sdpa = (spec_.attention == plan::AttentionImpl::Sdpa ||
+                     (cuda && spec_.attention == plan::AttentionImpl::Auto)) && past == 0 && p == 0;
+  const bool tiled = !cuda && plan::attention_tiled(spec_.attention, past + s * cp_size(), docs.defined());
   // Tiled attention draws its masks' seed from the generator (replayed by recomputation).
-  auto local = [p, gen, tiled, docs](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  auto local = [p, gen, tiled, sdpa, docs](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    if (sdpa && q.size(2) == k.size(2)) return nn::sdpa_causal_attention(q, k, v);
     if (!tiled) return nn::causal_attention(q, k, v, p, gen);
     nn::TiledAttentionOptions o;
     o.dropout = p;

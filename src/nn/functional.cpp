@@ -43,6 +43,16 @@ at::Tensor dropout(const at::Tensor& x, double p, at::Generator& gen) {
   return x * dropout_keep(x, p, gen) * (1.0 / (1.0 - p));
 }
 
+// PyTorch's fused attention (flash / memory-efficient / cuDNN on CUDA, a fused CPU kernel):
+// softmax(q kᵀ / √d + causal mask) v, the naive path's computation without its [s, t] scores.
+// Grouped-query heads are repeated as the naive path repeats them.
+at::Tensor sdpa_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t groups = q.size(1) / k.size(1);
+  at::Tensor kk = groups > 1 ? k.repeat_interleave(groups, 1) : k;
+  at::Tensor vv = groups > 1 ? v.repeat_interleave(groups, 1) : v;
+  return at::scaled_dot_product_attention(q, kk, vv, std::nullopt, 0.0, /*is_causal=*/true);
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p,
                             at::Generator* gen) {
   const int64_t groups = q.size(1) / k.size(1);

@@ -220,7 +220,10 @@ bool norm_supported(const NormWeights& n, int64_t h) {
 }  // namespace
 
 at::Tensor dropout_keep(const at::Tensor& x, double p, at::Generator& gen) {
-  return at::empty_like(x).bernoulli_(1.0 - p, gen);
+  if (x.is_cpu() || !gen.device().is_cpu()) return at::empty_like(x).bernoulli_(1.0 - p, gen);
+  // The model's generators are CPU generators: a CUDA run draws the masks a CPU run draws, on
+  // the host, and copies them over (parity with one CPU process, at a host-side cost).
+  return at::empty(x.sizes(), x.options().device(at::kCPU)).bernoulli_(1.0 - p, gen).to(x.device());
 }
 
 at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias) {

@@ -7,6 +7,8 @@
 
 #include <stdexcept>
 
+#include "meshtrain/runtime/device.h"
+
 namespace meshtrain {
 
 uint64_t stable_hash(const std::string& s) {
@@ -40,6 +42,8 @@ at::Tensor ParamStore::create(const std::string& name, std::vector<int64_t> full
   if (rows_valid >= 0 && rows_valid < full_shape[0]) full.narrow(0, rows_valid, full_shape[0] - rows_valid).zero_();
   // A copy: a slice along dim 0 would be contiguous already and keep the whole tensor's storage alive.
   at::Tensor local = tp_dim >= 0 ? full.chunk(tp_size_, tp_dim)[tp_rank_].clone(at::MemoryFormat::Contiguous) : full;
+  // Drawn on the CPU (the same values on every device), kept on the one this process computes on.
+  if (!compute_device().is_cpu()) local = local.to(compute_device());
   local.set_requires_grad(true);
   params_.push_back(Param{name, local, std::move(full_shape), tp_dim, sequence_partial && tp_size_ > 1});
   return local;

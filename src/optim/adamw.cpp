@@ -42,12 +42,22 @@ double global_grad_norm(const std::vector<Param>& params, Comm* tp, const std::v
   // rank's copy only, identical on every tp rank, so added once after the sum;
   // experts (replicated over tp): summed over the ep ranks that split them.
   double sharded = 0, replicated = 0, experts = 0;
+  at::Tensor on_device[3];  // CUDA gradients: summed there, read once (not one host sync per parameter)
   for (const auto& p : params) {
     const at::Tensor& g = p.tensor.grad();
     if (!g.defined() || p.replica) continue;
-    const double sq = sum_of_squares(g);
-    (p.expert ? experts : p.tp_dim >= 0 ? sharded : replicated) += sq;
+    const int which = p.expert ? 2 : p.tp_dim >= 0 ? 0 : 1;
+    if (g.is_cuda()) {
+      const at::Tensor sq = at::linalg_vector_norm(g, 2, std::nullopt, false, at::kDouble).square();
+      on_device[which] = on_device[which].defined() ? on_device[which] + sq : sq;
+      continue;
+    }
+    (which == 2 ? experts : which == 0 ? sharded : replicated) += sum_of_squares(g);
   }
+  auto read = [](const at::Tensor& t) { return t.defined() ? t.item<double>() : 0.0; };
+  sharded += read(on_device[0]);
+  replicated += read(on_device[1]);
+  experts += read(on_device[2]);
   for (Comm* group : sum_over) {
     if (!group || group->size() == 1) continue;
     at::Tensor s = at::tensor({sharded, replicated, experts}, at::kDouble);
@@ -91,10 +101,49 @@ double AdamW::grad_norm(Comm* tp, const std::vector<Comm*>& sum_over) const {
   return global_grad_norm(params_, tp, sum_over, ep_);
 }
 
+namespace {
+
+// CUDA: PyTorch's multi-tensor AdamW kernel (torch.optim.AdamW(fused=True)), one launch per
+// group of fp32 parameters that decay alike instead of eight per parameter. The same update
+// as below, rounded as that kernel rounds it: denom = sqrt(v) / sqrt(bc2) + eps; the clip is
+// applied as grad / grad_scale. Returns false (nothing done) where it does not apply.
+bool fused_cuda_update(std::vector<Param>& params, std::vector<at::Tensor>& m, std::vector<at::Tensor>& v,
+                       const AdamWOptions& o, double lr, double clip, int64_t step) {
+  if (params.empty() || !params[0].tensor.is_cuda()) return false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].tensor.grad();
+    if (params[i].tensor.scalar_type() != at::kFloat || (g.defined() && g.scalar_type() != at::kFloat)) return false;
+  }
+  const auto dev = params[0].tensor.options();
+  // The kernel reads the step (the optimizer counts it): one scalar shared by every entry.
+  const at::Tensor steps = at::full({}, static_cast<double>(step), dev.dtype(at::kFloat));
+  const std::optional<at::Tensor> scale =
+      clip != 1.0 ? std::optional<at::Tensor>(at::full({}, 1.0 / clip, dev.dtype(at::kFloat))) : std::nullopt;
+  for (bool decay : {true, false}) {
+    std::vector<at::Tensor> w, g, ms, vs, st;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& grad = params[i].tensor.grad();
+      if (!grad.defined() || (decays(params[i], o) && o.weight_decay > 0) != decay) continue;
+      w.push_back(params[i].tensor.detach());
+      g.push_back(grad);
+      ms.push_back(m[i]);
+      vs.push_back(v[i]);
+      st.push_back(steps);
+    }
+    if (w.empty()) continue;
+    at::_fused_adamw_(w, g, ms, vs, {}, st, lr, o.beta1, o.beta2, decay ? o.weight_decay : 0.0, o.eps, false, false,
+                      scale, std::nullopt);
+  }
+  return true;
+}
+
+}  // namespace
+
 void AdamW::update(double norm) {
   const double clip = o_.clip_norm > 0 && norm > o_.clip_norm ? o_.clip_norm / (norm + 1e-6) : 1.0;
   ++step_;
   lr_ = learning_rate(o_, step_);
+  if (o_.fused && fused_cuda_update(params_, m_, v_, o_, lr_, clip, step_)) return;
   const double bc1 = 1.0 - std::pow(o_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(o_.beta2, static_cast<double>(step_));
   for (size_t i = 0; i < params_.size(); ++i) {

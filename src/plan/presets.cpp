@@ -159,12 +159,14 @@ void validate(const ModelSpec& m) {
 AttentionImpl parse_attention(const std::string& s) {
   if (s == "naive") return AttentionImpl::Naive;
   if (s == "tiled") return AttentionImpl::Tiled;
+  if (s == "sdpa") return AttentionImpl::Sdpa;
   if (s == "auto") return AttentionImpl::Auto;
-  throw std::invalid_argument(fmt::format("model.attention = \"{}\": use \"naive\", \"tiled\" or \"auto\"", s));
+  throw std::invalid_argument(
+      fmt::format("model.attention = \"{}\": use \"naive\", \"tiled\", \"sdpa\" or \"auto\"", s));
 }
 
 const char* attention_name(AttentionImpl a) {
-  return a == AttentionImpl::Tiled ? "tiled" : a == AttentionImpl::Auto ? "auto" : "naive";
+  return a == AttentionImpl::Tiled ? "tiled" : a == AttentionImpl::Auto ? "auto" : a == AttentionImpl::Sdpa ? "sdpa" : "naive";
 }
 
 bool attention_tiled(AttentionImpl a, int64_t keys, bool documents) {

@@ -98,8 +98,7 @@ std::vector<Episode> collect(Transformer& model, const TrainConfig& c, int64_t s
       ex.push_back(*examples[i]);
       answers.push_back(eps[i].answer);
     }
-    const auto scratch = std::filesystem::temp_directory_path() / fmt::format("meshtrain_reward_{}_{}", getpid(), rank);
-    rewards = command_rewards(c.rl.reward_command, ex, answers, scratch.string());
+    rewards = command_rewards({c.rl.reward_command, c.rl.reward_shell, c.rl.reward_timeout}, ex, answers);
   }
   return eps;
 }

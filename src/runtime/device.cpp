@@ -1,7 +1,9 @@
 #include "meshtrain/runtime/device.h"
 
 #include <c10/core/DeviceType.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -20,7 +22,7 @@ const char* to_string(DeviceKind d) { return d == DeviceKind::Cuda ? "cuda" : "c
 // c10::cuda::device_count() answers 0 (and warns once) where the driver is missing.
 int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
 
-DeviceKind resolve_device(DeviceRequest request, int devices, int ranks_per_node) {
+DeviceKind resolve_device(DeviceRequest request, int devices, int ranks_per_node, bool share) {
   if (request == DeviceRequest::Cpu) return DeviceKind::Cpu;
   if (request == DeviceRequest::Auto && (devices == 0 || !kTrainsOnCuda)) return DeviceKind::Cpu;
   if (devices == 0) {
@@ -28,11 +30,11 @@ DeviceKind resolve_device(DeviceRequest request, int devices, int ranks_per_node
         "train.device = \"cuda\" but this machine has no CUDA device (no GPU or no driver); use "
         "train.device = \"cpu\" (or \"auto\": cuda where a device is, else cpu)");
   }
-  if (ranks_per_node > devices) {
+  if (ranks_per_node > devices && !share) {
     throw std::invalid_argument(fmt::format(
         "train.device = \"cuda\": {} ranks per node but this node has {} CUDA device{}; each rank needs its own "
         "(NCCL refuses two ranks on one device): start at most {} ranks per node (parallel.nproc, "
-        "--nproc-per-node), or use train.device = \"cpu\"",
+        "--nproc-per-node), set comm.backend = \"gloo\" to share devices, or use train.device = \"cpu\"",
         ranks_per_node, devices, devices == 1 ? "" : "s", devices));
   }
   if (!kTrainsOnCuda) {
@@ -41,6 +43,47 @@ DeviceKind resolve_device(DeviceRequest request, int devices, int ranks_per_node
         "model, optimizer and batches on CUDA devices yet; use train.device = \"cpu\" (or \"auto\")");
   }
   return DeviceKind::Cuda;
+}
+
+namespace {
+c10::Device g_device(c10::DeviceType::CPU);
+}  // namespace
+
+void bind_compute_device(DeviceKind kind, int local_rank) {
+  if (kind == DeviceKind::Cpu) {
+    g_device = c10::Device(c10::DeviceType::CPU);
+    return;
+  }
+  const int devices = cuda_device_count();
+  if (devices == 0 || local_rank < 0) {
+    throw std::invalid_argument(fmt::format("local rank {}: this process sees no CUDA device", local_rank));
+  }
+  const auto index = static_cast<c10::DeviceIndex>(local_rank % devices);
+  c10::cuda::set_device(index);
+  g_device = c10::Device(c10::DeviceType::CUDA, index);
+}
+
+c10::Device compute_device() { return g_device; }
+
+void synchronize_compute_device() {
+  if (g_device.is_cuda()) c10::cuda::device_synchronize();
+}
+
+int64_t peak_device_bytes() {
+  if (!g_device.is_cuda()) return 0;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(g_device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
+void reset_peak_device_bytes() {
+  if (g_device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(g_device.index());
+}
+
+std::string compute_device_name() {
+  if (!g_device.is_cuda()) return "cpu";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, g_device.index()) != cudaSuccess) return "cuda";
+  return prop.name;
 }
 
 }  // namespace meshtrain

@@ -62,13 +62,26 @@ int master_port_or_default(const Getenv& get) {
 
 }  // namespace
 
-int parse_slurm_tasks_per_node(const std::string& value) {
-  size_t end = value.find_first_not_of("0123456789");
-  std::string first = value.substr(0, end);
-  if (first.empty()) {
-    throw std::invalid_argument(fmt::format("SLURM_NTASKS_PER_NODE='{}' has no task count", value));
+int slurm_tasks_on_node(const std::string& name, const std::string& value, int node) {
+  std::vector<int> counts;
+  size_t at = 0;
+  while (at < value.size()) {
+    const size_t end = value.find(',', at);
+    const std::string item = value.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at = end == std::string::npos ? value.size() : end + 1;
+    const size_t paren = item.find("(x");
+    const int count = parse_int(name, item.substr(0, paren), 1);
+    int times = 1;
+    if (paren != std::string::npos) {
+      if (item.back() != ')') throw std::invalid_argument(fmt::format("{}='{}': '{}' is not N(xM)", name, value, item));
+      times = parse_int(name, item.substr(paren + 2, item.size() - paren - 3), 1);
+    }
+    for (int i = 0; i < times && counts.size() <= static_cast<size_t>(node); ++i) counts.push_back(count);
   }
-  return parse_int("SLURM_NTASKS_PER_NODE", first, 1);
+  if (node < 0 || static_cast<size_t>(node) >= counts.size()) {
+    throw std::invalid_argument(fmt::format("{}='{}' has no count for node {} (SLURM_NODEID)", name, value, node));
+  }
+  return counts[static_cast<size_t>(node)];
 }
 
 std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
@@ -139,20 +152,26 @@ DistEnv DistEnv::from_environment(const Getenv& getenv_fn) {
     } else if (auto t = get("TORCHELASTIC_RESTART_COUNT")) {
       e.restart = parse_int("TORCHELASTIC_RESTART_COUNT", *t, 0);
     }
-  } else if (get("SLURM_PROCID")) {
+  } else if (get("SLURM_PROCID") && get("SLURM_STEP_NUM_TASKS")) {
+    // A task of an srun step. The step's own variables (SLURM_NTASKS and SLURM_TASKS_PER_NODE
+    // are the allocation's, which a step may use part of); outside a step (an sbatch script
+    // itself) SLURM_PROCID is set but no step variable: one process, which may launch ranks.
     e.source = "slurm";
-    const char* why = "srun sets it for every task";
+    const char* why = "srun sets it for every task of a step";
     e.rank = parse_int("SLURM_PROCID", require(get, "SLURM_PROCID", why), 0);
-    e.world_size = parse_int("SLURM_NTASKS", require(get, "SLURM_NTASKS", why), 1);
+    e.world_size = parse_int("SLURM_STEP_NUM_TASKS", require(get, "SLURM_STEP_NUM_TASKS", why), 1);
     e.local_rank = parse_int("SLURM_LOCALID", require(get, "SLURM_LOCALID", why), 0);
-    e.local_world_size = parse_slurm_tasks_per_node(require(get, "SLURM_NTASKS_PER_NODE",
-                                                            "run srun with --ntasks-per-node"));
-    // Rank 0 runs on the job's first node, not on the host srun was typed on (often a login node).
+    const int node = parse_int("SLURM_NODEID", require(get, "SLURM_NODEID", why), 0);
+    e.local_world_size =
+        slurm_tasks_on_node("SLURM_STEP_TASKS_PER_NODE", require(get, "SLURM_STEP_TASKS_PER_NODE", why), node);
+    // Rank 0 runs on the step's first node, not on the host srun was typed on (often a login node).
     if (auto a = get("MASTER_ADDR")) {
       e.master_addr = *a;
-    } else if (auto nodes = get("SLURM_JOB_NODELIST") ? get("SLURM_JOB_NODELIST") : get("SLURM_NODELIST")) {
+    } else if (auto nodes = get("SLURM_STEP_NODELIST") ? get("SLURM_STEP_NODELIST")
+                            : get("SLURM_JOB_NODELIST") ? get("SLURM_JOB_NODELIST")
+                                                        : get("SLURM_NODELIST")) {
       const auto hosts = expand_slurm_nodelist(*nodes);
-      if (hosts.empty()) throw std::invalid_argument(fmt::format("SLURM_JOB_NODELIST='{}' names no node", *nodes));
+      if (hosts.empty()) throw std::invalid_argument(fmt::format("Slurm node list '{}' names no node", *nodes));
       e.master_addr = hosts.front();
     } else {
       e.master_addr = require(get, "SLURM_LAUNCH_NODE_IPADDR", "or set MASTER_ADDR to rank 0's host");

@@ -1,6 +1,12 @@
 #include "meshtrain/runtime/runtime.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -20,16 +26,47 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+// A socket bound to `host`:`port` and listening, for rank 0's store. TCPStore alone listens on
+// every interface; bound here, the store answers only on the address the job names (a job on
+// 127.0.0.1 is invisible to other hosts). TCPStore takes the descriptor over.
+int listen_on(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); rc != 0) {
+    throw std::runtime_error(fmt::format("rendezvous: MASTER_ADDR {} does not resolve ({})", host, gai_strerror(rc)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 2048) == 0) {
+      freeaddrinfo(found);
+      return fd;
+    }
+    why = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  throw std::runtime_error(fmt::format("rendezvous: rank 0 cannot listen on {}:{} ({}). Is the port in use, or is {} "
+                                       "not an address of this host? Pass --master-port 0 to pick a free port.",
+                                       host, port, why, host));
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::milliseconds timeout) {
   if (!env.store_file.empty()) {  // one host: a file the ranks share, no socket to listen on
     auto store = c10::make_intrusive<c10d::FileStore>(env.store_file, env.world_size);
     store->setTimeout(timeout);
     return store;
   }
-  // Across hosts: libtorch 1.13's TCPStore listens on every interface (it takes no bind address).
+  // Across hosts: rank 0 serves the store on the master address only (listen_on).
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(env.master_port);
   o.isServer = env.rank == 0;
+  if (o.isServer) o.masterListenFd = listen_on(env.master_addr, env.master_port);
   o.numWorkers = env.world_size;
   o.waitWorkers = true;
   o.timeout = timeout;

@@ -28,6 +28,7 @@
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
+#include "meshtrain/comm/transport_env.h"
 #include "meshtrain/runtime/device.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/mesh.h"
@@ -135,10 +136,74 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
 // hold a global batch of windows. Each failure is one error naming the value.
 // With `warn_memory`, also prints a warning when the planner's per-rank
 // estimate times the ranks on this host exceeds its free memory.
+namespace {
+
+// What every rank would otherwise find only after it started (once per rank, the checkpoint
+// directory already locked): the transport switches, an explicit resume path, a metrics path.
+void check_start_paths(const TrainConfig& c) {
+  check_transport_variables();
+  if (c.resume != "auto" && c.resume != "none") {
+    try {
+      ckpt::resolve(c.resume);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("checkpoint.resume = \"{}\": {} (use \"auto\", \"none\" or a checkpoint "
+                                              "step or run directory)",
+                                              c.resume, e.what()));
+    }
+  }
+  if (!c.metrics.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path file(c.metrics);
+    std::error_code ec;
+    if (fs::is_directory(file, ec)) {
+      throw std::invalid_argument(fmt::format("train.metrics = {} is a directory; name a file", c.metrics));
+    }
+    // The nearest existing ancestor must be a writable directory (the trainer creates the rest).
+    fs::path dir = fs::absolute(file, ec).parent_path();
+    while (!fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+    if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0) {
+      throw std::invalid_argument(fmt::format("train.metrics = {}: {} is not a writable directory; choose another path",
+                                              c.metrics, dir.string()));
+    }
+  }
+}
+
+}  // namespace
+
+void check_cuda_run(const TrainConfig& c) {
+  std::string what;
+  if (c.method != "pretrain" && c.method != "sft") what = fmt::format("train.method = \"{}\"", c.method);
+  else if (c.model.experts > 0) what = fmt::format("model.experts = {} (MoE)", c.model.experts);
+  else if (c.cp > 1) what = fmt::format("parallel.cp = {}", c.cp);
+  else if (c.pp > 1) what = fmt::format("parallel.pp = {}", c.pp);
+  else if (c.model.attention == plan::AttentionImpl::Tiled) what = "model.attention = \"tiled\" (a CPU kernel)";
+  else if (c.document_mask) what = "train.document_mask = true (needs the tiled CPU kernel)";
+  else if (c.lora.rank > 0 || c.adapters.bottleneck > 0) what = "LoRA/QLoRA/adapters";
+  if (what.empty()) return;
+  throw std::invalid_argument(fmt::format(
+      "train.device = cuda: {} runs on cpu only for now (CUDA runs: pretrain and sft of dense models, dp/ZeRO/tp); "
+      "use train.device = \"cpu\"",
+      what));
+}
+
+BackendKind bind_run_device(const TrainConfig& c, int local_rank, int local_world_size) {
+  const DeviceKind device =
+      resolve_device(parse_device(c.device), cuda_device_count(), local_world_size, c.comm_backend == "gloo");
+  bind_compute_device(device, local_rank);
+  return device == DeviceKind::Cuda && c.comm_backend != "gloo" ? BackendKind::Nccl : BackendKind::Gloo;
+}
+
 DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool plan_check, bool warn_memory) {
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"ep", c.ep}});
-  const DeviceKind device = resolve_device(parse_device(c.device), cuda_device_count(), ranks_per_node);
+  const DeviceKind device =
+      resolve_device(parse_device(c.device), cuda_device_count(), ranks_per_node, c.comm_backend == "gloo");
   check_precision_supported(parse_train_precision(c.precision), to_string(device));
+  if (device == DeviceKind::Cpu && c.comm_backend == "nccl") {
+    throw std::invalid_argument("comm.backend = \"nccl\" carries CUDA tensors: it needs train.device = \"cuda\" "
+                                "(this run computes on cpu); use comm.backend = \"auto\" or \"gloo\"");
+  }
+  if (device == DeviceKind::Cuda) check_cuda_run(c);
+  check_start_paths(c);
   const int dp = layout.size("dp") * layout.size("ep");  // the replicas reading different data
   if (c.method == "grpo" || c.method == "ppo") {
     // RL reads prompts of a shipped task, not token shards; dp = the world over tp.

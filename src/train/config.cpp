@@ -15,6 +15,7 @@
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/train/dpo.h"
+#include "meshtrain/rl/reward.h"
 #include "meshtrain/runtime/device.h"
 #include "meshtrain/train/precision.h"
 #include "train/config_keys.h"
@@ -114,6 +115,13 @@ void check_rl(const TrainConfig& c, const std::string& path) {
     throw std::invalid_argument(fmt::format("{}: rl.group = {}: GRPO's baseline is the group's mean reward, so it "
                                             "needs at least 2 completions per prompt (PPO's critic works with 1)",
                                             path, r.group));
+  }
+  if (!r.reward_command.empty() && !r.reward_shell) {
+    try {
+      command_words(r.reward_command);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: {} (or set rl.reward_shell = true)", path, e.what()));
+    }
   }
   if (!r.reward_command.empty() && !r.reward_model.empty()) {
     throw std::invalid_argument(fmt::format("{}: rl.reward_command and rl.reward_model both set: the reward comes from "
@@ -268,9 +276,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   if (c.offload) {
     throw std::invalid_argument(fmt::format("{}: parallel.offload moves fp32 master weights and Adam states to pinned "
-                                            "host memory with a CPU AdamW step; it applies to CUDA builds only, and "
-                                            "this build trains on the CPU, where they are in host memory already: "
-                                            "remove parallel.offload",
+                                            "host memory with a CPU AdamW step for CUDA runs; it is not built yet (on "
+                                            "cpu they are in host memory already): remove parallel.offload",
                                             path));
   }
   try {
@@ -362,6 +369,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     parse_device(c.device);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: train.{}", path, e.what()));
+  }
+  if (c.comm_backend != "auto" && c.comm_backend != "nccl" && c.comm_backend != "gloo") {
+    throw std::invalid_argument(fmt::format("{}: comm.backend '{}' unknown; use auto, nccl or gloo", path, c.comm_backend));
   }
   c.optim.total_steps = c.steps;
   return c;

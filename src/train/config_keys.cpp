@@ -290,6 +290,9 @@ std::vector<ConfigKey> make_keys() {
       // [comm]
       number("comm.timeout", FIELD(comm_timeout), 0, true, kInf, false,
              "seconds a collective waits for a slow rank before the run fails (names the call)"),
+      text("comm.backend", FIELD(comm_backend), "auto | nccl | gloo",
+           "collectives of a CUDA run: nccl (one device per rank) or gloo (through host memory; ranks may share a "
+           "device); auto: nccl on cuda, gloo on cpu"),
       integer("comm.check_every", FIELD(comm_check_every), 0, kMaxInt,
               "Gloo: the ranks compare their calls every N-th collective (1: every call, 0: never; shared memory: always)"),
       // [checkpoint]
@@ -334,7 +337,11 @@ std::vector<ConfigKey> make_keys() {
       text("rl.task", FIELD(rl.task), "arithmetic | reverse", "the shipped task"),
       text("rl.prompts", FIELD(rl.prompts), "", "task prompts (JSONL, meshtrain tokenize task)"),
       text("rl.eval", FIELD(rl.eval), "", "held-out task examples"),
-      text("rl.reward_command", FIELD(rl.reward_command), "", "a program that scores completions"),
+      text("rl.reward_command", FIELD(rl.reward_command), "",
+           "a program that scores completions (split into words, no shell: rl/reward.h)"),
+      boolean("rl.reward_shell", FIELD(rl.reward_shell), "run rl.reward_command through /bin/sh -c"),
+      number("rl.reward_timeout", FIELD(rl.reward_timeout), 0, true, kInf, false,
+             "seconds one call of rl.reward_command may take (then it is killed)"),
       text("rl.reward_model", FIELD(rl.reward_model), "", "a reward model checkpoint"),
       text("rl.environment", FIELD(rl.environment), "\"\" | calculator", "multi-turn environment"),
       integer("rl.max_turns", FIELD(rl.max_turns), 1, kMaxInt, "policy turns per episode"),

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "meshtrain/plan/strategy.h"
+#include "meshtrain/runtime/device.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/peft/qlora.h"
 #include "meshtrain/data/tasks.h"
@@ -42,7 +43,8 @@ std::vector<at::Tensor> current_params(Transformer& m) {
   std::vector<at::Tensor> out;
   for (const auto& p : m.params().params()) {
     const bool held = p.tensor.storage().nbytes() >= static_cast<size_t>(p.tensor.numel()) * 4;
-    out.push_back(held ? p.tensor.detach().to(at::kFloat).clone() : at::zeros(p.tensor.sizes(), at::kFloat));
+    out.push_back(held ? p.tensor.detach().to(at::kFloat).clone()
+                       : at::zeros(p.tensor.sizes(), p.tensor.options().dtype(at::kFloat)));
   }
   return out;
 }
@@ -59,7 +61,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
       expert_dp_(mesh.group({"dp", "cp"})),
       ep_(mesh.axis("ep")),
       precision_(parse_train_precision(c.precision)) {
-  check_precision_supported(precision_, "cpu");
+  check_precision_supported(precision_, compute_device().is_cuda() ? "cuda" : "cpu");
   if (c.pp == 1) {
     chunks_.push_back(std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed, StagePart{}, &ep_));
   } else {
@@ -213,7 +215,8 @@ StepResult TrainEngine::step(const std::vector<Batch>& micro, const UpdateGate& 
   return pipeline_step_ ? pipeline_step_->run(micro, gate) : step_->run(micro, gate);
 }
 
-std::vector<double> TrainEngine::evaluate(const Batch& b) {
+std::vector<double> TrainEngine::evaluate(const Batch& host) {
+  const Batch b = on_compute_device(host);
   AutocastGuard autocast(precision_);
   if (exec_) return {exec_->evaluate({b}), (b.targets >= 0).sum().item<double>()};
   at::NoGradGuard no_grad;
@@ -223,7 +226,8 @@ std::vector<double> TrainEngine::evaluate(const Batch& b) {
   return out;
 }
 
-at::Tensor TrainEngine::row_losses(const Batch& b) {
+at::Tensor TrainEngine::row_losses(const Batch& host) {
+  const Batch b = on_compute_device(host);
   AutocastGuard autocast(precision_);
   if (exec_) return exec_->row_losses(b);
   at::NoGradGuard no_grad;

@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/runtime/device.h"
+
 namespace meshtrain {
 namespace {
 
@@ -69,10 +71,13 @@ std::string machine_key(const std::string& what, int threads) {
       break;
     }
   }
+  if (what.rfind("cuda_", 0) == 0) return fmt::format("{} | {} | {}", host, compute_device_name(), what);
   return fmt::format("{} | {} | {} threads | {}", host, cpu, threads, what);
 }
 
 double measure(const std::string& what, int threads) {
+  if (what == "cuda_gemm_fp32") return measure_cuda_gemm_flops(false);
+  if (what == "cuda_gemm_bf16") return measure_cuda_gemm_flops(true);
   if (what == "gemm_fp32") return measure_gemm_flops(threads);
   if (what == "gemm_bf16") return measure_gemm_flops(threads, 0.3, 512, true);
   if (what == "copy") return measure_copy_bandwidth(threads);
@@ -87,6 +92,21 @@ double measure_gemm_flops(int threads, double seconds, int n, bool bf16) {
   const at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
   at::Tensor c = at::mm(a, b);  // warm-up
   return 2.0 * n * n * static_cast<double>(n) * rate(seconds, [&] { at::mm_out(c, a, b); });
+}
+
+double measure_cuda_gemm_flops(bool bf16, double seconds, int n) {
+  if (!computes_on_cuda()) throw std::invalid_argument("a CUDA GEMM rate needs a process bound to a CUDA device");
+  const auto o = at::TensorOptions(compute_device()).dtype(bf16 ? at::kBFloat16 : at::kFloat);
+  const at::Tensor a = at::randn({n, n}, o), b = at::randn({n, n}, o);  // random data: zeros run faster
+  at::Tensor c = at::mm(a, b);
+  for (int i = 0; i < 3; ++i) at::mm_out(c, a, b);  // warm-up (clocks, cuBLAS's heuristics)
+  synchronize_compute_device();
+  // Timed in batches of 10 launches, synchronised after each: the rate of the device, not of the queue.
+  const double batches = rate(seconds, [&] {
+    for (int i = 0; i < 10; ++i) at::mm_out(c, a, b);
+    synchronize_compute_device();
+  });
+  return 10 * batches * 2.0 * n * n * static_cast<double>(n);
 }
 
 double measure_copy_bandwidth(int threads, double seconds, double bytes) {

@@ -1,4 +1,5 @@
 #include "meshtrain/train/precision.h"
+#include "meshtrain/runtime/device.h"
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
@@ -41,6 +42,8 @@ void check_precision_supported(Precision p, const std::string& device) {
 
 // Autocast on the device the run computes on (compat.h's device-type switches); the
 // other device type's switch is left alone, so host-side bookkeeping stays in its dtype.
+AutocastGuard::AutocastGuard(Precision p) : AutocastGuard(p, compute_device().type()) {}
+
 AutocastGuard::AutocastGuard(Precision p, c10::DeviceType device) : device_(device) {
   if (p == Precision::Fp32) return;
   if (p == Precision::Fp16) check_precision_supported(p, device == c10::DeviceType::CUDA ? "cuda" : "cpu");

@@ -17,7 +17,7 @@ std::vector<ReplicaMismatch> compare_replicas(const std::vector<Param>& params, 
   const auto count = static_cast<int64_t>(params.size());
   at::Tensor mine = at::empty({count}, at::kLong);
   for (int64_t i = 0; i < count; ++i) {
-    const at::Tensor t = params[static_cast<size_t>(i)].tensor.detach().contiguous();
+    const at::Tensor t = params[static_cast<size_t>(i)].tensor.detach().cpu().contiguous();
     mine[i] = static_cast<int64_t>(XXH64(t.data_ptr(), t.nbytes(), 0));
   }
   at::Tensor all = at::empty({n, count}, at::kLong);

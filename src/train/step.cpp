@@ -27,8 +27,10 @@ TrainStep::TrainStep(Transformer& model, AdamW& opt, Comm& dp, Comm& tp, StepOpt
   }
 }
 
-StepResult TrainStep::run(const std::vector<Batch>& micro_batches, const UpdateGate& gate) {
-  if (micro_batches.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
+StepResult TrainStep::run(const std::vector<Batch>& host_batches, const UpdateGate& gate) {
+  if (host_batches.empty()) throw std::invalid_argument("a step needs at least one micro-batch");
+  std::vector<Batch> micro_batches;
+  for (const auto& b : host_batches) micro_batches.push_back(on_compute_device(b));
   NextTokenObjective next_token;
   Objective& objective = o_.objective ? *o_.objective : next_token;
   // Gradients accumulate over this step's micro-batches only.

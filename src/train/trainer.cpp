@@ -316,7 +316,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   // machine: cached) while the others wait.
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::string gemm_dtype = c.precision == "bf16" ? "bf16" : "fp32";
-  const MachinePeak peak = lead ? machine_peak("gemm_" + gemm_dtype, cores, c.peak_tflops * 1e12, "train.peak_tflops")
+  const std::string gemm_what = (computes_on_cuda() ? "cuda_gemm_" : "gemm_") + gemm_dtype;
+  const MachinePeak peak = lead ? machine_peak(gemm_what, cores, c.peak_tflops * 1e12, "train.peak_tflops")
                                 : MachinePeak{};
   const double peak_flops = peak.value;
   mesh.world().barrier();
@@ -334,7 +335,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.4g} GFLOP/s ({})\n", flops_per_token,
                plan::flops_formula(plan::AttnFlops::Full), peak_flops / 1e9,
                c.peak_tflops > 0 ? std::string("train.peak_tflops")
-                                 : fmt::format("{} GEMM rate of this host's {} cores, {}", gemm_dtype, cores, peak.source));
+                                 : computes_on_cuda()
+                                       ? fmt::format("{} GEMM rate of {}, {}", gemm_dtype, compute_device_name(), peak.source)
+                                       : fmt::format("{} GEMM rate of this host's {} cores, {}", gemm_dtype, cores,
+                                                     peak.source));
   }
   // The starting weights, then QLoRA's quantisation of them, then the
   // checkpoint (a QLoRA checkpoint holds no base linears: they are the [init]
@@ -491,7 +495,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
         fmt::print("step {:>5} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s | MFU {:.1f}% | peak mem {} "
                    "| {}{}\n",
                    s, r.loss, metrics_text(names, values), r.lr, r.grad_norm, tokens_per_s, 100 * mfu,
-                   plan::human_bytes(peak_rss_bytes()), progress_text(elapsed, s - start, s, c.steps),
+                   computes_on_cuda() ? fmt::format("{} on {}", plan::human_bytes(static_cast<double>(peak_device_bytes())),
+                                                    compute_device().str())
+                                      : plan::human_bytes(peak_rss_bytes()),
+                   progress_text(elapsed, s - start, s, c.steps),
                    c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
                                           100 * wait / dt, 100 * predicted)
                             : "");
@@ -523,6 +530,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
         nlohmann::json j{{"step", s},           {"loss", r.loss},         {"lr", r.lr},
                          {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s}, {"mfu", mfu},
                          {"peak_mem_bytes", peak_rss_bytes()}, {"tokens", r.tokens}, {"elapsed_s", elapsed}};
+        if (computes_on_cuda()) j["peak_device_bytes"] = peak_device_bytes();  // the CUDA caching allocator's
         for (const auto& [name, value] : r.metrics) j[name] = value;
         if (!r.expert_tokens.empty()) j["moe_tokens_per_expert"] = r.expert_tokens;  // per MoE layer
         if (c.ep > 1) j["moe_all_to_all_s"] = a2a;  // rank 0's seconds in the step's all-to-alls

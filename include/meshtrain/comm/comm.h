@@ -19,6 +19,11 @@
 //     collective library); the sequence number is how a desync is diagnosed.
 //     Collectives and point-to-point calls are numbered apart (the ranks of a
 //     pipeline group send and receive different numbers of times).
+//   - A tensor on the other side of the backend travels through a copy on its side:
+//     CUDA tensors on a Gloo group through host memory (ranks sharing one GPU, which
+//     NCCL refuses), CPU tensors on an NCCL group (counts, losses, norms) through the
+//     current CUDA device. Counted and checked as the copy; the caller's tensor is
+//     written when the call completes.
 //   - bf16 data is moved as raw 16-bit words; bf16 sums are accumulated in fp32
 //     and rounded once.
 //   - A group of size 1 needs no process group: every op is a local copy or no-op.
@@ -41,6 +46,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -218,6 +224,10 @@ class Comm {
   void reset_stats() { stats_.clear(); }
 
  private:
+  // The device `t` travels through on this group (see the invariants), or nullopt.
+  std::optional<c10::Device> staging(const at::Tensor& t) const;
+  // `w`, with `then` run once it completed (now, when it already has).
+  static CommWork followed(CommWork w, std::function<void()> then);
   std::string describe(const char* op, const at::Tensor& t) const;
   void count(const char* op, const at::Tensor& sized, double bus_factor);
   // `bytes` of `op` moved between this rank and `peer` (OpStats::moved_bytes).

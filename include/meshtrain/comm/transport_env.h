@@ -12,4 +12,12 @@ namespace meshtrain {
 // "transport variables: none set".
 std::string transport_variables();
 
+// MESHTRAIN_SHM (shared memory between ranks on one host) and MESHTRAIN_SHM_CMA (one-copy
+// all_to_all by cross-memory attach): unset or "1" = on, "0" = off; anything else is one
+// std::invalid_argument naming the variable, its value and both choices.
+bool transport_switch(const char* name);
+
+// Both switches checked: the launching process calls it before any rank starts.
+void check_transport_variables();
+
 }  // namespace meshtrain

@@ -71,6 +71,10 @@ struct Batch {
   at::Tensor doc_ids;  // [micro_batch, seq] int64 when the loader gives documents, else undefined
 };
 
+// `b` on the device this process computes on (runtime/device.h): itself on cpu, else a copy
+// of its tensors there. The loader reads on the host; steps and evaluations compute here.
+Batch on_compute_device(const Batch& b);
+
 struct LoaderOptions {
   bool documents = false;   // Batch::doc_ids from the shards' document starts
   bool loss_masks = false;  // targets masked by X.mask.bin

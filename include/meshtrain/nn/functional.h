@@ -27,6 +27,9 @@ at::Tensor rope(const at::Tensor& x, double theta, const at::Tensor& positions);
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout = 0,
                             at::Generator* gen = nullptr);
 
+// The same causal attention (t == s) through at::scaled_dot_product_attention, no dropout.
+at::Tensor sdpa_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
 // Inverted dropout with masks drawn from `gen`: x * bernoulli(1 - p) / (1 - p).
 // (An explicit generator, not the global one: which ranks share a mask is a
 // property of the parallel layout, see Transformer.)

@@ -20,11 +20,15 @@ enum class Activation { GELU, SwiGLU };
 // scores' speed at 2048 keys, at 4 heads and at GPT-2's 12 heads x batch 4,
 // and 0.8-1.04x (run to run) at GPT-2's shape up to 1024
 // (docs/bench-attention.md).
-enum class AttentionImpl { Naive, Tiled, Auto };
+// Naive: scores materialised (ATen ops); Tiled: meshtrain's CPU kernel (nn/tiled_attention.h);
+// Sdpa: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN on CUDA; causal,
+// no dropout, no document masks); Auto: on CPU tiled for documents or >= kAutoTiledKeys keys,
+// else naive; on CUDA sdpa.
+enum class AttentionImpl { Naive, Tiled, Auto, Sdpa };
 // The tiled kernel's default tile (nn::TiledAttentionOptions' block_q and block_k).
 constexpr int64_t kAttentionTile = 512;
 constexpr int64_t kAutoTiledKeys = 4 * kAttentionTile;
-AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled" | "auto"; throws naming the value
+AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled" | "sdpa" | "auto"; throws naming it
 const char* attention_name(AttentionImpl a);
 // Whether `a` computes tiled over `keys` keys; `documents`: a packed-document mask (tiled only).
 bool attention_tiled(AttentionImpl a, int64_t keys, bool documents = false);

@@ -24,9 +24,24 @@ using RewardFn = std::function<double(const TaskExample& example, const std::vec
 // The shipped task's reward: exact + format.
 RewardFn task_reward_fn();
 
-// Scores of `completions` (one per example) from `command`, run once through
-// /bin/sh with files in `scratch_dir`. Throws std::runtime_error as above.
-std::vector<double> command_rewards(const std::string& command, const std::vector<TaskExample>& examples,
-                                    const std::vector<std::vector<int64_t>>& completions, const std::string& scratch_dir);
+// How the command runs ([rl] reward_command, reward_shell, reward_timeout). Without `shell`
+// the command is split into words (whitespace; '...' and "..." quote, \\ escapes; nothing is
+// expanded) and started with posix_spawn: no shell sees it. With `shell`, /bin/sh -c runs it.
+struct RewardCommand {
+  std::string command;
+  bool shell = false;
+  double timeout_s = 60;  // the command is killed (with its process group) after this long
+};
+
+// The argument vector of `command` as above; std::invalid_argument naming an unterminated
+// quote, a trailing backslash or an empty command.
+std::vector<std::string> command_words(const std::string& command);
+
+// Scores of `completions` (one per example) from one run of the command, its standard
+// input and output files in a private directory (mkdtemp, mode 0700, removed afterwards).
+// Throws std::runtime_error as above, and when the command cannot start or outlives its
+// timeout.
+std::vector<double> command_rewards(const RewardCommand& command, const std::vector<TaskExample>& examples,
+                                    const std::vector<std::vector<int64_t>>& completions);
 
 }  // namespace meshtrain

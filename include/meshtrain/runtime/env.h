@@ -39,8 +39,9 @@ struct DistEnv {
       const std::function<std::optional<std::string>(const std::string&)>& getenv = {});
 };
 
-// Parses Slurm's task-count syntax: "4", "4(x2)", "4(x2),3" -> the first count.
-int parse_slurm_tasks_per_node(const std::string& value);
+// Slurm's task counts per node ("4", "4(x2)", "4(x2),3": 4 4 3) -> the count of node `node`
+// (SLURM_NODEID). `name` is the variable it came from, for the error.
+int slurm_tasks_on_node(const std::string& name, const std::string& value, int node);
 // Expands a Slurm node list: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5
 // (zero padding kept; several bracket groups in one name expand in turn).
 // Under Slurm without MASTER_ADDR, rank 0's host is the first of SLURM_JOB_NODELIST.

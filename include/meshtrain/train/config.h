@@ -87,6 +87,8 @@ struct TrainConfig {
   struct Rl {
     std::string task = "arithmetic", prompts, eval;
     std::string reward_command;  // "" = the task's reward; else rl/reward.h's protocol
+    bool reward_shell = false;   // run reward_command through /bin/sh -c (else split into words, no shell)
+    double reward_timeout = 60;  // seconds one call of reward_command may take
     std::string reward_model;    // a checkpoint of train.method = "reward": its score replaces the task's (rl/reward_model.h)
     // A multi-turn environment (rl/environment.h: "calculator"; "" single-turn),
     // at most max_turns policy turns of at most max_new tokens each.
@@ -131,6 +133,7 @@ struct TrainConfig {
   int64_t ckpt_staging_mb = 64;   // staging_mb: bound on the memory a load streams shards through
   double comm_timeout = 300;      // [comm] timeout: seconds a training collective waits for a slow rank
   int comm_check_every = 64;      // [comm] check_every: Gloo agreement check period (1 every call, 0 never)
+  std::string comm_backend = "auto";  // [comm] backend: auto (nccl on cuda, gloo on cpu) | nccl | gloo
   double ckpt_timeout = 600;      // timeout: seconds the checkpoint's collectives wait for a slow rank
   std::string resume = "auto";
   SpikeOptions spike;

@@ -18,6 +18,9 @@ namespace meshtrain {
 // FLOP/s of repeated n x n x n matmuls (fp32, or bf16) on `threads` compute threads for about `seconds`
 // (after one warm-up call), ATen and OpenBLAS both set to `threads`; restores both thread counts.
 double measure_gemm_flops(int threads, double seconds = 0.3, int n = 512, bool bf16 = false);
+// FLOP/s of n x n x n matmuls on the CUDA device this process computes on (random data,
+// after warm-up; what = "cuda_gemm_fp32" | "cuda_gemm_bf16" for machine_peak).
+double measure_cuda_gemm_flops(bool bf16, double seconds = 0.5, int n = 8192);
 // Bytes read and written per second copying a `bytes` buffer on `threads` threads.
 double measure_copy_bandwidth(int threads, double seconds = 0.3, double bytes = 256.0 * (1 << 20));
 

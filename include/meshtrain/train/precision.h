@@ -39,7 +39,9 @@ void check_precision_supported(Precision p, const std::string& device);
 // fp32), then restores the previous state and drops autocast's cache of cast weights.
 class AutocastGuard {
  public:
-  explicit AutocastGuard(Precision p, c10::DeviceType device = c10::DeviceType::CPU);
+  // On the device this process computes on (runtime/device.h).
+  explicit AutocastGuard(Precision p);
+  AutocastGuard(Precision p, c10::DeviceType device);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

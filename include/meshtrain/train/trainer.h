@@ -12,6 +12,7 @@
 #include <string>
 
 #include "meshtrain/ckpt/pin.h"
+#include "meshtrain/compat.h"
 
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/runtime/device.h"
@@ -60,6 +61,18 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp);
 // `ranks_per_node`: the ranks started on each node (train.device = cuda needs a device each).
 // Returns the device the run computes on (runtime/device.h).
 DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool plan_check, bool warn_memory);
+
+// What a CUDA run computes today (one error naming the feature and the fix otherwise):
+// pretraining and SFT of dense models (naive or sdpa attention), data parallelism (DDP,
+// ZeRO-1/2/3, HSDP), tensor and sequence parallelism, fp32/bf16/fp16, recomputation,
+// checkpoints. MoE, context and pipeline parallelism, the tiled kernel and document masks,
+// adapters and the other methods run on cpu only for now.
+void check_cuda_run(const TrainConfig& c);
+
+// Binds this rank to the run's device (cuda:LOCAL_RANK, runtime/device.h) and returns the
+// backend of its collectives (comm.backend; auto: NCCL on cuda, Gloo on cpu). Call before
+// the runtime starts: NCCL binds its communicators to the current device.
+BackendKind bind_run_device(const TrainConfig& c, int local_rank, int local_world_size);
 
 // Runs the configured training on this process's rank of `rt`. Returns 0.
 int train(const TrainConfig& c, Runtime& rt, bool plan_check);

@@ -7,10 +7,14 @@
 #include <stdexcept>
 
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/runtime/device.h"
 #include "parallel/data/grad_ready.h"
 
 namespace meshtrain {
 namespace {
+
+// Buckets and flats live on the device the parameters do (runtime/device.h).
+at::TensorOptions on_device(at::ScalarType t) { return at::TensorOptions(compute_device()).dtype(t); }
 
 struct Bucket {
   std::vector<size_t> params;   // indices into the parameter list
@@ -98,7 +102,7 @@ DataParallel::DataParallel(std::vector<Param>& params, Comm& dp, DdpOptions o)
   for (auto& b : s_->buckets) {
     int64_t numel = 0;
     for (size_t k : b.params) numel += params[k].tensor.numel();
-    b.flat = at::zeros({numel}, at::kFloat);
+    b.flat = at::zeros({numel}, on_device(at::kFloat));
   }
   s_->reset();
   // Every replica starts from rank 0's weights.

@@ -12,12 +12,16 @@
 #include <tuple>
 
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/runtime/device.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/runtime/runtime.h"
 #include "parallel/data/grad_ready.h"
 
 namespace meshtrain {
 namespace {
+
+// Buckets and flats live on the device the parameters do (runtime/device.h).
+at::TensorOptions on_device(at::ScalarType t) { return at::TensorOptions(compute_device()).dtype(t); }
 
 // Stage 3 frees and reallocates a flat's storage in place: every tensor that
 // shares it (the parameters, views saved by autograd) follows.
@@ -189,7 +193,7 @@ struct ShardedDataParallel::State {
     ready[k] = true;
     Flat& f = flats[flat_of[k]];
     at::Tensor& g = params[k].tensor.mutable_grad();
-    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, at::kFloat);
+    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, on_device(at::kFloat));
     f.grad_in.narrow(0, f.offsets[slot_of[k]], g.numel()).copy_(g.reshape({-1}));
     g = at::Tensor();  // the whole gradient lives in the flat until it is reduced
     f.pending -= 1;
@@ -202,8 +206,8 @@ struct ShardedDataParallel::State {
 
   void launch(size_t i) {
     Flat& f = flats[i];
-    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, at::kFloat);
-    f.grad_out = at::empty({f.shard}, at::kFloat);
+    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, on_device(at::kFloat));
+    f.grad_out = at::empty({f.shard}, on_device(at::kFloat));
     f.reduce = group(f).reduce_scatter_async(f.grad_out, f.grad_in);
     f.launched = true;
     if (last_launched >= 0) complete(last_launched);  // at most two reductions in flight
@@ -282,7 +286,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
     f.padded = (f.numel + n - 1) / n * n;
     f.shard = f.padded / n;
     // Every rank starts from rank 0's weights (of the shard group, then of the replicas).
-    f.full = at::zeros({f.padded}, at::kFloat);
+    f.full = at::zeros({f.padded}, on_device(at::kFloat));
     for (size_t j = 0; j < f.params.size(); ++j) {
       const at::Tensor& t = s.params[f.params[j]].tensor;
       f.full.narrow(0, f.offsets[j], t.numel()).copy_(t.detach().reshape({-1}));
@@ -301,7 +305,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
                                          f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : "",
                                          f.replica ? "/replica" : "", f.expert ? "/experts" : ""),
                              owned, {f.shard}, f.tp_split ? 0 : -1, f.partial, f.decay, f.replica});
-    if (o.stage == 1) f.grad_full = at::zeros({f.padded}, at::kFloat);
+    if (o.stage == 1) f.grad_full = at::zeros({f.padded}, on_device(at::kFloat));
     if (o.bf16_params) {
       // Before the gradient accumulators exist: they take the parameters' dtype.
       f.full = f.full.to(at::kBFloat16);
@@ -350,7 +354,7 @@ void ShardedDataParallel::zero_grad() {
       g = f.grad_full.narrow(0, s.owned_offset(f), f.shard);
     } else {
       for (size_t k : f.params) s.params[k].tensor.mutable_grad() = at::Tensor();
-      if (!g.defined()) g = at::zeros({f.shard}, at::kFloat);
+      if (!g.defined()) g = at::zeros({f.shard}, on_device(at::kFloat));
       g.zero_();
     }
   }
@@ -380,7 +384,7 @@ void ShardedDataParallel::finish() {
   State& s = *s_;
   if (s.o.stage == 1) {
     for (auto& f : s.flats) {
-      f.grad_out = at::empty({f.shard}, at::kFloat);
+      f.grad_out = at::empty({f.shard}, on_device(at::kFloat));
       f.reduce = s.group(f).reduce_scatter_async(f.grad_out, f.grad_full);
     }
     for (auto& f : s.flats) {
@@ -467,7 +471,7 @@ std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::T
   std::vector<at::Tensor> out(s.model.params().params().size());  // frozen entries stay undefined
   for (size_t i = 0; i < s.flats.size(); ++i) {
     const Flat& f = s.flats[i];
-    at::Tensor whole = at::empty({f.padded}, at::kFloat);
+    at::Tensor whole = at::empty({f.padded}, on_device(at::kFloat));
     s.group(s.flats[i]).all_gather(whole, flat_state.at(i));
     for (size_t j = 0; j < f.params.size(); ++j) {
       const at::Tensor& t = s.params[f.params[j]].tensor;
@@ -481,7 +485,7 @@ void ShardedDataParallel::shard_state(const std::vector<at::Tensor>& whole, std:
   State& s = *s_;
   for (size_t i = 0; i < s.flats.size(); ++i) {
     const Flat& f = s.flats[i];
-    at::Tensor buf = at::zeros({f.padded}, at::kFloat);
+    at::Tensor buf = at::zeros({f.padded}, on_device(at::kFloat));
     for (size_t j = 0; j < f.params.size(); ++j) {
       const at::Tensor& w = whole.at(s.model_index[f.params[j]]);
       buf.narrow(0, f.offsets[j], w.numel()).copy_(w.reshape({-1}));
