@@ -92,7 +92,11 @@ std::vector<RankRecord> read_flight_records(const std::string& dir, std::vector<
   return out;
 }
 
-HangReport hang_report(const std::vector<RankRecord>& records, int world, const std::map<int, std::string>& states) {
+HangReport hang_report(const std::vector<RankRecord>& records, int world, const std::map<int, std::string>& states,
+                       int ranks_per_node) {
+  auto node = [ranks_per_node](int rank) {
+    return ranks_per_node > 0 ? fmt::format("node {}; ", rank / ranks_per_node) : std::string();
+  };
   HangReport rep;
   std::map<int, const RankRecord*> by_rank;
   for (const auto& r : records) by_rank[r.rank] = &r;
@@ -148,7 +152,7 @@ HangReport hang_report(const std::vector<RankRecord>& records, int world, const 
     const std::string state = st == states.end() ? "" : fmt::format("process {}; ", st->second);
     if (it == by_rank.end()) {
       rep.behind.push_back(member);
-      why.push_back(fmt::format("rank {} ({}no flight record)", member, state));
+      why.push_back(fmt::format("rank {} ({}{}no flight record)", member, node(member), state));
       continue;
     }
     const RankRecord& r = *it->second;

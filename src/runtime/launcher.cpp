@@ -433,7 +433,8 @@ int launch(LaunchOptions o) {
     }
     // Who the others waited for, from the ranks' flight records (comm/hang_report.h).
     if (const auto records = read_flight_records(flight_dir); !records.empty()) {
-      const HangReport rep = hang_report(records, o.nnodes * o.nproc_per_node, res.states);
+      const HangReport rep =
+          hang_report(records, o.nnodes * o.nproc_per_node, res.states, o.nnodes > 1 ? o.nproc_per_node : 0);
       fmt::print(stderr, "meshtrain launch: the ranks' last calls (flight records in {}; `meshtrain diagnose hang "
                          "{}` prints this again):\n{}", flight_dir, flight_dir, rep.text);
       const bool failed_is_behind =

@@ -36,6 +36,9 @@ struct HangReport {
 
 // `world`: the job's ranks; `states`: what is known of a rank's process
 // beyond its record (the launcher's view: "stopped (SIGSTOP)", "exited with code 1").
-HangReport hang_report(const std::vector<RankRecord>& records, int world, const std::map<int, std::string>& states = {});
+// `ranks_per_node` > 0 (a job over several nodes): each rank without a record is named with
+// its node (rank / ranks_per_node), so a lost node is named (its records are on its host).
+HangReport hang_report(const std::vector<RankRecord>& records, int world, const std::map<int, std::string>& states = {},
+                       int ranks_per_node = 0);
 
 }  // namespace meshtrain
