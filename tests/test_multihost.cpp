@@ -240,3 +240,45 @@ TEST(MultiHost, AKilledLauncherIsNamedByTheOtherNode) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+// Slurm for real: a one-node cluster (scripts/slurm_local.sh: slurmctld, slurmd and munged on
+// this machine, 4 CPUs offered). Ranks started by srun read the step's SLURM_* variables; a
+// launcher started by srun starts its own; an sbatch script outside any step is one process
+// that starts its ranks. Each trains what one process trains.
+TEST(Slurm, SrunSbatchAndLaunchTrainAsOneProcess) {
+  const std::string cluster = "bash " + std::string(MESHTRAIN_SOURCE_DIR) + "/scripts/slurm_local.sh";
+  const auto up = run_command(cluster);
+  struct Stop {  // the daemons end with the test
+    std::string cmd;
+    ~Stop() { run_command(cmd + " --stop"); }
+  } stop{cluster};
+  if (up.code == 2) GTEST_SKIP() << "no Slurm cluster here: " << up.output;
+  ASSERT_EQ(up.code, 0) << up.output;
+  test::Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = test::tiny_config(d, "c.toml", "") + " --set model.dropout=0.0";
+  auto metrics = [&](const std::string& tag) { return " --set train.metrics='\"" + (d.path / tag).string() + "\"'"; };
+  ASSERT_EQ(run_command(bin + " train " + cfg + " --nproc 1" + metrics("one")).code, 0);
+  const std::string port = std::to_string(21000 + getpid() % 20000);
+  // One task per rank: plain `srun -n4` (no --ntasks-per-node: SLURM_NTASKS_PER_NODE unset).
+  auto r = run_command("MASTER_PORT=" + port + " timeout 300 srun -N1 -n4 " + bin + " train " + cfg + metrics("srun"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_same_losses((d.path / "one").string(), (d.path / "srun").string(), 0, 6);
+  // One task that launches the ranks.
+  r = run_command("timeout 300 srun -N1 -n1 " + bin + " launch --nproc-per-node 4 --master-port 0 " + bin + " train " +
+                  cfg + metrics("launch"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_same_losses((d.path / "one").string(), (d.path / "launch").string(), 0, 6);
+  // sbatch: the script itself (SLURM_PROCID=0 of SLURM_NTASKS=4, no step) is one process that starts 4 ranks.
+  const std::string script =
+      d.write("job.sh", "#!/bin/sh\n" + bin + " train " + cfg + " --nproc 4" + metrics("sbatch") + "\n");
+  r = run_command("timeout 300 sbatch --wait -N1 -n4 -o " + (d.path / "job.out").string() + " " + script);
+  ASSERT_EQ(r.code, 0) << r.output << run_command("cat " + (d.path / "job.out").string()).output;
+  test::expect_same_losses((d.path / "one").string(), (d.path / "sbatch").string(), 0, 6);
+}
+
+}  // namespace
+}  // namespace meshtrain
