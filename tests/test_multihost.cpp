@@ -282,3 +282,28 @@ TEST(Slurm, SrunSbatchAndLaunchTrainAsOneProcess) {
 
 }  // namespace
 }  // namespace meshtrain
+
+namespace meshtrain {
+namespace {
+
+// mpirun for real (Debian's OpenMPI, installed when missing): ranks started by `mpirun -np 4`
+// read OMPI_COMM_WORLD_* and train what one process trains.
+TEST(Mpi, MpirunRanksTrainAsOneProcess) {
+  if (run_command("command -v mpirun || DEBIAN_FRONTEND=noninteractive apt-get install -y -q openmpi-bin").code != 0 ||
+      run_command("command -v mpirun").code != 0) {
+    GTEST_SKIP() << "no mpirun here (apt-get install openmpi-bin failed)";
+  }
+  test::Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string cfg = test::tiny_config(d, "c.toml", "") + " --set model.dropout=0.0";
+  auto metrics = [&](const std::string& tag) { return " --set train.metrics='\"" + (d.path / tag).string() + "\"'"; };
+  ASSERT_EQ(run_command(bin + " train " + cfg + " --nproc 1" + metrics("one")).code, 0);
+  const auto r = run_command("MASTER_PORT=" + std::to_string(23000 + getpid() % 20000) +
+                             " timeout 300 mpirun --allow-run-as-root --oversubscribe -x MASTER_PORT -np 4 " + bin +
+                             " train " + cfg + metrics("mpi"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  test::expect_same_losses((d.path / "one").string(), (d.path / "mpi").string(), 0, 6);
+}
+
+}  // namespace
+}  // namespace meshtrain
