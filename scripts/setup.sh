@@ -15,6 +15,8 @@ PACKAGES=(
   zlib1g-dev                          # gzip corpora (meshtrain data)
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
   bible-kjv                           # the demo corpus: KJV text + its reader `bible`
+  iproute2 util-linux                 # hosts in network namespaces (tests/test_multihost.cpp: ip, unshare)
+  slurm-wlm munge openmpi-bin         # Slurm and mpirun for real (scripts/slurm_local.sh, the Mpi test)
 )
 
 missing=()

@@ -77,6 +77,22 @@ TEST(Device, CommBackendIsNamedAndChecked) {
   }
 }
 
+// model.attention = "sdpa" computes plain causal attention without dropout: a document mask,
+// cp or dropout with it is one config error (it used to ignore a document mask silently).
+TEST(Device, SdpaRefusesWhatItCannotCompute) {
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  EXPECT_EQ(test::error_of(cfg, {"model.attention=\"sdpa\"", "model.dropout=0"}), "");
+  for (const auto& set : std::vector<std::vector<std::string>>{
+           {"model.attention=\"sdpa\""},
+           {"model.attention=\"sdpa\"", "model.dropout=0", "train.document_mask=true"},
+           {"model.attention=\"sdpa\"", "model.dropout=0", "parallel.cp=2"}}) {
+    const std::string e = test::error_of(cfg, set);
+    EXPECT_NE(e.find("model.attention = \"sdpa\" is plain causal attention without dropout"), std::string::npos)
+        << set.back() << ": " << e;
+  }
+}
+
 // What a CUDA run cannot compute yet is one error naming it, checkable without a device.
 TEST(Device, CudaRefusesWhatRunsOnCpuOnlyByName) {
   test::Dir d;

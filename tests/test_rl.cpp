@@ -26,6 +26,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/reward.h"
+#include "meshtrain/runtime/subprocess.h"
 #include "meshtrain/rl/rollout.h"
 
 namespace meshtrain {
@@ -287,9 +288,9 @@ namespace fs = std::filesystem;
 // rl.reward_command is split into words as a shell would split them, expanding nothing.
 TEST(RewardCommand, WordsAreSplitWithoutAShell) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(command_words("awk '{ print length($0) % 7 / 7 }'"), (V{"awk", "{ print length($0) % 7 / 7 }"}));
-  EXPECT_EQ(command_words("  a  \"b \\\"c\\\"\"  d\\ e $HOME;x "), (V{"a", "b \"c\"", "d e", "$HOME;x"}));
-  for (const char* bad : {"", "   ", "awk '{", "a \"b", "a\\"}) EXPECT_THROW(command_words(bad), std::invalid_argument) << bad;
+  EXPECT_EQ(command_words("awk '{ print length($0) % 7 / 7 }'", "rl.reward_command"), (V{"awk", "{ print length($0) % 7 / 7 }"}));
+  EXPECT_EQ(command_words("  a  \"b \\\"c\\\"\"  d\\ e $HOME;x ", "rl.reward_command"), (V{"a", "b \"c\"", "d e", "$HOME;x"}));
+  for (const char* bad : {"", "   ", "awk '{", "a \"b", "a\\"}) EXPECT_THROW(command_words(bad, "rl.reward_command"), std::invalid_argument) << bad;
 }
 
 struct RewardRun {

@@ -3,7 +3,6 @@
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -170,25 +169,6 @@ std::string Comm::describe(const char* op, const at::Tensor& t) const {
                      c10::toString(t.scalar_type()));
 }
 
-
-std::optional<c10::Device> Comm::staging(const at::Tensor& t) const {
-  if (size() == 1 || !t.defined()) return std::nullopt;
-  if (kind_ == BackendKind::Gloo && t.is_cuda()) return c10::Device(c10::DeviceType::CPU);
-  if (kind_ == BackendKind::Nccl && t.is_cpu()) return c10::Device(c10::DeviceType::CUDA, c10::cuda::current_device());
-  return std::nullopt;
-}
-
-CommWork Comm::followed(CommWork w, std::function<void()> then) {
-  if (w.done_) {
-    then();
-    return w;
-  }
-  w.finish_ = [first = std::move(w.finish_), then = std::move(then)]() {
-    if (first) first();
-    then();
-  };
-  return w;
-}
 
 CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo) {
   check_contiguous("all_reduce", t);

@@ -292,7 +292,8 @@ std::vector<MoeLayer*> Transformer::moe_layers() {
 at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
   if (!part_.embedding || !part_.head) throw std::logic_error("a pipeline stage runs stage_forward, not the whole model");
   if (docs.defined()) {
-    if (spec_.attention == plan::AttentionImpl::Naive || cp_size() > 1 || cache) {
+    if (spec_.attention == plan::AttentionImpl::Naive || spec_.attention == plan::AttentionImpl::Sdpa || cp_size() > 1 ||
+        cache) {
       throw std::invalid_argument("document masks need model.attention = \"tiled\" or \"auto\", cp = 1 and no KV cache");
     }
     if (docs.sizes() != tokens.sizes()) throw std::invalid_argument("doc_ids must have the shape of tokens");

@@ -19,46 +19,12 @@
 #include <stdexcept>
 #include <thread>
 
+#include "meshtrain/runtime/subprocess.h"
+
 namespace meshtrain {
 
 RewardFn task_reward_fn() {
   return [](const TaskExample& e, const std::vector<int64_t>& completion) { return task_reward(completion, e).total(); };
-}
-
-std::vector<std::string> command_words(const std::string& command) {
-  std::vector<std::string> words;
-  std::string word;
-  bool in_word = false;
-  for (size_t i = 0; i < command.size(); ++i) {
-    const char ch = command[i];
-    if (ch == ' ' || ch == '\t' || ch == '\n') {
-      if (in_word) words.push_back(word), word.clear(), in_word = false;
-      continue;
-    }
-    in_word = true;
-    if (ch == '\'' || ch == '"') {
-      size_t j = i + 1;
-      for (; j < command.size() && command[j] != ch; ++j) {
-        if (ch == '"' && command[j] == '\\' && j + 1 < command.size()) ++j;  // \" and \\ inside double quotes
-        word += command[j];
-      }
-      if (j == command.size()) {
-        throw std::invalid_argument(fmt::format("rl.reward_command `{}`: the {} quote at character {} is never closed",
-                                                command, ch == '"' ? "double" : "single", i + 1));
-      }
-      i = j;
-    } else if (ch == '\\') {
-      if (i + 1 == command.size()) {
-        throw std::invalid_argument(fmt::format("rl.reward_command `{}` ends with a backslash", command));
-      }
-      word += command[++i];
-    } else {
-      word += ch;
-    }
-  }
-  if (in_word) words.push_back(word);
-  if (words.empty()) throw std::invalid_argument("rl.reward_command is empty");
-  return words;
 }
 
 namespace {
@@ -124,7 +90,8 @@ std::vector<double> command_rewards(const RewardCommand& c, const std::vector<Ta
                                     const std::vector<std::vector<int64_t>>& completions) {
   namespace fs = std::filesystem;
   if (examples.size() != completions.size()) throw std::invalid_argument("command_rewards: one completion per example");
-  const std::vector<std::string> argv = c.shell ? std::vector<std::string>{"/bin/sh", "-c", c.command} : command_words(c.command);
+  const std::vector<std::string> argv =
+      c.shell ? std::vector<std::string>{"/bin/sh", "-c", c.command} : command_words(c.command, "rl.reward_command");
   const ScratchDir scratch;
   const fs::path in = scratch.path / "completions.jsonl", out = scratch.path / "scores.txt";
   {

@@ -77,4 +77,40 @@ std::string capture_output(const std::vector<std::string>& args) {
   return out;
 }
 
+std::vector<std::string> command_words(const std::string& command, const std::string& what) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < command.size(); ++i) {
+    const char ch = command[i];
+    if (ch == ' ' || ch == '\t' || ch == '\n') {
+      if (in_word) words.push_back(word), word.clear(), in_word = false;
+      continue;
+    }
+    in_word = true;
+    if (ch == '\'' || ch == '"') {
+      size_t j = i + 1;
+      for (; j < command.size() && command[j] != ch; ++j) {
+        if (ch == '"' && command[j] == '\\' && j + 1 < command.size()) ++j;  // \" and \\ inside double quotes
+        word += command[j];
+      }
+      if (j == command.size()) {
+        throw std::invalid_argument(fmt::format("{} `{}`: the {} quote at character {} is never closed",
+                                                what, command, ch == '"' ? "double" : "single", i + 1));
+      }
+      i = j;
+    } else if (ch == '\\') {
+      if (i + 1 == command.size()) {
+        throw std::invalid_argument(fmt::format("{} `{}` ends with a backslash", what, command));
+      }
+      word += command[++i];
+    } else {
+      word += ch;
+    }
+  }
+  if (in_word) words.push_back(word);
+  if (words.empty()) throw std::invalid_argument(what + " is empty");
+  return words;
+}
+
 }  // namespace meshtrain

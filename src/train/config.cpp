@@ -15,8 +15,8 @@
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/train/dpo.h"
-#include "meshtrain/rl/reward.h"
 #include "meshtrain/runtime/device.h"
+#include "meshtrain/runtime/subprocess.h"
 #include "meshtrain/train/precision.h"
 #include "train/config_keys.h"
 
@@ -118,7 +118,7 @@ void check_rl(const TrainConfig& c, const std::string& path) {
   }
   if (!r.reward_command.empty() && !r.reward_shell) {
     try {
-      command_words(r.reward_command);
+      command_words(r.reward_command, "rl.reward_command");
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(fmt::format("{}: {} (or set rl.reward_shell = true)", path, e.what()));
     }
@@ -327,6 +327,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                               "off; set lora.rank or use dpo.reference = \"copy\"",
                                               path));
     }
+  }
+  if (c.model.attention == plan::AttentionImpl::Sdpa && (c.document_mask || c.cp > 1 || c.model.dropout > 0)) {
+    throw std::invalid_argument(fmt::format(
+        "{}: model.attention = \"sdpa\" is plain causal attention without dropout: it needs train.document_mask = "
+        "false (it is {}), parallel.cp = 1 (it is {}) and model.dropout = 0 (it is {}); use \"auto\"",
+        path, c.document_mask, c.cp, c.model.dropout));
   }
   if (c.document_mask && (c.model.attention == plan::AttentionImpl::Naive || c.cp > 1 || c.pp > 1)) {
     throw std::invalid_argument(fmt::format("{}: train.document_mask needs model.attention = \"tiled\" or \"auto\" (it is \"{}\"), "

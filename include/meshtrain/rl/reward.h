@@ -25,17 +25,13 @@ using RewardFn = std::function<double(const TaskExample& example, const std::vec
 RewardFn task_reward_fn();
 
 // How the command runs ([rl] reward_command, reward_shell, reward_timeout). Without `shell`
-// the command is split into words (whitespace; '...' and "..." quote, \\ escapes; nothing is
-// expanded) and started with posix_spawn: no shell sees it. With `shell`, /bin/sh -c runs it.
+// the command is split into words (command_words, runtime/subprocess.h) and started with
+// posix_spawn: no shell sees it. With `shell`, /bin/sh -c runs it.
 struct RewardCommand {
   std::string command;
   bool shell = false;
   double timeout_s = 60;  // the command is killed (with its process group) after this long
 };
-
-// The argument vector of `command` as above; std::invalid_argument naming an unterminated
-// quote, a trailing backslash or an empty command.
-std::vector<std::string> command_words(const std::string& command);
 
 // Scores of `completions` (one per example) from one run of the command, its standard
 // input and output files in a private directory (mkdtemp, mode 0700, removed afterwards).

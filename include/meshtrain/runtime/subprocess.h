@@ -20,4 +20,10 @@ std::string helper_path(const std::string& name);
 // file and line, say).
 std::string capture_output(const std::vector<std::string>& args);
 
+// A command line split into words as a shell splits it, expanding nothing: whitespace
+// separates, '...' and "..." quote (\" and \\ inside double quotes), \ escapes one
+// character. std::invalid_argument naming `what` (the setting it came from) for an
+// unterminated quote, a trailing backslash or no word at all.
+std::vector<std::string> command_words(const std::string& command, const std::string& what);
+
 }  // namespace meshtrain
