@@ -22,6 +22,7 @@ WORK=$(mktemp -d)
 NS=(mtbench0 mtbench1)
 DEV=(mtbv0 mtbv1)
 ADDR=(10.77.0.1 10.77.0.2)
+TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d " \n")  # the job token both hosts share (runtime/job_token.h)
 cleanup() { ip netns del "${NS[0]}" 2>/dev/null || true; ip netns del "${NS[1]}" 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 cleanup
@@ -46,7 +47,7 @@ CFG="$WORK/demo.toml"
 on_host() {
   local h=$1 port=$2
   shift 2
-  ip netns exec "${NS[$h]}" unshare -u sh -c "hostname node$h && GLOO_SOCKET_IFNAME=${DEV[$h]} exec $BIN launch \
+  ip netns exec "${NS[$h]}" unshare -u sh -c "hostname node$h && MESHTRAIN_JOB_TOKEN=$TOKEN GLOO_SOCKET_IFNAME=${DEV[$h]} exec $BIN launch \
     --nnodes 2 --node-rank $h --nproc-per-node 2 --master-addr ${ADDR[0]} --master-port $port --grace 2 $BIN $*"
 }
 # two_hosts PORT ARGS...: both hosts, rank 0's output on stdout.
@@ -86,7 +87,7 @@ sed -e "s|^metrics = .*|metrics = \"$metrics\"|" "$CFG" > "$WORK/restart.toml"
 printf '[checkpoint]\ndir = "%s"\nevery = 20\n' "$WORK/restart_ck" >> "$WORK/restart.toml"
 restart_args="train $WORK/restart.toml --set train.steps=$STEPS --set train.log_every=1 --set comm.timeout=10"
 on_restart() {
-  ip netns exec "${NS[$1]}" unshare -u sh -c "hostname node$1 && GLOO_SOCKET_IFNAME=${DEV[$1]} exec $BIN launch \
+  ip netns exec "${NS[$1]}" unshare -u sh -c "hostname node$1 && MESHTRAIN_JOB_TOKEN=$TOKEN GLOO_SOCKET_IFNAME=${DEV[$1]} exec $BIN launch \
     --nnodes 2 --node-rank $1 --nproc-per-node 2 --master-addr ${ADDR[0]} --master-port 29730 --grace 2 \
     --max-restarts 1 $BIN $restart_args" > "$WORK/restart$1.log" 2>&1
 }

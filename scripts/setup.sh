@@ -10,8 +10,9 @@ PACKAGES=(
   libgloo-dev                         # gloo headers: the torch wheel ships its symbols, not
                                       # the headers ProcessGroupGloo.hpp includes (compat.h)
   python3-venv                        # the torch wheel's environment (scripts/torch_env.sh)
-  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
+  libcli11-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece libxxhash-dev  # tokenizer (spm_encode: bench/tokenize.sh), checksums
+  libssl-dev                          # HMAC-SHA256 of the multi-host job token
   zlib1g-dev                          # gzip corpora (meshtrain data)
   libgtest-dev libbenchmark-dev       # tests, micro-benchmarks
   bible-kjv                           # the demo corpus: KJV text + its reader `bible`

@@ -45,11 +45,14 @@ class Hosts {
   ~Hosts() { run_command("ip netns del " + ns_[0] + "; ip netns del " + ns_[1]); }
   const std::string& why() const { return why_; }  // "" when the hosts exist
   std::string address(int h) const { return h ? "10.77.0.2" : "10.77.0.1"; }
-  // A shell command that runs `script` (a file) on host h with hostname nodeH and Gloo on its link.
-  std::string on(int h, const std::string& script) const {
-    return "ip netns exec " + ns_[h] + " unshare -u sh -c 'hostname node" + std::to_string(h) +
-           " && GLOO_SOCKET_IFNAME=" + dev_[h] + " exec sh " + script + "'";
+  // A shell command that runs `script` (a file) on host h with hostname nodeH, Gloo on its link
+  // and the job token `token` (none when empty).
+  std::string on(int h, const std::string& script, const std::string& token = kToken) const {
+    return "ip netns exec " + ns_[h] + " unshare -u sh -c 'hostname node" + std::to_string(h) + " && " +
+           (token.empty() ? "" : "MESHTRAIN_JOB_TOKEN=" + token + " ") + "GLOO_SOCKET_IFNAME=" + dev_[h] +
+           " exec sh " + script + "'";
   }
+  static constexpr const char* kToken = "multihost-test-token-0123";
   std::string link_down(int h) const { return "ip -n " + ns_[h] + " link set " + dev_[h] + " down"; }
   std::string link_up(int h) const { return "ip -n " + ns_[h] + " link set " + dev_[h] + " up"; }
   std::string in_ns(int h, const std::string& cmd) const { return "ip netns exec " + ns_[h] + " " + cmd; }
@@ -136,6 +139,31 @@ TEST(MultiHost, TwoHostsTrainAsOneProcess) {
   test::expect_same_losses(one, two, 0, 26);
   ASSERT_FALSE(seen.empty()) << "rank 0's store was never seen listening on port " << port;
   for (const auto& addr : seen) EXPECT_EQ(addr, "01004D0A") << "the store listens on " << addr << ", not 10.77.0.1 alone";
+}
+
+// A job across hosts needs a job token (runtime/job_token.h): without one the launcher refuses
+// before any rank starts; a node with another token is refused by rank 0, and the job ends on
+// both hosts with one message each.
+TEST(MultiHost, AJobTokenIsRequiredAndChecked) {
+  Hosts hosts;
+  REQUIRE_HOSTS(hosts);
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "") + " --set train.steps=3";
+  const int port = free_port();
+  const KillJobOnExit guard{port};
+  const auto none = run_command(hosts.on(0, launch_script(d, hosts, 0, port, cfg, ""), ""));
+  EXPECT_NE(none.code, 0);
+  EXPECT_NE(none.output.find("a job across hosts needs a job token"), std::string::npos) << none.output;
+  EXPECT_EQ(none.output.find("[rank"), std::string::npos) << "ranks started: " << none.output;
+  auto a = std::async(std::launch::async, [&] { return run_command(hosts.on(0, launch_script(d, hosts, 0, port, cfg, ""))); });
+  auto b = std::async(std::launch::async, [&] {
+    return run_command(hosts.on(1, launch_script(d, hosts, 1, port, cfg, ""), "another-token-0123456789"));
+  });
+  const auto ra = a.get(), rb = b.get();
+  EXPECT_NE(ra.code, 0);
+  EXPECT_NE(rb.code, 0);
+  EXPECT_NE(ra.output.find("rank(s) 2, 3 presented no job token or a wrong one"), std::string::npos) << ra.output;
+  EXPECT_NE(rb.output.find("rank 0 does not know this node's job token"), std::string::npos) << rb.output;
 }
 
 // A link cut mid-run ends the job on both hosts within comm.timeout and a few seconds (10.7 s

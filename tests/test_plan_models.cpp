@@ -82,6 +82,21 @@ TEST(PlanModels, UnplannableConfigsAreRefusedByName) {
   EXPECT_NE(error(j).find("latent attention"), std::string::npos) << error(j);
   j["model_type"] = "t5";
   EXPECT_NE(error(j).find("\"t5\""), std::string::npos) << error(j);
+  // Found by the fuzzer (issue #43): a field of another type or out of range is named, not a raw
+  // JSON exception or an overflow.
+  j = llama2_7b();
+  j["model_type"] = 7;
+  EXPECT_NE(error(j).find("\"model_type\" is 7, not a string"), std::string::npos) << error(j);
+  j = llama2_7b();
+  j["hidden_size"] = INT64_MIN;
+  EXPECT_NE(error(j).find("\"hidden_size\" = -9223372036854775808 is outside 1..2147483647"), std::string::npos)
+      << error(j);
+  j = llama2_7b();
+  j["rms_norm_eps"] = "small";
+  EXPECT_NE(error(j).find("\"rms_norm_eps\" is \"small\", not a number"), std::string::npos) << error(j);
+  j = llama2_7b();
+  j["num_hidden_layers"] = 1000000;
+  EXPECT_NE(error(j).find("layers = 1000000 is more than 100000"), std::string::npos) << error(j);
 }
 
 TEST(PlanModels, ShapeFlagsReplaceTheBaseFields) {

@@ -87,7 +87,12 @@ TEST(TrainConfig, NonFiniteAndOutOfRangeValuesAreNamed) {
            {"train.min_lr_ratio=1.5", "train.min_lr_ratio = 1.5 must be in [0, 1]"},
            {"model.dropout=1.0", "model.dropout = 1 must be in [0, 1)"},
            {"parallel.nproc=0", "parallel.nproc = 0 must be at least 1"},
-           {"checkpoint.timeout=-1", "checkpoint.timeout = -1 must be > 0"}}) {
+           {"checkpoint.timeout=-1", "checkpoint.timeout = -1 must be > 0"},
+           // Found by the fuzzer (issue #43): a value that is more than one TOML value, a quote in a
+           // bare word (was a raw parser error), a layer count that took 90 s to refuse.
+           {"train.lr=1e-4\ntrain.steps=3", "holds more than one TOML value (a newline?)"},
+           {"train.schedule=li\"near", "li\"near"},
+           {"model.layers=4294967296", "layers = 4294967296 is more than 100000"}}) {
     EXPECT_NE(error_of(cfg, {set}).find(want), std::string::npos) << set << ": " << error_of(cfg, {set});
   }
   EXPECT_EQ(error_of(cfg, {"train.clip=0", "train.warmup=0"}), "");  // 0: no clipping, no warmup

@@ -1,5 +1,6 @@
 // Loading a sharded checkpoint onto any mesh (see checkpoint.h).
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -111,7 +112,7 @@ Reader::Reader(const std::string& step_dir, int64_t staging_bytes)
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(fmt::format("{} is not valid JSON: {}", m.string(), e.what()));
   }
-  if (manifest_.value("format", "") != "meshtrain-checkpoint") {
+  if (!manifest_.is_object() || !manifest_.contains("format") || manifest_["format"] != "meshtrain-checkpoint") {
     throw std::runtime_error(fmt::format("{} is not a meshtrain checkpoint manifest", m.string()));
   }
   try {

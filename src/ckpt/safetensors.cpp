@@ -198,7 +198,7 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
   std::string_view b = bytes(name);
   const Entry& e = entries_.at(name);
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-  std::memcpy(t.data_ptr(), b.data(), b.size());
+  if (!b.empty()) std::memcpy(t.data_ptr(), b.data(), b.size());  // an empty tensor has no data pointer
   return t;
 }
 

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <fstream>
 #include <stdexcept>
+
+#include "meshtrain/data/preference.h"
 
 namespace meshtrain {
 
@@ -56,6 +59,39 @@ nlohmann::json parse_chat(const std::string& text, const ChatTemplate& t) {
     pos = end + t.end.size();
   }
   return {{"messages", messages}};
+}
+
+std::vector<TokenizedChat> read_chats(const std::string& path, bool pairs,
+                                      const std::function<std::vector<int>(const std::string&)>& encode) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument(fmt::format("cannot read {}", path));
+  std::vector<TokenizedChat> chats;
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      // A pair is two conversations, chosen then rejected.
+      std::vector<nlohmann::json> conversations{j};
+      if (pairs) conversations = {preference_conversation(j, true), preference_conversation(j, false)};
+      for (const auto& conversation : conversations) {
+        TokenizedChat c;
+        c.line = line_no;
+        for (const auto& seg : render_chat(conversation)) {
+          for (int id : encode(seg.text)) {
+            c.ids.push_back(static_cast<uint32_t>(id));
+            c.mask.push_back(seg.train ? 1 : 0);
+          }
+        }
+        chats.push_back(std::move(c));
+      }
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("{} line {}: {}", path, line_no, e.what()));
+    }
+  }
+  if (chats.empty()) throw std::invalid_argument(fmt::format("{} holds no {}", path, pairs ? "pair" : "conversation"));
+  return chats;
 }
 
 PackedChats pack_chats(const std::vector<TokenizedChat>& chats, int64_t seq, uint32_t pad, bool truncate,

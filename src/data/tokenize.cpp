@@ -13,6 +13,7 @@
 
 #include "meshtrain/data/documents.h"
 #include "meshtrain/data/shard.h"
+#include "meshtrain/data/sp_model_check.h"
 
 namespace meshtrain {
 namespace {
@@ -50,7 +51,19 @@ struct Tokenizer::Impl {
 };
 
 Tokenizer::Tokenizer(const std::string& model_path) : impl_(new Impl) {
-  auto st = impl_->sp.Load(model_path);
+  std::ifstream in(model_path, std::ios::binary);
+  const std::string bytes(std::istreambuf_iterator<char>(in), {});
+  if (!in.good() && !in.eof()) {
+    delete impl_;
+    throw std::runtime_error(fmt::format("cannot read tokenizer {}", model_path));
+  }
+  try {
+    check_sentencepiece_model(bytes, model_path);
+  } catch (...) {
+    delete impl_;
+    throw;
+  }
+  auto st = impl_->sp.LoadFromSerializedProto(bytes);
   if (!st.ok()) {
     delete impl_;
     throw std::runtime_error(fmt::format("cannot load tokenizer {}: {}", model_path, st.ToString()));

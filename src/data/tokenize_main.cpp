@@ -104,35 +104,9 @@ int chat(int argc, char** argv) {
   if (fs::exists(fs::path(out) / "train.bin") && !force) {
     throw std::invalid_argument(fmt::format("{} already holds train.bin; pass --force to replace it", out));
   }
-  std::ifstream in(input);
-  if (!in) throw std::invalid_argument(fmt::format("cannot read {}", input));
   const meshtrain::Tokenizer tok(model);
-  std::vector<meshtrain::TokenizedChat> chats;
-  int64_t line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      // A pair is two conversations, chosen then rejected.
-      std::vector<nlohmann::json> conversations{j};
-      if (prefs) conversations = {meshtrain::preference_conversation(j, true), meshtrain::preference_conversation(j, false)};
-      for (const auto& conversation : conversations) {
-        meshtrain::TokenizedChat c;
-        c.line = line_no;
-        for (const auto& seg : meshtrain::render_chat(conversation)) {
-          for (int id : tok.encode(seg.text)) {
-            c.ids.push_back(static_cast<uint32_t>(id));
-            c.mask.push_back(seg.train ? 1 : 0);
-          }
-        }
-        chats.push_back(std::move(c));
-      }
-    } catch (const std::exception& e) {
-      throw std::invalid_argument(fmt::format("{} line {}: {}", input, line_no, e.what()));
-    }
-  }
-  if (chats.empty()) throw std::invalid_argument(fmt::format("{} holds no {}", input, prefs ? "pair" : "conversation"));
+  const std::vector<meshtrain::TokenizedChat> chats =
+      meshtrain::read_chats(input, prefs, [&](const std::string& text) { return tok.encode(text); });
   const uint32_t pad = static_cast<uint32_t>(tok.eos_id());
   const meshtrain::PackedChats p =
       prefs ? meshtrain::pack_pairs(chats, seq, pad, truncate) : meshtrain::pack_chats(chats, seq, pad, truncate, no_pack);

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -9,31 +10,61 @@
 namespace meshtrain::plan {
 namespace {
 
-template <typename T>
-T field(const nlohmann::json& j, const char* key) {
+// Typed reads of config.json's fields, each wrong one an error naming the key:
+// a missing key (where it has no default), another JSON type, a whole number
+// outside lo..2^31-1 (so products of two shapes cannot overflow).
+constexpr int64_t kLargest = (int64_t{1} << 31) - 1;
+
+int64_t whole(const nlohmann::json& j, const char* key, std::optional<int64_t> fallback = {}, int64_t lo = 1) {
   if (!j.contains(key) || j[key].is_null()) {
+    if (fallback) return *fallback;
     throw std::invalid_argument(fmt::format("Hugging Face config.json lacks \"{}\"", key));
   }
-  return j[key].get<T>();
+  if (!j[key].is_number_integer()) {
+    throw std::invalid_argument(fmt::format("config.json: \"{}\" is {}, not a whole number", key, j[key].dump()));
+  }
+  // An unsigned number past int64's range reads as one past the largest.
+  const int64_t v = j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t{kLargest} ? kLargest + 1
+                                                                                            : j[key].get<int64_t>();
+  if (v < lo || v > kLargest) {
+    throw std::invalid_argument(fmt::format("config.json: \"{}\" = {} is outside {}..{}", key, j[key].dump(), lo, kLargest));
+  }
+  return v;
+}
+
+double number(const nlohmann::json& j, const char* key, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) {
+    throw std::invalid_argument(fmt::format("config.json: \"{}\" is {}, not a number", key, j[key].dump()));
+  }
+  return j[key].get<double>();
+}
+
+bool flag(const nlohmann::json& j, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) {
+    throw std::invalid_argument(fmt::format("config.json: \"{}\" is {}, not true or false", key, j[key].dump()));
+  }
+  return j[key].get<bool>();
 }
 
 // Llama-family decoder: RMSNorm, RoPE, SwiGLU, no biases.
 ModelSpec llama_family(const nlohmann::json& j) {
   ModelSpec m = preset("llama-tiny");
-  m.vocab = field<int64_t>(j, "vocab_size");
-  m.hidden = field<int64_t>(j, "hidden_size");
-  m.ffn = field<int64_t>(j, "intermediate_size");
-  m.layers = field<int64_t>(j, "num_hidden_layers");
-  m.heads = field<int64_t>(j, "num_attention_heads");
-  m.kv_heads = j.value("num_key_value_heads", m.heads);
-  m.seq = field<int64_t>(j, "max_position_embeddings");
-  m.norm_eps = j.value("rms_norm_eps", 1e-6);
-  m.rope_theta = j.value("rope_theta", 10000.0);
-  m.tied = j.value("tie_word_embeddings", false);
-  if (j.contains("head_dim") && !j["head_dim"].is_null() && j["head_dim"].get<int64_t>() * m.heads != m.hidden) {
+  m.vocab = whole(j, "vocab_size");
+  m.hidden = whole(j, "hidden_size");
+  m.ffn = whole(j, "intermediate_size");
+  m.layers = whole(j, "num_hidden_layers");
+  m.heads = whole(j, "num_attention_heads");
+  m.kv_heads = whole(j, "num_key_value_heads", m.heads);
+  m.seq = whole(j, "max_position_embeddings");
+  m.norm_eps = number(j, "rms_norm_eps", 1e-6);
+  m.rope_theta = number(j, "rope_theta", 10000.0);
+  m.tied = flag(j, "tie_word_embeddings", false);
+  if (const int64_t head_dim = whole(j, "head_dim", m.hidden / m.heads); head_dim * m.heads != m.hidden) {
     throw std::invalid_argument(fmt::format(
         "config.json: head_dim {} x {} heads != hidden_size {}; the planner models head_dim = hidden / heads",
-        j["head_dim"].get<int64_t>(), m.heads, m.hidden));
+        head_dim, m.heads, m.hidden));
   }
   return m;
 }
@@ -41,30 +72,34 @@ ModelSpec llama_family(const nlohmann::json& j) {
 }  // namespace
 
 ModelSpec model_from_hf_config(const nlohmann::json& j, const std::string& name) {
+  if (!j.is_object()) throw std::invalid_argument("config.json is not a JSON object");
+  if (j.contains("model_type") && !j["model_type"].is_string()) {
+    throw std::invalid_argument(fmt::format("config.json: \"model_type\" is {}, not a string", j["model_type"].dump()));
+  }
   const std::string type = j.value("model_type", "");
   ModelSpec m;
   if (type == "gpt2") {
     m = preset("gpt-tiny");
-    m.vocab = field<int64_t>(j, "vocab_size");
-    m.seq = field<int64_t>(j, "n_positions");
-    m.hidden = field<int64_t>(j, "n_embd");
-    m.layers = field<int64_t>(j, "n_layer");
-    m.heads = m.kv_heads = field<int64_t>(j, "n_head");
-    m.ffn = j.contains("n_inner") && !j["n_inner"].is_null() ? j["n_inner"].get<int64_t>() : 4 * m.hidden;
-    m.norm_eps = j.value("layer_norm_epsilon", 1e-5);
+    m.vocab = whole(j, "vocab_size");
+    m.seq = whole(j, "n_positions");
+    m.hidden = whole(j, "n_embd");
+    m.layers = whole(j, "n_layer");
+    m.heads = m.kv_heads = whole(j, "n_head");
+    m.ffn = whole(j, "n_inner", 4 * m.hidden);
+    m.norm_eps = number(j, "layer_norm_epsilon", 1e-5);
   } else if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
     m = llama_family(j);
   } else if (type == "mixtral") {
     m = llama_family(j);
-    m.experts = field<int64_t>(j, "num_local_experts");
-    m.top_k = field<int64_t>(j, "num_experts_per_tok");
+    m.experts = whole(j, "num_local_experts");
+    m.top_k = whole(j, "num_experts_per_tok");
   } else if (type == "qwen2_moe" || type == "qwen3_moe") {
     m = llama_family(j);
-    m.experts = field<int64_t>(j, "num_experts");
-    m.top_k = field<int64_t>(j, "num_experts_per_tok");
-    m.expert_ffn = field<int64_t>(j, "moe_intermediate_size");
-    m.moe_every = j.value("decoder_sparse_step", 1);
-    const int64_t shared = j.value("shared_expert_intermediate_size", int64_t{0});
+    m.experts = whole(j, "num_experts");
+    m.top_k = whole(j, "num_experts_per_tok");
+    m.expert_ffn = whole(j, "moe_intermediate_size");
+    m.moe_every = whole(j, "decoder_sparse_step", 1);
+    const int64_t shared = whole(j, "shared_expert_intermediate_size", 0, 0);
     if (shared % m.expert_ffn != 0) {
       throw std::invalid_argument(fmt::format("config.json: shared_expert_intermediate_size {} is not a multiple of "
                                               "moe_intermediate_size {}; the planner counts shared experts of that width",

@@ -111,12 +111,18 @@ int64_t padded_vocab(int64_t vocab, int64_t multiple) {
 }
 
 void validate(const ModelSpec& m) {
-  auto positive = [&](const char* field, int64_t v) {
+  // Positive, and small enough that a product of two stays inside int64; layers
+  // also bounds what is built per layer (parameter names, LoRA's target list).
+  auto positive = [&](const char* field, int64_t v, int64_t most = (int64_t{1} << 31) - 1) {
     if (v <= 0) throw std::invalid_argument(fmt::format("model '{}': {} = {} must be positive", m.name, field, v));
+    if (v > most) {
+      throw std::invalid_argument(fmt::format("model '{}': {} = {} is more than {}, the most meshtrain builds or plans",
+                                              m.name, field, v, most));
+    }
   };
   positive("vocab", m.vocab);
   positive("seq", m.seq);
-  positive("layers", m.layers);
+  positive("layers", m.layers, 100000);
   positive("hidden", m.hidden);
   positive("heads", m.heads);
   positive("kv_heads", m.kv_heads);
@@ -128,6 +134,10 @@ void validate(const ModelSpec& m) {
   if (m.heads % m.kv_heads != 0) {
     throw std::invalid_argument(fmt::format("model '{}': heads {} is not divisible by kv_heads {}", m.name, m.heads,
                                             m.kv_heads));
+  }
+  if (m.experts > (int64_t{1} << 20)) {
+    throw std::invalid_argument(fmt::format("model '{}': experts = {} is more than 2^20, the most meshtrain builds or plans",
+                                            m.name, m.experts));
   }
   if (m.experts < 0 || m.top_k < 0 || (m.experts > 0 && (m.top_k < 1 || m.top_k > m.experts))) {
     throw std::invalid_argument(fmt::format("model '{}': top_k {} must be in 1..experts ({}): lower model.top_k or "

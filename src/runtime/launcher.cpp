@@ -29,6 +29,7 @@
 #include "comm/shm_group.h"
 #include "meshtrain/comm/hang_report.h"
 #include "runtime/flight_collect.h"
+#include "meshtrain/runtime/job_token.h"
 #include "meshtrain/runtime/threads.h"
 
 namespace meshtrain {
@@ -350,6 +351,7 @@ void validate(LaunchOptions& o) {
     throw std::invalid_argument(fmt::format("--node-rank {} must be in 0..{} (--nnodes {})", o.node_rank,
                                             o.nnodes - 1, o.nnodes));
   }
+  check_job_token(o.nnodes > 1 && !loopback_host(o.master_addr));
   if (o.max_restarts < 0) throw std::invalid_argument(fmt::format("--max-restarts {} must be >= 0", o.max_restarts));
   if (o.master_port < 0 || o.master_port > 65535) {
     throw std::invalid_argument(fmt::format("--master-port {} is not a TCP port (0..65535)", o.master_port));

@@ -17,14 +17,11 @@
 
 #include "comm/backend.h"
 #include "meshtrain/comm/flight_recorder.h"
+#include "meshtrain/runtime/job_token.h"
 #include "meshtrain/runtime/threads.h"
 
 namespace meshtrain {
 namespace {
-
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
 
 // A socket bound to `host`:`port` and listening, for rank 0's store. TCPStore alone listens on
 // every interface; bound here, the store answers only on the address the job names (a job on
@@ -70,8 +67,12 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::m
   o.numWorkers = env.world_size;
   o.waitWorkers = true;
   o.timeout = timeout;
+  // Across hosts a job token is required (job_token.h); given, it is checked on any TCP store.
+  const std::optional<std::string> token = job_token();
+  check_job_token(env.world_size > env.local_world_size && !loopback_host(env.master_addr));
+  c10::intrusive_ptr<c10d::Store> store;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
   } catch (const std::exception& e) {
     if (env.rank == 0) {
       throw std::runtime_error(fmt::format(
@@ -84,6 +85,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::m
         "MASTER_PORT and that rank 0 started.",
         env.rank, env.master_addr, env.master_port, timeout.count() / 1000, e.what()));
   }
+  authenticate_rendezvous(*store, env.rank, env.world_size, token);
+  return store;
 }
 
 }  // namespace
@@ -129,7 +132,7 @@ std::unique_ptr<Comm> Runtime::new_group(const std::vector<int>& ranks, const st
   BackendOptions bo;
   bo.kind = opts_.backend;
   bo.timeout = timeout.value_or(opts_.timeout);
-  bo.host = is_loopback(env_.master_addr) ? "127.0.0.1" : "";
+  bo.host = loopback_host(env_.master_addr) ? "127.0.0.1" : "";
   auto pg = make_backend(prefixed, index, static_cast<int>(ranks.size()), bo);
   auto comm = std::make_unique<Comm>(std::move(pg), opts_.backend, name, ranks, index);
   comm->set_timeout(bo.timeout);

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <toml++/toml.h>
+#include <toml.hpp>  // third_party/tomlplusplus (see its README.md)
 
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/rl/environment.h"
@@ -188,14 +188,22 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     }
     const std::string sec = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
     std::string value = o.substr(eq + 1);
+    // One TOML value ("3e-4", "true", "[1, 2]", "\"text\""), or else the text itself as a string (a bare
+    // word); never more than the value (a newline in it must not add keys).
     toml::table one;
     try {
       one = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
-      one = toml::parse("v = \"" + value + "\"");  // a bare word is a string
+      one = toml::table{{"v", value}};
+    }
+    if (one.size() != 1 || !one.contains("v")) {
+      throw std::invalid_argument(fmt::format("--set '{}': the value holds more than one TOML value (a newline?); "
+                                              "give one --set per key", o));
     }
     if (!t.contains(sec)) t.insert(sec, toml::table{});
-    if (auto* tab = t[sec].as_table()) tab->insert_or_assign(key, *one.get("v"));
+    auto* tab = t[sec].as_table();
+    if (!tab) throw std::invalid_argument(fmt::format("--set '{}': [{}] is not a table in {}", o, sec, path));
+    tab->insert_or_assign(key, *one.get("v"));
   }
   TrainConfig c;
   const std::string preset = t["model"]["preset"].value_or(std::string("gpt-tiny"));

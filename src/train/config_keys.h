@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <toml++/toml.h>
+#include <toml.hpp>  // third_party/tomlplusplus (see its README.md)
 
 #include "meshtrain/train/config.h"
 

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,14 @@ struct PackedChats {
   std::vector<uint64_t> doc_starts;  // every conversation and every padding run
   uint64_t conversations = 0, padding = 0, truncated = 0, trained = 0;
 };
+
+// Reads a JSON-lines file of conversations (or, with `pairs`, of preference
+// pairs: data/preference.h, two conversations each, chosen then rejected) and
+// tokenizes each segment with `encode` (mask 1 where the template trains).
+// Blank lines are skipped. Throws std::invalid_argument naming the file and
+// line, or a file that holds none.
+std::vector<TokenizedChat> read_chats(const std::string& path, bool pairs,
+                                      const std::function<std::vector<int>(const std::string&)>& encode);
 
 // Packs into blocks of `seq` tokens (see above); `pad` fills the rest of a block.
 // With `one_per_block`, every conversation starts a block of its own (DPO's

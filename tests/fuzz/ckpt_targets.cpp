@@ -1,53 +1,21 @@
-// Fuzz test of the checkpoint parsers (issue #15): thousands of mutations of a
-// valid safetensors file and of a valid manifest, each parsed as a loader
-// would. Built with AddressSanitizer and UndefinedBehaviorSanitizer (a report
-// aborts the run); passes when every mutation is either refused with an
-// exception or accepted and consistent: a safetensors file whose entries lie
-// inside it, a manifest whose shards tile every tensor exactly.
-//
-// Usage: fuzz_parsers [MUTATIONS_PER_PARSER (10000)] [SEED (1)]
-// Mutations are a deterministic function of the seed: a failure names the
-// iteration and can be replayed.
-#include <unistd.h>
-
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
+// Fuzz targets: the checkpoint parsers (a safetensors file; a manifest read by
+// ckpt::Reader over real shard files). See fuzz.h.
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <map>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "fuzz.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/safetensors.h"
 
 namespace fs = std::filesystem;
 using meshtrain::ckpt::SafetensorsFile;
-using meshtrain::ckpt::validate_manifest;
 
 namespace {
-
-// xorshift64*: the mutation stream.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    return s * 0x2545F4914F6CDD1DULL;
-  }
-  size_t below(size_t n) { return n == 0 ? 0 : static_cast<size_t>(next() % n); }
-};
-
-// Numbers a hostile file would hold: signs, limits, wrap-arounds, off-by-ones.
-const std::vector<std::string> kNumbers{"-1", "0", "1", "7", "-9223372036854775808", "9223372036854775807",
-                                        "18446744073709551615", "18446744073709551616", "4294967296", "1e12",
-                                        "1e308", "-0", "2.5", "NaN", "\"3\"", "null", "[]", "{}", "true"};
 
 std::string safetensors_bytes(const std::string& header, const std::string& data) {
   std::string h = header;
@@ -90,10 +58,12 @@ size_t count_numbers(const std::string& text) {
   return n;
 }
 
-std::string mutate_safetensors(const std::string& good, Rng& r) {
+std::string mutate_safetensors(const std::string& good, fuzz::Rng& r) {
   std::string f = good;
   uint64_t n = 0;
+  if (f.size() < 8) return f;  // no header left to mutate: the byte mutator's turn
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(f[i])) << (8 * i);
+  if (n > f.size() - 8) return f;
   std::string header = f.substr(8, n), data = f.substr(8 + n);
   switch (r.below(8)) {
     case 0:  // bit flips anywhere
@@ -110,7 +80,7 @@ std::string mutate_safetensors(const std::string& good, Rng& r) {
       return f.substr(0, r.below(f.size()));
     case 3:  // a number of the header (sizes, offsets, shapes)
       return safetensors_bytes(replace_number(header, r.below(count_numbers(header)),
-                                              kNumbers[r.below(kNumbers.size())]),
+                                              fuzz::hostile_numbers()[r.below(fuzz::hostile_numbers().size())]),
                                data);
     case 4: {  // a dtype
       const char* dtypes[] = {"\"X\"", "\"\"", "\"F64\"", "\"U8\"", "\"BOOL\"", "7", "null"};
@@ -130,32 +100,27 @@ std::string mutate_safetensors(const std::string& good, Rng& r) {
       return safetensors_bytes(header, r.below(2) ? data + std::string(r.below(64), 'x') : data.substr(0, r.below(40)));
     default: {  // metadata of another type
       std::string h = header;
-      h.replace(h.find("\"pt\""), 4, r.below(2) ? "7" : "{\"x\":[1]}");
+      if (const size_t at = h.find("\"pt\""); at != std::string::npos) h.replace(at, 4, r.below(2) ? "7" : "{\"x\":[1]}");
       return safetensors_bytes(h, data);
     }
   }
 }
 
 // Opens `bytes` as a safetensors file; when accepted, every entry must lie inside the file.
-void check_safetensors(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  try {
-    SafetensorsFile f(path);
-    uint64_t n = 0;  // accepted: the header length field is sane
-    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-    for (const auto& [name, e] : f.entries()) {
-      const std::string_view b = f.bytes(name);
-      // The mapping is whole pages, so an overrun inside the last page would read zeros unseen: check the bounds.
-      if (e.end < e.begin || 8 + n + e.end > bytes.size() || b.size() != e.end - e.begin) {
-        throw std::logic_error("accepted an entry outside the file: " + name);
-      }
-      meshtrain::ckpt::xxh64_hex(b.data(), b.size());  // reads every byte: ASan sees any overrun
-      f.release(b);
+void check_safetensors(const std::string& bytes) {
+  const std::string path = fuzz::write_scratch("f.safetensors", bytes);
+  SafetensorsFile f(path);
+  uint64_t n = 0;  // accepted: the header length field is sane
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (const auto& [name, e] : f.entries()) {
+    const std::string_view b = f.bytes(name);
+    // The mapping is whole pages, so an overrun inside the last page would read zeros unseen: check the bounds.
+    if (e.end < e.begin || 8 + n + e.end > bytes.size() || b.size() != e.end - e.begin) {
+      throw fuzz::BadAccept("an entry outside the file: " + name);
     }
-  } catch (const std::logic_error&) {
-    throw;
-  } catch (const std::exception&) {
-    // refused: fine
+    meshtrain::ckpt::xxh64_hex(b.data(), b.size());  // reads every byte: ASan sees any overrun
+    f.get(name);                                     // and as a tensor
+    f.release(b);
   }
 }
 
@@ -174,24 +139,19 @@ nlohmann::json valid_manifest() {
     "ranks": [{}, {}]})");
 }
 
-// Every JSON node of `j` by its pointer.
-void pointers(const nlohmann::json& j, const std::string& at, std::vector<std::string>& out) {
-  out.push_back(at);
-  if (j.is_object()) {
-    for (const auto& [k, v] : j.items()) {
-      std::string token;  // RFC 6901 escapes: tensor names hold '/'
-      for (char c : k) token += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
-      pointers(v, at + "/" + token, out);
-    }
-  } else if (j.is_array()) {
-    for (size_t i = 0; i < j.size(); ++i) pointers(j[i], at + "/" + std::to_string(i), out);
+std::string mutate_manifest(const std::string& text, fuzz::Rng& r) {
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(text);
+  } catch (const std::exception&) {
+    return text;
   }
-}
-
-std::string mutate_manifest(const nlohmann::json& good, Rng& r) {
-  nlohmann::json m = good;
+  if (!m.contains("tensors") || !m["tensors"].contains("model/w") || !m["tensors"]["model/w"].contains("shards") ||
+      !m["tensors"]["model/w"]["shards"].is_array() || m["tensors"]["model/w"]["shards"].empty()) {
+    return fuzz::mutate_json(text, r);
+  }
   std::vector<std::string> ptrs;
-  pointers(m, "", ptrs);
+  fuzz::json_pointers(m, "", ptrs);
   const nlohmann::json::json_pointer p(ptrs[1 + r.below(ptrs.size() - 1)]);
   const std::vector<nlohmann::json> values{-1, 0, 1, 2, 3, 7, INT64_MAX, INT64_MIN, UINT64_MAX, 1e12, 2.5, nullptr,
                                            "", "../rank_00000.safetensors", "/etc/passwd", "a/b", "..", ".",
@@ -217,7 +177,7 @@ std::string mutate_manifest(const nlohmann::json& good, Rng& r) {
     case 3: {  // several numbers at once
       for (int k = 0; k < 3; ++k) {
         std::vector<std::string> all;
-        pointers(m, "", all);
+        fuzz::json_pointers(m, "", all);
         const nlohmann::json::json_pointer q(all[1 + r.below(all.size() - 1)]);
         if (m[q].is_number()) m[q] = values[r.below(9)];
       }
@@ -232,15 +192,34 @@ std::string mutate_manifest(const nlohmann::json& good, Rng& r) {
   return m.dump();
 }
 
-// An accepted manifest must describe tensors its shards tile exactly.
+// A checkpoint step directory: real shard files (write_safetensors) that the
+// valid manifest describes, checksums included.
+std::string valid_checkpoint() {
+  const fs::path dir = fs::path(fuzz::scratch()) / "step_00000003";
+  fs::create_directories(dir);
+  const at::Tensor w = at::arange(24, at::kFloat).reshape({4, 6}), b = at::arange(5, at::kFloat).to(at::kBFloat16);
+  const auto s0 = meshtrain::ckpt::write_safetensors((dir / "rank_00000.safetensors").string(),
+                                                     {{"model/w", w.slice(0, 0, 2).contiguous()}, {"model/b", b}});
+  const auto s1 = meshtrain::ckpt::write_safetensors(
+      (dir / "rank_00001.safetensors").string(),
+      {{"model/w", w.slice(0, 2, 4).slice(1, 0, 3).contiguous()}, {"model/w#1", w.slice(0, 2, 4).slice(1, 3, 6).contiguous()}});
+  nlohmann::json m = valid_manifest();
+  auto& ws = m["tensors"]["model/w"]["shards"];
+  ws[0]["xxh64"] = s0[0];
+  ws[1]["xxh64"] = s1[0];
+  ws[2]["xxh64"] = s1[1];
+  m["tensors"]["model/b"]["shards"][0]["xxh64"] = s0[1];
+  return m.dump(1);
+}
+
+// The manifest as a loader reads it (ckpt::Reader over the real shard files);
+// an accepted one must describe tensors its shards tile exactly, and every
+// tensor must then read whole.
 void check_manifest(const std::string& text) {
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(text);
-    validate_manifest(m, "fuzz/manifest.json");
-  } catch (const std::exception&) {
-    return;  // refused: fine
-  }
+  const fs::path dir = fs::path(fuzz::scratch()) / "step_00000003";
+  std::ofstream(dir / "manifest.json", std::ios::trunc) << text;
+  meshtrain::ckpt::Reader reader(dir.string());
+  const nlohmann::json& m = reader.manifest();
   for (const auto& [name, t] : m["tensors"].items()) {
     const auto shape = t["shape"].get<std::vector<int64_t>>();
     __int128 volume = 1, covered = 0;
@@ -248,52 +227,35 @@ void check_manifest(const std::string& text) {
     for (const auto& s : t["shards"]) {
       const std::string file = s["file"];
       if (file.find('/') != std::string::npos || file == ".." || file == "." || file.empty()) {
-        throw std::logic_error("accepted shard file " + file);
+        throw fuzz::BadAccept("shard file " + file);
       }
       const auto off = s["offsets"].get<std::vector<int64_t>>(), len = s["shape"].get<std::vector<int64_t>>();
       __int128 v = 1;
       for (size_t d = 0; d < shape.size(); ++d) {
-        if (off.at(d) < 0 || len.at(d) < 0 || off[d] + len[d] > shape[d]) throw std::logic_error("accepted a shard outside " + name);
+        if (off.at(d) < 0 || len.at(d) < 0 || off[d] + len[d] > shape[d]) throw fuzz::BadAccept("a shard outside " + name);
         v *= len[d];
       }
       covered += v;
     }
-    if (covered != volume) throw std::logic_error("accepted shards that do not tile " + name);
+    if (covered != volume) throw fuzz::BadAccept("shards that do not tile " + name);
+    reader.read_full(name);
   }
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const long n = argc > 1 ? std::atol(argv[1]) : 10000;
-  const uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
-  const fs::path dir = fs::temp_directory_path() / ("meshtrain_fuzz_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  const std::string file = (dir / "f.safetensors").string();
-  const std::string good = valid_safetensors();
-  const nlohmann::json manifest = valid_manifest();
-  int rc = 0;
-  try {
-    check_safetensors(file, good);
-    const SafetensorsFile opened(file);  // the unmutated file must open
-    if (opened.entries().size() != 3) throw std::runtime_error("the valid file lost entries");
-    validate_manifest(manifest, "valid");
-    for (long i = 0; i < n; ++i) {
-      Rng r{seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(i) + 1};
-      try {
-        check_safetensors(file, mutate_safetensors(good, r));
-        check_manifest(mutate_manifest(manifest, r));
-      } catch (const std::logic_error& e) {
-        std::fprintf(stderr, "fuzz_parsers: mutation %ld (seed %llu): %s\n", i, static_cast<unsigned long long>(seed),
-                     e.what());
-        rc = 1;
-      }
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fuzz_parsers: the valid inputs were refused: %s\n", e.what());
-    rc = 1;
-  }
-  fs::remove_all(dir);
-  if (rc == 0) std::printf("fuzz_parsers: %ld mutations of a safetensors file and of a manifest: no crash, no bad accept\n", n);
-  return rc;
+std::vector<fuzz::Target> ckpt_targets() {
+  fuzz::Target st;
+  st.name = "safetensors";
+  st.seeds = {valid_safetensors()};
+  st.dictionary = {"\"dtype\"", "\"shape\"", "\"data_offsets\"", "\"__metadata__\"", "\"F32\"", "\"BF16\"", "\"I64\""};
+  st.mutate = mutate_safetensors;
+  st.run = check_safetensors;
+  fuzz::Target man;
+  man.name = "manifest";
+  man.seeds = {valid_checkpoint()};
+  man.dictionary = {"\"shards\"", "\"offsets\"", "\"shape\"", "\"file\"", "\"key\"", "\"xxh64\"", "\"dtype\"", "\"tensors\""};
+  man.mutate = mutate_manifest;
+  man.run = check_manifest;
+  return {st, man};
 }
