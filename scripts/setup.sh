@@ -18,6 +18,7 @@ PACKAGES=(
   bible-kjv                           # the demo corpus: KJV text + its reader `bible`
   iproute2 util-linux                 # hosts in network namespaces (tests/test_multihost.cpp: ip, unshare)
   slurm-wlm munge openmpi-bin         # Slurm and mpirun for real (scripts/slurm_local.sh, the Mpi test)
+  strace                              # which system calls the ranks make (MoeCli.PtracerOnlyWhenCrossMemoryAttachIsUsed)
 )
 
 missing=()

@@ -89,5 +89,27 @@ TEST(MoeCli, CheckPlanAgreesOnMoeRuns) {
   }
 }
 
+// Cross-memory attach (comm_shm.cpp) opens a rank to its user's other processes (PR_SET_PTRACER_ANY)
+// so that Yama lets the peers read it. Only a run that uses it may: an ep 2 run's all-to-alls do, the same
+// run with MESHTRAIN_SHM_CMA=0 and a dp 2 run (no all-to-all) do not. Observed with strace on the real
+// ranks (the launcher's children), since no interface reads the setting back.
+TEST(MoeCli, PtracerOnlyWhenCrossMemoryAttachIsUsed) {
+  if (run_command("strace -V").code != 0) GTEST_SKIP() << "strace is not installed (scripts/setup.sh installs it)";
+  Dir d;
+  const std::string trace = (d.path / "prctl.txt").string();
+  auto ptracer_calls = [&](const std::string& env, const std::string& sets) {
+    const auto run = run_command(env + " strace -f -qq -e trace=prctl -o " + trace + " " + MESHTRAIN_BIN + " train " +
+                                 moe_config(d) + " --nproc 2 --set train.steps=2 " + sets);
+    EXPECT_EQ(run.code, 0) << run.output;
+    std::ifstream f(trace);
+    int calls = 0;
+    for (std::string line; std::getline(f, line);) calls += line.find("PR_SET_PTRACER") != std::string::npos;
+    return calls;
+  };
+  EXPECT_EQ(ptracer_calls("MESHTRAIN_SHM_CMA=1", "--set parallel.ep=2"), 2);  // each rank, once
+  EXPECT_EQ(ptracer_calls("MESHTRAIN_SHM_CMA=0", "--set parallel.ep=2"), 0);
+  EXPECT_EQ(ptracer_calls("MESHTRAIN_SHM_CMA=1", "--set parallel.ep=1"), 0);
+}
+
 }  // namespace
 }  // namespace meshtrain::test

@@ -25,6 +25,7 @@
 #include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
+#include "meshtrain/train/memory_estimate.h"
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
@@ -355,7 +356,12 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
   }
   if (!warn_memory) return device;
   // The planner's estimate against this host's memory: a warning, not an error (it is an estimate).
-  const double per_rank = plan::memory_ledger(c.model, strategy_of(c, dp), plan::MemoryOptions{0, 0}).peak().device_total();
+  // On the CPU: the trainer's estimate (train/memory_estimate.h), with this process's resident size standing in
+  // for a rank's at its start (the same binary and libraries, loaded); on a GPU the plan's device ledger.
+  const double per_rank =
+      device == DeviceKind::Cpu
+          ? estimate_memory(c, dp, resident_bytes(), file_resident_bytes(), 0).total()
+          : plan::memory_ledger(c.model, strategy_of(c, dp), plan::MemoryOptions{0, 0}).peak().device_total();
   const double available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   const int local = ranks_per_node;  // the ranks of this launch on this host
   if (warn_memory && per_rank * local > available) {

@@ -39,6 +39,8 @@
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/memory.h"
+#include "meshtrain/runtime/tensor_memory.h"
+#include "meshtrain/train/memory_estimate.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/trainer.h"
@@ -284,6 +286,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
 
 int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   if (c.method == "grpo" || c.method == "ppo") return train_rl(c, runtime);
+  tensor_memory::install();
   Runtime* rt = &runtime;
   // Also checked before launching (a foreign launcher skips that); one process warns here.
   const DeviceKind device =
@@ -301,6 +304,14 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   if (lead) fmt::print("{}{}\n", layout.table(rt->env().local_world_size), transport_variables());
   if (lead) fmt::print("device {} (train.device = \"{}\"; {} CUDA device(s) visible)\n", to_string(device), c.device,
                        cuda_device_count());
+  // The memory estimate's start point (on the CPU): resident bytes before the engine allocates anything,
+  // then the first GEMMs' workspace measured right after it (train/memory_estimate.h).
+  std::optional<MemoryEstimate> mem_estimate;
+  if (!computes_on_cuda()) {
+    const double at_start = resident_bytes();
+    const double files_at_start = file_resident_bytes();
+    mem_estimate = estimate_memory(c, data.size(), at_start, files_at_start, measure_gemm_workspace(c));
+  }
   TrainEngine engine(c, *rt, mesh, accumulation, lead);
   TokenLoader loader = train_loader(c, data.rank(), data.size());
   std::vector<std::pair<std::string, std::vector<TokenizedChoice>>> tasks;  // [eval] tasks, tokenized on every rank
@@ -324,9 +335,11 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   if (lead) {
     const plan::Strategy s = strategy_of(c, data.size());
     const auto mem = plan::memory_ledger(c.model, s, plan::MemoryOptions{0, 0});
-    fmt::print("model {}: {} parameters ({} on this rank); estimated {} per rank ({}, Adam)\n", c.model.name,
+    fmt::print("model {}: {} parameters ({} on this rank); estimated {} ({}, Adam)\n", c.model.name,
                plan::count_params(c.model, 128 * c.tp).total, engine.local_params(),
-               plan::human_bytes(mem.peak().device_total()), c.precision);
+               mem_estimate ? mem_estimate->describe()
+                            : plan::human_bytes(mem.peak().device_total()) + " per rank on the device (plan ledger)",
+               c.precision);
     fmt::print("global batch {} x {} tokens = {} micro-batches of {} on {} data-parallel ranks x {} accumulation steps{}\n",
                c.global_batch, c.seq, c.global_batch / c.micro_batch, c.micro_batch, data.size(), accumulation,
                c.cp > 1 ? fmt::format("; each sequence over {} context-parallel ranks ({} attention, {} tokens each)",
@@ -502,6 +515,12 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                    c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
                                           100 * wait / dt, 100 * predicted)
                             : "");
+      }
+      // The estimate's check, once every buffer has been touched (the shared-memory segments' second
+      // buffers by step 2's collectives).
+      if (mem_estimate && s == std::min(start + 2, last)) {
+        fmt::print("{}\n", memory_check_line(*mem_estimate, peak_rss_bytes(), file_resident_bytes(),
+                                             static_cast<double>(tensor_memory::peak_bytes()), s));
       }
       if (!val.empty()) {
         fmt::print("step {:>5} | validation loss {:.4f}{}\n", s, val[0],

@@ -1,0 +1,27 @@
+// Bytes of tensor storage this process holds on the CPU, counted as libtorch
+// allocates and frees them: the CPU's analogue of CUDA's memory_allocated()
+// and max_memory_allocated().
+//
+// install() replaces libtorch's default CPU allocator (c10::SetCPUAllocator,
+// above the default's priority) with one that takes its memory where the
+// default does (c10::alloc_cpu, the same alignment) and counts it; every
+// storage allocated after that is counted until it is freed. What it gives
+// up: the default's reports to the autograd profiler's memory view. Storages that
+// existed before, and memory libtorch does not allocate as a tensor (BLAS
+// workspaces, Gloo's buffers, the malloc arenas' slack), are not: the
+// process's resident size (train/memory.h) holds those.
+#pragma once
+
+#include <cstdint>
+
+namespace meshtrain::tensor_memory {
+
+// Idempotent; thread-safe. Counting starts at the first call.
+void install();
+bool installed();
+
+int64_t current_bytes();  // storage live now
+int64_t peak_bytes();     // the most live at once since install() or the last reset_peak()
+void reset_peak();        // peak := current
+
+}  // namespace meshtrain::tensor_memory
