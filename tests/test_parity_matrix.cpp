@@ -47,11 +47,15 @@ std::string matrix_config(const Dir& d) {
                                     "log_every = 1\n");
 }
 
-// "{dir}" in the sets -> `dir`.
+// "{dir}" in the sets -> `dir`, "{data}" -> the matrix's token shard (beside `dir`).
 std::vector<std::string> with_dir(std::vector<std::string> sets, const std::string& dir) {
+  const std::string data = (std::filesystem::path(dir).parent_path() / "matrix.bin").string();
   for (auto& s : sets) {
-    const size_t at = s.find("{dir}");
-    if (at != std::string::npos) s.replace(at, 5, dir);
+    for (const auto& [key, value] : {std::pair<std::string, std::string>{"{dir}", dir}, {"{data}", data}}) {
+      for (size_t at = s.find(key); at != std::string::npos; at = s.find(key, at + value.size())) {
+        s.replace(at, key.size(), value);
+      }
+    }
   }
   return sets;
 }

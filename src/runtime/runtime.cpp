@@ -59,6 +59,10 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::m
     store->setTimeout(timeout);
     return store;
   }
+  // Across hosts a job token is required (job_token.h); given, it is checked on any TCP store. Checked
+  // before rank 0 opens a socket: a refused start listens on nothing.
+  const std::optional<std::string> token = job_token();
+  check_job_token(env.world_size > env.local_world_size && !loopback_host(env.master_addr));
   // Across hosts: rank 0 serves the store on the master address only (listen_on).
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(env.master_port);
@@ -67,9 +71,6 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, std::chrono::m
   o.numWorkers = env.world_size;
   o.waitWorkers = true;
   o.timeout = timeout;
-  // Across hosts a job token is required (job_token.h); given, it is checked on any TCP store.
-  const std::optional<std::string> token = job_token();
-  check_job_token(env.world_size > env.local_world_size && !loopback_host(env.master_addr));
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);

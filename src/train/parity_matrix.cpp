@@ -81,6 +81,18 @@ std::vector<MatrixRow> build() {
           {T, T, T, T, T, refused(kNoExperts)}),
       row("replica_check", "replica check every step", {"check.replicas_every=1"}, 1,
           {T, T, T, T, T, refused(kNoExperts)}),
+      // Adapters on the matrix's (randomly initialised) base: the base frozen, only the adapters trained.
+      row("lora", "LoRA (rank 4)", {"lora.rank=4"}, 1,
+          {T, T, T, T, refused("trains with DDP or ZeRO-1/2 for now"), refused(kNoExperts)}),
+      row("bottleneck", "bottleneck adapters (width 8)", {"adapters.bottleneck=8"}, 1,
+          {T, T, T, T, refused("trains with DDP or ZeRO-1/2"), refused(kNoExperts)}),
+      // A mixture of the matrix's data with itself at weights 1 and 2: Megatron-LM's blending order.
+      row("mixture", "data mixture (2 sources)",
+          {"data.train=[]", "data.sources=[{name=\"a\", path=\"{data}\", weight=1.0}, "
+                            "{name=\"b\", path=\"{data}\", weight=2.0}]"},
+          1, {T, T, T, T, T, refused(kNoExperts)}),
+      row("sdpa", "attention through ATen's SDPA", {"model.attention=\"sdpa\""}, 1,
+          {T, T, T, refused("sdpa"), T, refused(kNoExperts)}),
   };
   // bf16 autocast: two reduction orders part by more than fp32's 1e-5 once a
   // weight rounds to another bf16 (2^-9); the band DDP itself keeps against

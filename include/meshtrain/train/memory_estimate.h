@@ -11,15 +11,16 @@
 //        + BLAS workspace                    measured: the first GEMMs' per-thread buffers
 //
 // The allocator line: libtorch's CPU allocator takes its storage from glibc's
-// malloc, whose mmap threshold rises to the largest block freed (up to 32 MiB),
-// so after the first frees a step's activations come from the heap, and the
-// heap keeps freed blocks that later requests of other sizes cannot reuse.
-// Measured with the counting allocator (runtime/tensor_memory.h): the heap
-// holds about 0.6x the step's transient tensors (activations, logits) beyond
-// the live ones (bench/memory.sh, docs/bench-memory.md: 0.46-0.73 on one rank
-// over seq 32-256 and micro-batch 1-32; less under ZeRO, more under
-// recomputation, pipelining and context parallelism). A fixed mmap threshold
-// removes it, at 30-40% of the step rate, which is why it is counted, not avoided.
+// malloc, and each rank runs with glibc's mmap off and its trimming at 64 GiB
+// (runtime/threads.h: freed buffers stay in the heap, 1.5-4x faster steps,
+// PLATFORM.md), so every tensor comes from the heap and the heap keeps freed
+// blocks that later requests of other sizes cannot reuse. Measured with the
+// counting allocator (runtime/tensor_memory.h): the heap holds about 0.6x the
+// step's transient tensors (activations, logits) beyond the live ones
+// (bench/memory.sh, docs/bench-memory.md: 0.46-0.73 on one rank over seq
+// 32-256 and micro-batch 1-32; less under ZeRO, more under recomputation,
+// pipelining and context parallelism). Returning memory to the kernel instead
+// (glibc.malloc.mmap_threshold=131072) costs 30-40% of the step rate here.
 #pragma once
 
 #include <string>

@@ -37,7 +37,7 @@ struct MatrixCell {
 
 struct MatrixRow {
   std::string name, feature;      // "zero3", "ZeRO-3"
-  std::vector<std::string> sets;  // key=value; "{dir}" stands for a scratch directory per run
+  std::vector<std::string> sets;  // key=value; "{dir}": a scratch directory per run, "{data}": the token shard
   int dp = 1;                     // data ranks of the row's own mesh
   double loss_tol = 1e-5, norm_tol = 1e-5;  // relative, per step; fp32 unless the row says why
   std::vector<MatrixCell> cells;  // one per axis, in matrix_axes() order
