@@ -67,6 +67,9 @@ std::vector<MatrixRow> build() {
       row("cp_allgather", "context parallel, all-gathered K/V", {"parallel.cp=2", "parallel.cp_impl=\"allgather\""}, 1,
           {T, T, T, T, T, refused(kNoExperts)}),
       row("moe_dropless", "MoE, dropless (4 experts, top-2, aux loss)", moe, 1, {T, T, T, refused(kMoeCp), T, T}),
+      // Experts split over ep 2 in the row's own mesh: its dp cell (ep 2 x dp 2) is where the experts'
+      // gradients are reduced over their own replicas (dp x cp), apart from the dense ones.
+      row("moe_ep", "MoE, experts over ep 2", with(moe, {"parallel.ep=2"}), 1, {T, T, T, refused(kMoeCp), T, T}),
       row("moe_capacity", "MoE, capacity factor 1.25", with(moe, {"model.capacity_factor=1.25"}), 1,
           {T, T, refused("capacity and drop priority would be per tp shard"), refused(kMoeCp), T, T}),
       row("recompute_full", "recomputation, full", {"train.recompute=\"full\""}, 1,
