@@ -51,6 +51,18 @@ TEST(TensorMemory, CountsWhatLibtorchAllocatesAndFrees) {
   at::Tensor r = at::arange(10, at::kFloat);
   r.resize_({1000});
   EXPECT_EQ(r[9].item<float>(), 9);
+  // Uninstalled: libtorch's default allocator again; what was counted is still subtracted when freed.
+  at::Tensor counted = at::empty({100}, at::kFloat);
+  const int64_t with_counted = tensor_memory::current_bytes();
+  tensor_memory::uninstall();
+  EXPECT_FALSE(tensor_memory::installed());
+  EXPECT_EQ(c10::GetCPUAllocator(), c10::GetDefaultCPUAllocator());
+  { at::Tensor plain = at::empty({1000}, at::kFloat); }
+  EXPECT_EQ(tensor_memory::current_bytes(), with_counted);
+  counted = at::Tensor();
+  EXPECT_EQ(tensor_memory::current_bytes(), with_counted - 400);
+  tensor_memory::install();  // counting again, as the other tests in this process found it
+  EXPECT_TRUE(tensor_memory::installed());
 }
 
 struct Check {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -54,14 +55,26 @@ class CountingAllocator final : public c10::Allocator {
 
 }  // namespace
 
+std::mutex g_switch;  // install() and uninstall()
+
 void install() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // Priority 1 outranks the default CPU allocator's registration (0); it lives for the process.
-    static CountingAllocator counting;
-    c10::SetCPUAllocator(&counting, 1);
-    g_installed = true;
-  });
+  std::lock_guard<std::mutex> lock(g_switch);
+  if (g_installed) return;
+  // Priority 1 outranks the default CPU allocator's registration (0); the allocator lives for the process
+  // (storages it allocated free through it after uninstall()).
+  static CountingAllocator counting;
+  c10::SetCPUAllocator(&counting, 1);
+  g_installed = true;
+}
+
+void uninstall() {
+  std::lock_guard<std::mutex> lock(g_switch);
+  if (!g_installed) return;
+  c10::SetCPUAllocator(c10::GetDefaultCPUAllocator(), 1);  // the same priority replaces ours
+  if (c10::GetCPUAllocator() != c10::GetDefaultCPUAllocator()) {
+    throw std::logic_error("tensor_memory::uninstall: libtorch kept the counting allocator");
+  }
+  g_installed = false;
 }
 
 bool installed() { return g_installed.load(); }

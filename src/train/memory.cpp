@@ -73,7 +73,8 @@ namespace {
 
 std::atomic<double> g_peak_floor{0};  // the high-water mark before PeakProbe's last reset
 
-// A "Vm...:   123 kB" line of /proc/self/status, in bytes.
+}  // namespace
+
 double proc_status_bytes(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -83,8 +84,6 @@ double proc_status_bytes(const char* key) {
   }
   throw std::runtime_error(fmt::format("/proc/self/status has no {} line", key));
 }
-
-}  // namespace
 
 double peak_rss_bytes() {
   rusage u{};

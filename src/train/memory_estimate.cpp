@@ -4,14 +4,13 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
-#include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/memory.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -114,22 +113,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int dp, double at_start, do
   return e;
 }
 
-namespace {
-
-// A "Key:   123 kB" line of /proc/self/status, in bytes.
-double status_bytes(const char* key) {
-  std::ifstream f("/proc/self/status");
-  const std::string want = std::string(key) + ":";
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind(want, 0) == 0) return std::stod(line.substr(want.size())) * 1024.0;
-  }
-  throw std::runtime_error(fmt::format("/proc/self/status has no {} line", key));
-}
-
-}  // namespace
-
-double resident_bytes() { return status_bytes("VmRSS"); }
-double file_resident_bytes() { return status_bytes("RssFile"); }
+double resident_bytes() { return proc_status_bytes("VmRSS"); }
+double file_resident_bytes() { return proc_status_bytes("RssFile"); }
 
 double measure_gemm_workspace(const TrainConfig& c) {
   const int64_t tp = c.tp, h = c.model.hidden;

@@ -584,6 +584,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     }
     if ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last) save(s);
     if (s == start + 1 && lead) fmt::print("{}", engine.memory_report(dp.size(), c.precision));
+    if (s == std::min(start + 2, last)) tensor_memory::uninstall();  // checked: later steps at full speed
   }
   if (saver) {
     saver->finish();

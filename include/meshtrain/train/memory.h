@@ -43,6 +43,10 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
 // measured row for this run (`mode`: e.g. "DDP fp32").
 std::string memory_table(int64_t psi, int n, const MemoryUse& measured, const std::string& mode);
 
+// A "Key:   123 kB" line of /proc/self/status (VmRSS, VmHWM, RssFile...), in
+// bytes; throws std::runtime_error when the line is absent.
+double proc_status_bytes(const char* key);
+
 // This process's resident-memory high-water mark (getrusage), in bytes; a
 // PeakProbe's reset of the kernel's mark does not lower it.
 double peak_rss_bytes();
