@@ -9,6 +9,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "meshtrain/runtime/vector_math_warmup.h"
+
 namespace meshtrain {
 namespace {
 
@@ -58,6 +60,7 @@ void configure_threads(int local_world_size) {
   }
   using SetThreads = void (*)(int);
   if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
+  warm_up_vector_math();
 }
 
 std::vector<std::pair<std::string, std::string>> missing_rank_environment(int local_world_size) {
