@@ -14,6 +14,7 @@ namespace {
 
 std::atomic<int64_t> g_current{0}, g_peak{0};
 std::atomic<bool> g_installed{false};
+std::mutex g_switch;  // install() and uninstall()
 
 void add(int64_t n) {
   const int64_t now = g_current.fetch_add(n, std::memory_order_relaxed) + n;
@@ -54,8 +55,6 @@ class CountingAllocator final : public c10::Allocator {
 };
 
 }  // namespace
-
-std::mutex g_switch;  // install() and uninstall()
 
 void install() {
   std::lock_guard<std::mutex> lock(g_switch);
