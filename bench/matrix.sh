@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #41: the parity matrix (train/parity_matrix.h) as `meshtrain matrix`
 # prints it, and what proving it costs: the wall time of its ctest entries
-# (the generic runner's two halves, run side by side as CI runs them).
+# (the generic runner's three parts, run side by side as CI runs them).
 # Writes docs/parity-matrix.md.
 # Usage: bench/matrix.sh [BUILD_DIR]
 set -euo pipefail
@@ -24,11 +24,14 @@ end=$(date +%s.%N)
 
 Each row is a feature, each column a mesh axis set to 2 on top of the row's own mesh (`dp`: twice the data ranks;
 `sp`: tp 2 with sequence parallelism). A cell is either `= TEST`, the test that shows the combination equals one
-process (the loss and the gradient norm of every step, relative 1e-5 in fp32, over 6 steps that cross an epoch), or
+process (the loss, the gradient norm and the row's own metrics of every step, relative 1e-5 in fp32, over 6 steps
+that cross an epoch; bf16 rows: 2e-3 and 1e-2), or
 `refused: "..."`, a piece of the one error the combination gets before any rank starts. The walk
 (`ParityMatrixWalk.EveryCellIsTestedOrRefused`) tries every refused cell's config and checks that every tested
 cell's config is accepted and its test exists; the generic runner (`ParityMatrix/Row.Cells/<row>`) runs each row's
-one-process reference and its tested cells through `meshtrain train`. The table is the code's
+one-process reference and its tested cells through `meshtrain train`. Post-training rows train on what
+`meshtrain tokenize task --name arithmetic` writes (conversations, preference pairs, RL prompts); QLoRA on a
+checkpoint of the matrix's run. The table is the code's
 (`include/meshtrain/train/parity_matrix.h`); `meshtrain matrix` prints it:
 
 TEXT

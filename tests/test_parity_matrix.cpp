@@ -6,17 +6,24 @@
 // check_run (what `meshtrain train` runs before any rank starts) with its
 // error; a tested cell's config is accepted and its test exists (in this
 // binary, or in test_comm_mp's list); every row's one-process reference is
-// accepted. The runner (ParityMatrix/Row.Cells/<row>): the reference, then
-// each cell, through `meshtrain train` as a user runs it; per step the loss
-// and the gradient norm within the row's tolerance, over 6 steps that cross
-// an epoch (37 windows, 4 global batches of 8 per epoch).
+// accepted; every row runs in one of CTest's parity_matrix_* entries. The
+// runner (ParityMatrix/Row.Cells/<row>): the reference, then each cell,
+// through `meshtrain train` as a user runs it; per step the loss, the
+// gradient norm and the row's own metrics within the row's tolerance, over 6
+// steps that cross an epoch (37 windows, 4 global batches of 8 per epoch; the
+// post-training rows' data: parity_matrix.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
@@ -47,17 +54,87 @@ std::string matrix_config(const Dir& d) {
                                     "log_every = 1\n");
 }
 
-// "{dir}" in the sets -> `dir`, "{data}" -> the matrix's token shard (beside `dir`).
-std::vector<std::string> with_dir(std::vector<std::string> sets, const std::string& dir) {
-  const std::string data = (std::filesystem::path(dir).parent_path() / "matrix.bin").string();
-  for (auto& s : sets) {
-    for (const auto& [key, value] : {std::pair<std::string, std::string>{"{dir}", dir}, {"{data}", data}}) {
-      for (size_t at = s.find(key); at != std::string::npos; at = s.find(key, at + value.size())) {
-        s.replace(at, key.size(), value);
+// The files a row's sets name, made in `d` on first use: "{data}" the matrix's token shard, "{task}"
+// `meshtrain tokenize task`'s directory (SFT conversations, preference pairs, RL prompts), "{base}" a
+// checkpoint of the matrix's run (2 steps, one process); "{dir}" is each run's own scratch directory.
+class MatrixFiles {
+ public:
+  explicit MatrixFiles(const Dir& d) : d_(d), config_(matrix_config(d)) {}
+  const std::string& config() const { return config_; }
+
+  std::vector<std::string> expand(std::vector<std::string> sets, const std::string& dir) {
+    for (auto& s : sets) {
+      for (const char* key : {"{dir}", "{data}", "{task}", "{base}"}) {
+        for (size_t at = s.find(key); at != std::string::npos; at = s.find(key, at)) {
+          const std::string value = std::string(key) == "{dir}" ? dir : path(key);
+          s.replace(at, std::string(key).size(), value);
+          at += value.size();
+        }
       }
     }
+    return sets;
   }
-  return sets;
+
+ private:
+  std::string path(const std::string& key) {
+    if (key == "{data}") return (d_.path / "matrix.bin").string();
+    const std::string out = (d_.path / (key == "{task}" ? "task" : "base")).string();
+    if (std::filesystem::exists(out)) return out;
+    const std::string bin = MESHTRAIN_BIN;
+    const auto run = test::run_command(key == "{task}" ? bin + " tokenize task --name arithmetic --seq 32 --count 40 --out " + out
+                                                 : bin + " train " + config_ + " --set train.steps=2 --set "
+                                                   "parallel.nproc=1 --set checkpoint.dir='\"" + out + "\"'");
+    EXPECT_EQ(run.code, 0) << key << "\n" << run.output;
+    return out;
+  }
+
+  const Dir& d_;
+  std::string config_;
+};
+
+// `s` as one shell word (the reward command's awk program has single quotes).
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// step -> the metrics line of a step that trained (an RL run's file starts with a step-0 line).
+std::map<int, nlohmann::json> trained_steps(const std::string& file) {
+  std::map<int, nlohmann::json> out;
+  std::ifstream f(file);
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    const int step = j.at("step").get<int>();
+    out[step] = std::move(j);
+  }
+  return out;
+}
+
+// Per step of a 6-step run: the loss within loss_tol x max(|loss|, loss_scale), the gradient norm within norm_tol
+// relative (and not 0: a step without a gradient proves nothing), the row's other metrics within
+// loss_tol x max(|v|, 1) (DPO's rewards and margins are differences of log-probabilities summed over a
+// sequence, of size ~100, and 0 at the start by construction: their rounding follows the sums).
+// `cell` holds the steps after `from` (a resumed run), `one` all 6.
+void expect_close_metrics(const MatrixRow& row, const std::string& one, const std::string& cell, int from = 0) {
+  const auto a = trained_steps(one), b = trained_steps(cell);
+  ASSERT_EQ(a.size(), 6u) << one;
+  ASSERT_EQ(b.size(), 6u - from) << cell;
+  for (const auto& [step, x] : a) {
+    if (step <= from) continue;
+    ASSERT_TRUE(b.count(step)) << "step " << step << " in " << cell;
+    const nlohmann::json& y = b.at(step);
+    const auto near = [&](const std::string& key, double tol, double scale) {
+      ASSERT_TRUE(x.contains(key) && y.contains(key)) << key << ", step " << step;
+      const double u = x.at(key).get<double>(), v = y.at(key).get<double>();
+      EXPECT_NEAR(u, v, tol * std::max(std::abs(u), scale)) << key << ", step " << step << " (" << cell << ")";
+    };
+    near("loss", row.loss_tol, row.loss_scale);
+    EXPECT_GT(x.at("grad_norm").get<double>(), 0) << "step " << step << " of " << one << " has no gradient";
+    near("grad_norm", row.norm_tol, 0);
+    for (const auto& key : row.metrics) near(key, row.loss_tol, 1);
+  }
 }
 
 // The error load_train_config or check_run gives ("" when both accept).
@@ -94,23 +171,49 @@ std::set<std::string> known_tests() {
   return out;
 }
 
+// `name` matches gtest filter pattern `p` ('*': any run of characters; '?': one).
+bool filter_match(const char* p, const char* name) {
+  if (*p == '\0') return *name == '\0';
+  if (*p == '*') return filter_match(p + 1, name) || (*name != '\0' && filter_match(p, name + 1));
+  return *name != '\0' && (*p == '?' || *p == *name) && filter_match(p + 1, name + 1);
+}
+
+// The generic runner's tests that CTest runs: the --gtest_filter patterns of tests/CMakeLists.txt.
+std::vector<std::string> ctest_patterns() {
+  std::ifstream f(std::string(MESHTRAIN_SOURCE_DIR) + "/tests/CMakeLists.txt");
+  EXPECT_TRUE(f.good());
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);) {
+    const size_t at = line.find("--gtest_filter=ParityMatrix/");
+    if (at == std::string::npos) continue;
+    std::istringstream patterns(line.substr(at + 15, line.find_first_of(" )", at) - at - 15));
+    for (std::string p; std::getline(patterns, p, ':');) out.push_back(p);
+  }
+  return out;
+}
+
 TEST(ParityMatrixWalk, EveryCellIsTestedOrRefused) {
   Dir d;
-  const std::string cfg = matrix_config(d);
+  MatrixFiles files(d);
+  const std::string& cfg = files.config();
   const std::set<std::string> tests = known_tests();
+  const std::vector<std::string> ctest = ctest_patterns();
   const auto& axes = matrix_axes();
   std::set<std::string> names;
   for (const MatrixRow& row : parity_matrix()) {
     EXPECT_TRUE(names.insert(row.name).second) << "two rows named " << row.name;
+    EXPECT_TRUE(std::any_of(ctest.begin(), ctest.end(),
+                            [&](const std::string& p) { return filter_match(p.c_str(), generic_test(row).c_str()); }))
+        << row.name << ": in no parity_matrix_* entry of tests/CMakeLists.txt, so CTest never runs its cells";
     ASSERT_EQ(row.cells.size(), axes.size()) << row.name;
     const std::string dir = (d.path / ("ck_" + row.name)).string();
-    EXPECT_EQ(refusal(cfg, with_dir(reference_sets(row), dir), 1), "") << row.name << ": the reference";
+    EXPECT_EQ(refusal(cfg, files.expand(reference_sets(row), dir), 1), "") << row.name << ": the reference";
     for (size_t i = 0; i < axes.size(); ++i) {
       const MatrixCell& cell = row.cells[i];
       const std::string where = row.name + " x " + axes[i].name;
       EXPECT_EQ(cell.column, axes[i].name) << where;
       const CellRun run = cell_run(row, axes[i]);
-      const std::string error = refusal(cfg, with_dir(run.sets, dir), run.ranks);
+      const std::string error = refusal(cfg, files.expand(run.sets, dir), run.ranks);
       if (cell.refused) {
         EXPECT_FALSE(cell.what.empty()) << where;
         EXPECT_NE(error.find(cell.what), std::string::npos)
@@ -131,16 +234,19 @@ TEST(ParityMatrixWalk, EveryCellIsTestedOrRefused) {
 
 class Row : public testing::TestWithParam<std::string> {};
 
-// The row's reference on one process, then each cell the generic runner proves.
+// The row's reference on one process, then each cell the generic runner proves: the cell's mesh
+// trains the 6 steps, saving a checkpoint on the way (every 3 steps, or as the row says), and one
+// process resumes from its first checkpoint: the resumed steps, across the epoch boundary, equal
+// the reference's too.
 TEST_P(Row, Cells) {
   const MatrixRow* row = nullptr;
   for (const auto& r : parity_matrix()) row = r.name == GetParam() ? &r : row;
   ASSERT_NE(row, nullptr);
   Dir d;
-  const std::string cfg = matrix_config(d);
+  MatrixFiles files(d);
   const auto train = [&](const std::vector<std::string>& sets, const std::string& tag) {
-    std::string command = std::string(MESHTRAIN_BIN) + " train " + cfg;
-    for (const auto& s : with_dir(sets, (d.path / ("ck_" + tag)).string())) command += " --set '" + s + "'";
+    std::string command = std::string(MESHTRAIN_BIN) + " train " + files.config();
+    for (const auto& s : files.expand(sets, (d.path / ("ck_" + tag)).string())) command += " --set " + shell_quote(s);
     const std::string metrics = (d.path / (tag + ".metrics")).string();
     const auto r = test::run_command(command + " --set 'train.metrics=\"" + metrics + "\"'");
     EXPECT_EQ(r.code, 0) << tag << "\n" << r.output;
@@ -152,8 +258,23 @@ TEST_P(Row, Cells) {
     const MatrixCell& cell = row->cells[i];
     if (cell.refused || !cell.what.empty()) continue;
     SCOPED_TRACE(row->name + " x " + axes[i].name);
-    const std::string cell_metrics = train(cell_run(*row, axes[i]).sets, axes[i].name);
-    test::expect_close_losses(reference, cell_metrics, 0, 6, row->loss_tol, row->norm_tol);
+    std::vector<std::string> sets = cell_run(*row, axes[i]).sets;
+    if (std::none_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("checkpoint.dir=", 0) == 0; })) {
+      sets.insert(sets.end(), {"checkpoint.dir=\"{dir}\"", "checkpoint.every=3"});
+    }
+    const std::string cell_metrics = train(sets, axes[i].name);
+    expect_close_metrics(*row, reference, cell_metrics);
+    // The cell's first checkpoint, resumed on one process.
+    std::set<std::string> saved;
+    for (const auto& e : std::filesystem::directory_iterator(d.path / ("ck_" + axes[i].name))) {
+      if (e.path().filename().string().rfind("step_", 0) == 0) saved.insert(e.path().string());
+    }
+    ASSERT_FALSE(saved.empty()) << "no checkpoint in " << (d.path / ("ck_" + axes[i].name));
+    const int from = std::stoi(std::filesystem::path(*saved.begin()).filename().string().substr(5));
+    ASSERT_LT(from, 6) << *saved.begin();
+    std::vector<std::string> resume = reference_sets(*row);
+    resume.push_back("checkpoint.resume=\"" + *saved.begin() + "\"");
+    expect_close_metrics(*row, reference, train(resume, axes[i].name + "_resumed"), from);
   }
 }
 

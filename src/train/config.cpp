@@ -317,7 +317,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     // A pair's loss needs each sequence's whole log-probability on one rank.
     if (c.pp > 1 || c.cp > 1) {
       throw std::invalid_argument(fmt::format("{}: train.method = \"dpo\" needs each sequence whole on one rank: "
-                                              "parallel.pp = {} and parallel.cp = {} must be 1 (tp, dp and ZeRO work)",
+                                              "parallel.pp and cp must be 1 (they are {}, {}); tp, dp and ZeRO work",
                                               path, c.pp, c.cp));
     }
     try {
@@ -357,7 +357,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   // Adapters train with DDP or ZeRO-1/2 (the frozen base stays whole, out of ZeRO's flats), not ZeRO-3 or pp yet.
   if (c.lora.rank > 0 && (c.zero > 2 || c.pp > 1)) {
     throw std::invalid_argument(fmt::format("{}: LoRA (lora.rank = {}) trains with DDP or ZeRO-1/2 for now: "
-                                            "parallel.zero = {} must be at most 2 and parallel.pp = {} must be 1",
+                                            "parallel.zero must be at most 2 and parallel.pp 1 (they are {}, {})",
                                             path, c.lora.rank, c.zero, c.pp));
   }
   if (c.adapters.bottleneck > 0 && (c.zero > 2 || c.pp > 1 || c.lora.rank > 0)) {

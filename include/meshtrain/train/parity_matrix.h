@@ -15,6 +15,10 @@
 // the generic runner (ParityMatrix/Row.Cells/<row>: loss and gradient norm at
 // every step within the row's tolerance), a few by the named test that
 // already covers them.
+//
+// A post-training row trains on the data `meshtrain tokenize task --name
+// arithmetic` writes (SFT conversations, preference pairs, RL prompts: the
+// sets' "{task}"), QLoRA on a checkpoint of the matrix's run ("{base}").
 #pragma once
 
 #include <string>
@@ -37,9 +41,16 @@ struct MatrixCell {
 
 struct MatrixRow {
   std::string name, feature;      // "zero3", "ZeRO-3"
-  std::vector<std::string> sets;  // key=value; "{dir}": a scratch directory per run, "{data}": the token shard
+  // key=value; "{dir}": a scratch directory per run, "{data}": the token shard, "{task}": the task's
+  // directory, "{base}": the base checkpoint's.
+  std::vector<std::string> sets;
   int dp = 1;                     // data ranks of the row's own mesh
   double loss_tol = 1e-5, norm_tol = 1e-5;  // relative, per step; fp32 unless the row says why
+  // The loss's tolerance is loss_tol x max(|loss|, loss_scale): an RL loss is a sum of advantage-weighted
+  // terms of size ~1 that cancels to ~0 (GRPO's is 0 in exact arithmetic at step 1), so its rounding
+  // follows the terms, not the sum.
+  double loss_scale = 0;
+  std::vector<std::string> metrics;  // more metrics-file keys compared per step (with loss_tol)
   std::vector<MatrixCell> cells;  // one per axis, in matrix_axes() order
 };
 
