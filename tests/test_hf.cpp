@@ -3,10 +3,14 @@
 // Llama's [out, in] projections); config.json round-trips the shape; a missing
 // or misshaped tensor is one error naming it; and through the CLI, a checkpoint
 // exported to a Hugging Face directory and imported back starts training with
-// the same first loss as the original ([init] from).
+// the same first loss as the original ([init] from); config.json's rotary base
+// is read in both transformers layouts and fields meshtrain does not model are
+// refused by name.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
+
+#include <tuple>
 
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/comm/comm.h"
@@ -62,6 +66,59 @@ TEST(HuggingFace, RoundTripIsTheIdentityAndLayoutsFollowTheTable) {
       EXPECT_EQ(hf.count("lm_head.weight"), tied ? 0u : 1u);
     }
   }
+}
+
+// The rotary base in both layouts transformers writes (4.x top-level
+// rope_theta, 5.x rope_parameters.rope_theta: it used to be read from the top
+// level only, so a Llama 3 config imported with 10000); every field that
+// changes the computation and that meshtrain does not model is one error
+// naming it (a Llama with attention_bias used to import with its biases
+// dropped, rope_scaling ignored).
+TEST(HuggingFace, ConfigLayoutsAreReadAndUnmodelledFieldsRefusedByName) {
+  const nlohmann::json llama = ckpt::hf_config(small("llama-tiny", false));
+  const nlohmann::json gpt2 = ckpt::hf_config(small("gpt-tiny", true));
+  nlohmann::json v4 = llama, v5 = llama;
+  v4["rope_theta"] = 500000.0;
+  v4["rope_scaling"] = nullptr;
+  v5.erase("rope_theta");
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_EQ(ckpt::spec_from_hf_config(v4).rope_theta, 500000.0);
+  EXPECT_EQ(ckpt::spec_from_hf_config(v5).rope_theta, 500000.0);
+  EXPECT_EQ(ckpt::spec_from_hf_config(llama).rope_theta, small("llama-tiny", false).rope_theta);
+  const nlohmann::json llama3_scaling = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  nlohmann::json v5_scaled = v5;
+  v5_scaled["rope_parameters"]["rope_type"] = "llama3";
+  const std::vector<std::tuple<nlohmann::json, std::string, nlohmann::json, std::string>> refused{
+      {llama, "attention_bias", true, "\"attention_bias\" = true sets biases on the q, k, v and o projections"},
+      {llama, "mlp_bias", true, "\"mlp_bias\" = true sets biases on the MLP's projections"},
+      {llama, "hidden_act", "gelu", "\"hidden_act\" = \"gelu\" sets the MLP's activation"},
+      {llama, "rope_scaling", llama3_scaling, "\"rope_scaling\" holds \"factor\" = 8.0: rotary position scaling"},
+      {v5_scaled, "", nullptr, "\"rope_parameters\" holds \"rope_type\" = \"llama3\": rotary position scaling"},
+      {llama, "sliding_window", 4096, "\"sliding_window\" = 4096 sets sliding-window attention"},
+      {gpt2, "activation_function", "relu", "\"activation_function\" = \"relu\" sets the MLP's activation"},
+      {gpt2, "scale_attn_by_inverse_layer_idx", true, "an extra 1/(layer+1) scaling"},
+      {gpt2, "tie_word_embeddings", false, "an output projection apart from the embedding"},
+  };
+  for (const auto& [base, key, value, want] : refused) {
+    nlohmann::json j = base;
+    if (!key.empty()) j[key] = value;
+    try {
+      ckpt::spec_from_hf_config(j);
+      ADD_FAILURE() << key << " = " << value.dump() << " was imported";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("does not model"), std::string::npos) << e.what();
+    }
+  }
+  // What meshtrain computes is accepted in every spelling: absent, null, the default values.
+  nlohmann::json plain = llama;
+  plain["attention_bias"] = false, plain["mlp_bias"] = false, plain["hidden_act"] = "silu", plain["sliding_window"] = nullptr;
+  plain["rope_scaling"] = {{"rope_type", "default"}};
+  EXPECT_NO_THROW(ckpt::spec_from_hf_config(plain));
+  nlohmann::json gelu = gpt2;
+  gelu["activation_function"] = "gelu_pytorch_tanh", gelu["scale_attn_weights"] = true;
+  EXPECT_NO_THROW(ckpt::spec_from_hf_config(gelu));
 }
 
 TEST(HuggingFace, MissingOrMisshapedTensorsAreNamed) {

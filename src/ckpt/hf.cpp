@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -157,11 +158,65 @@ nlohmann::json hf_config(const plan::ModelSpec& m) {
           {"torch_dtype", "float32"}};
 }
 
+namespace {
+
+// A config.json field that changes what the model computes, and the values meshtrain computes.
+struct Modelled {
+  const char* key;
+  std::vector<nlohmann::json> values;  // null stands for the key absent
+  const char* what;                    // what another value would change
+};
+
+// Each field that changes the computation and that meshtrain does not model must hold a value
+// meshtrain computes (or be absent): anything else is one error naming the key, never a model
+// imported with a part dropped (biases left out, rope scaling ignored).
+void check_modelled(const nlohmann::json& j, const std::string& type) {
+  const nlohmann::json null;
+  const std::vector<Modelled> gpt2{
+      {"activation_function", {null, "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}, "the MLP's activation (meshtrain: GELU, tanh form)"},
+      {"scale_attn_weights", {null, true}, "the 1/sqrt(head_dim) scaling of attention scores"},
+      {"scale_attn_by_inverse_layer_idx", {null, false}, "an extra 1/(layer+1) scaling of attention scores"},
+      {"add_cross_attention", {null, false}, "cross-attention blocks"},
+      {"tie_word_embeddings", {null, true}, "an output projection apart from the embedding"}};
+  const std::vector<Modelled> llama{
+      {"hidden_act", {null, "silu", "swish"}, "the MLP's activation (meshtrain: SwiGLU)"},
+      {"attention_bias", {null, false}, "biases on the q, k, v and o projections"},
+      {"mlp_bias", {null, false}, "biases on the MLP's projections"},
+      {"sliding_window", {null}, "sliding-window attention"}};
+  for (const Modelled& f : type == "gpt2" ? gpt2 : llama) {
+    const nlohmann::json& v = j.contains(f.key) ? j[f.key] : null;
+    if (std::find(f.values.begin(), f.values.end(), v) != f.values.end()) continue;
+    throw std::invalid_argument(fmt::format("config.json: \"{}\" = {} sets {}, which meshtrain does not model; "
+                                            "importing it would compute another model, so it is refused",
+                                            f.key, v.dump(), f.what));
+  }
+  // Rotary positions: 4.x writes rope_scaling (null unless scaled), 5.x rope_parameters
+  // ({"rope_type": "default", "rope_theta": ...}); any other type scales positions.
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (type != "llama" || !j.contains(key) || j[key].is_null()) continue;
+    const nlohmann::json& r = j[key];
+    if (!r.is_object()) throw std::invalid_argument(fmt::format("config.json: \"{}\" is {}, not an object", key, r.dump()));
+    for (const auto& [name, v] : r.items()) {
+      if ((name == "rope_theta" && std::string(key) == "rope_parameters") || ((name == "rope_type" || name == "type") && v == "default") ||
+          (name == "partial_rotary_factor" && v == 1.0)) {
+        continue;
+      }
+      throw std::invalid_argument(fmt::format("config.json: \"{}\" holds \"{}\" = {}: rotary position scaling, which "
+                                              "meshtrain does not model; importing it would compute another model, so "
+                                              "it is refused",
+                                              key, name, v.dump()));
+    }
+  }
+}
+
+}  // namespace
+
 plan::ModelSpec spec_from_hf_config(const nlohmann::json& j) {
-  const std::string type = j.value("model_type", "");
+  const std::string type = j.is_object() ? j.value("model_type", "") : "";
   if (type != "gpt2" && type != "llama") {
     throw std::invalid_argument(fmt::format("Hugging Face model_type \"{}\": meshtrain reads gpt2 and llama", type));
   }
+  check_modelled(j, type);
   return plan::model_from_hf_config(j, "hf-" + type);
 }
 

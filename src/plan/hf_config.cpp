@@ -59,7 +59,9 @@ ModelSpec llama_family(const nlohmann::json& j) {
   m.kv_heads = whole(j, "num_key_value_heads", m.heads);
   m.seq = whole(j, "max_position_embeddings");
   m.norm_eps = number(j, "rms_norm_eps", 1e-6);
-  m.rope_theta = number(j, "rope_theta", 10000.0);
+  // transformers 5 writes the rotary base (and its scaling type) under rope_parameters, 4.x at the top level.
+  const bool nested = j.contains("rope_parameters") && j["rope_parameters"].is_object();
+  m.rope_theta = number(nested ? j["rope_parameters"] : j, "rope_theta", number(j, "rope_theta", 10000.0));
   m.tied = flag(j, "tie_word_embeddings", false);
   if (const int64_t head_dim = whole(j, "head_dim", m.hidden / m.heads); head_dim * m.heads != m.hidden) {
     throw std::invalid_argument(fmt::format(
