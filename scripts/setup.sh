@@ -49,3 +49,5 @@ fi
 # libtorch (tensors, autograd, c10d Gloo and NCCL, CUDA): the torch wheel's C++ half.
 # CMakeLists.txt finds the environment through scripts/torch_env.sh --check.
 echo "setup: libtorch in $("$(dirname "$0")/torch_env.sh")"
+# The frameworks the tests compare with (transformers), pinned, in the same environment.
+echo "setup: the peers in $("$(dirname "$0")/peers_env.sh")"

@@ -23,8 +23,13 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdio>
+
+#include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/parity_matrix.h"
@@ -137,6 +142,47 @@ void expect_close_metrics(const MatrixRow& row, const std::string& one, const st
   }
 }
 
+// A checkpoint's trained weights by name: the model's (a PPO critic's too), whole whatever mesh saved them.
+std::map<std::string, at::Tensor> saved_weights(const std::string& step_dir) {
+  ckpt::Reader r(step_dir);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, entry] : r.manifest().at("tensors").items()) {
+    if (name.rfind("model/", 0) == 0 || name.rfind("critic/model/", 0) == 0) out[name] = r.read_full(name).to(at::kDouble);
+  }
+  return out;
+}
+
+// The weights at the end (`one_end`, `cell_end`) within the row's weight_tol of the distance the
+// reference travelled from its first checkpoint (`one_start`): ||w_cell - w_one|| <= tol x
+// ||w_one - w_one_start||, L2 over every saved weight but the key bias (below). Vocabulary rows
+// compare up to the shorter padding.
+void expect_close_weights(const MatrixRow& row, const std::string& one_start, const std::string& one_end,
+                          const std::string& cell_end) {
+  const auto start = saved_weights(one_start), a = saved_weights(one_end), b = saved_weights(cell_end);
+  ASSERT_EQ(a.size(), b.size()) << one_end << " and " << cell_end << " hold other tensors";
+  double apart = 0, travelled = 0, worst = 0;
+  std::string worst_name;
+  for (const auto& [name, x] : a) {
+    ASSERT_TRUE(b.count(name)) << name << " is not in " << cell_end;
+    // The key bias adds q.b to every score of a query's row, which softmax cancels: its gradient is
+    // zero in exact arithmetic, and Adam steps it by about lr along its rounding noise, which differs
+    // from mesh to mesh. Every other parameter is compared.
+    if (name.size() >= 11 && name.compare(name.size() - 11, 11, "attn.k.bias") == 0) continue;
+    const int64_t rows = std::min(x.size(0), b.at(name).size(0));
+    const double diff = (x.narrow(0, 0, rows) - b.at(name).narrow(0, 0, rows)).norm().item<double>();
+    apart += diff * diff;
+    travelled += std::pow((x.narrow(0, 0, rows) - start.at(name).narrow(0, 0, rows)).norm().item<double>(), 2);
+    if (diff > worst) worst = diff, worst_name = name;
+  }
+  EXPECT_GT(travelled, 0) << "the reference's weights did not move";
+  const double ratio = std::sqrt(apart / travelled);
+  std::printf("[weights] %s %s: %.3g of the distance travelled (largest difference %.3g in %s)\n", row.name.c_str(),
+              cell_end.c_str(), ratio, worst, worst_name.c_str());
+  EXPECT_LE(ratio, row.weight_tol) << "the weights at the end of " << cell_end << " are " << ratio
+                                   << " of the distance travelled apart from one process's (largest difference "
+                                   << worst << " in " << worst_name << ")";
+}
+
 // The error load_train_config or check_run gives ("" when both accept).
 std::string refusal(const std::string& cfg, const std::vector<std::string>& sets, int ranks) {
   try {
@@ -244,37 +290,43 @@ TEST_P(Row, Cells) {
   ASSERT_NE(row, nullptr);
   Dir d;
   MatrixFiles files(d);
-  const auto train = [&](const std::vector<std::string>& sets, const std::string& tag) {
+  // Runs `sets` (checkpoints every 3 steps unless the row says where): its metrics file and its saved steps.
+  const auto train = [&](std::vector<std::string> sets, const std::string& tag) {
+    if (std::none_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("checkpoint.dir=", 0) == 0; })) {
+      sets.insert(sets.end(), {"checkpoint.dir=\"{dir}\"", "checkpoint.every=3"});
+    }
+    const std::filesystem::path dir = d.path / ("ck_" + tag);
     std::string command = std::string(MESHTRAIN_BIN) + " train " + files.config();
-    for (const auto& s : files.expand(sets, (d.path / ("ck_" + tag)).string())) command += " --set " + shell_quote(s);
+    for (const auto& s : files.expand(sets, dir.string())) command += " --set " + shell_quote(s);
     const std::string metrics = (d.path / (tag + ".metrics")).string();
     const auto r = test::run_command(command + " --set 'train.metrics=\"" + metrics + "\"'");
     EXPECT_EQ(r.code, 0) << tag << "\n" << r.output;
-    return metrics;
+    std::vector<std::string> saved;  // step directories, oldest first
+    if (std::filesystem::exists(dir)) {
+      for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        if (e.path().filename().string().rfind("step_", 0) == 0) saved.push_back(e.path().string());
+      }
+    }
+    std::sort(saved.begin(), saved.end());
+    return std::pair{metrics, saved};
   };
-  const std::string reference = train(reference_sets(*row), "one");
+  const auto [reference, reference_saved] = train(reference_sets(*row), "one");
+  ASSERT_GE(reference_saved.size(), 2u) << "the reference saved no checkpoint before step 6";
   const auto& axes = matrix_axes();
   for (size_t i = 0; i < axes.size(); ++i) {
     const MatrixCell& cell = row->cells[i];
     if (cell.refused || !cell.what.empty()) continue;
     SCOPED_TRACE(row->name + " x " + axes[i].name);
-    std::vector<std::string> sets = cell_run(*row, axes[i]).sets;
-    if (std::none_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("checkpoint.dir=", 0) == 0; })) {
-      sets.insert(sets.end(), {"checkpoint.dir=\"{dir}\"", "checkpoint.every=3"});
-    }
-    const std::string cell_metrics = train(sets, axes[i].name);
+    const auto [cell_metrics, saved] = train(cell_run(*row, axes[i]).sets, axes[i].name);
     expect_close_metrics(*row, reference, cell_metrics);
+    ASSERT_FALSE(saved.empty()) << "no checkpoint of " << axes[i].name;
+    expect_close_weights(*row, reference_saved.front(), reference_saved.back(), saved.back());
     // The cell's first checkpoint, resumed on one process.
-    std::set<std::string> saved;
-    for (const auto& e : std::filesystem::directory_iterator(d.path / ("ck_" + axes[i].name))) {
-      if (e.path().filename().string().rfind("step_", 0) == 0) saved.insert(e.path().string());
-    }
-    ASSERT_FALSE(saved.empty()) << "no checkpoint in " << (d.path / ("ck_" + axes[i].name));
-    const int from = std::stoi(std::filesystem::path(*saved.begin()).filename().string().substr(5));
-    ASSERT_LT(from, 6) << *saved.begin();
+    const int from = std::stoi(std::filesystem::path(saved.front()).filename().string().substr(5));
+    ASSERT_LT(from, 6) << saved.front();
     std::vector<std::string> resume = reference_sets(*row);
-    resume.push_back("checkpoint.resume=\"" + *saved.begin() + "\"");
-    expect_close_metrics(*row, reference, train(resume, axes[i].name + "_resumed"), from);
+    resume.push_back("checkpoint.resume=\"" + saved.front() + "\"");
+    expect_close_metrics(*row, reference, train(resume, axes[i].name + "_resumed").first, from);
   }
 }
 

@@ -216,6 +216,9 @@ std::vector<ConfigKey> make_keys() {
       number("model.dropout", FIELD(model.dropout), 0, false, 1, true, "dropout probability"),
       number("model.init_std", FIELD(model.init_std), 0, true, kInf, false, "standard deviation of the initial weights"),
       boolean("model.tied", FIELD(model.tied), "the output head shares the embedding"),
+      number("model.rope_theta", FIELD(model.rope_theta), 0, true, kInf, false,
+             "RoPE's base: position p turns pair i by p x theta^(-2i/d) (Llama 3: 500000)"),
+      number("model.norm_eps", FIELD(model.norm_eps), 0, true, kInf, false, "the norms' epsilon"),
       choice("model.attention", FIELD(model.attention), plan::parse_attention, plan::attention_name, "naive | tiled | auto",
              "tiled: FlashAttention-2 style, memory linear in the sequence; auto: tiled from 2048 keys on"),
       // Mixture of experts (moe/layer.h); experts = 0: dense

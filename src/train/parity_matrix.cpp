@@ -145,6 +145,11 @@ std::vector<MatrixRow> build() {
                          1, {T, T, T, T, T, refused(kNoExperts)});
     bf16.loss_tol = 2e-3;
     bf16.norm_tol = 1e-2;
+    // The weights at the end: Adam's first steps are about lr x sign(g), and tp's and cp's bf16
+    // partial sums flip the sign of small gradients; measured (Intel Xeon) at most 0.19 of the
+    // distance travelled on tp, sp and cp, 0.005 on dp. This bound catches a weight left
+    // untrained or saved stale, not rounding.
+    bf16.weight_tol = 0.5;
     rows.push_back(bf16);
   }
   return rows;

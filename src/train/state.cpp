@@ -238,13 +238,17 @@ void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now) {
                                            r.dir(), field, a, b));
     }
   }
-  // The architecture too: the same sizes with another norm, position, activation, tying or biases is another model.
+  // The architecture too: the same sizes with another norm, position, activation, tying, biases, rotary
+  // base or norm epsilon is another model (an imported Llama 3 has rope_theta 500000).
   const nlohmann::json a = spec_to_json(saved), b = spec_to_json(now);
-  for (const char* field : {"norm", "position", "activation", "tied", "bias"}) {
+  for (const char* field : {"norm", "position", "activation", "tied", "bias", "rope_theta", "norm_eps"}) {
     if (a[field] != b[field]) {
+      const bool keyed = std::string(field) == "tied" || std::string(field) == "rope_theta" ||
+                         std::string(field) == "norm_eps";  // [model] keys; the others come with the preset
       throw std::runtime_error(fmt::format("checkpoint {} has a model with {} {}, the config's has {} (preset \"{}\" vs "
-                                           "\"{}\"); load it with the model it was trained with",
-                                           r.dir(), field, a[field].dump(), b[field].dump(), saved.name, now.name));
+                                           "\"{}\"); load it with the model it was trained with{}",
+                                           r.dir(), field, a[field].dump(), b[field].dump(), saved.name, now.name,
+                                           keyed ? fmt::format(": set model.{} = {}", field, a[field].dump()) : ""));
     }
   }
 }

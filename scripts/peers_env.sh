@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The frameworks meshtrain is checked against (issue 42), pinned, installed into the torch
+# environment (scripts/torch_env.sh) so that both sides run the same torch 2.11:
+#   transformers  loads meshtrain's Hugging Face export and writes what `ckpt import` reads.
+#
+#   scripts/peers_env.sh          install when needed; print the environment's python
+#   scripts/peers_env.sh --check  print it when the peers are installed, else exit 1
+#
+# Invariant: the peers are used only when the .peers-complete marker holds the pinned versions
+# and was written after each imported; torch and numpy are held at torch_env.sh's pins (a
+# constraint), never moved by a peer's requirements.
+set -euo pipefail
+
+TRANSFORMERS_VERSION=5.25.0
+WANT="transformers $TRANSFORMERS_VERSION"
+here="$(cd "$(dirname "$0")" && pwd)"
+
+if [ "${1:-}" = "--check" ]; then
+  ENV_DIR=$("$here/torch_env.sh" --check) || exit 1
+  [ -f "$ENV_DIR/.peers-complete" ] && [ "$(cat "$ENV_DIR/.peers-complete")" = "$WANT" ] || exit 1
+  echo "$ENV_DIR/bin/python"
+  exit 0
+fi
+
+ENV_DIR=$("$here/torch_env.sh")
+MARKER="$ENV_DIR/.peers-complete"
+exec 9>"$ENV_DIR/.peers.lock"
+flock 9
+if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT" ]; then
+  echo "$ENV_DIR/bin/python"
+  exit 0
+fi
+rm -f "$MARKER"
+echo "peers_env: installing $WANT into $ENV_DIR" >&2
+pins=$("$ENV_DIR/bin/python" -c 'import numpy, torch; print(f"torch=={torch.__version__}\nnumpy=={numpy.__version__}")')
+printf '%s\n' "$pins" > "$ENV_DIR/.peers-constraints.txt"
+"$ENV_DIR/bin/pip" install --no-input --quiet --disable-pip-version-check -c "$ENV_DIR/.peers-constraints.txt" \
+  "transformers==$TRANSFORMERS_VERSION" >&2
+"$ENV_DIR/bin/python" - <<PY >&2
+import transformers
+assert transformers.__version__ == "$TRANSFORMERS_VERSION", transformers.__version__
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig  # noqa: F401
+print("peers_env: transformers", transformers.__version__, "ready")
+PY
+echo "$WANT" > "$MARKER.tmp" && mv "$MARKER.tmp" "$MARKER"
+echo "$ENV_DIR/bin/python"

@@ -1,0 +1,59 @@
+"""Hugging Face transformers as a peer of meshtrain's export and import (issue 42).
+
+  transformers_peer.py logits HF_DIR INPUTS OUT
+      Loads HF_DIR (what `meshtrain ckpt export --format hf` writes) as transformers loads any
+      model: AutoModelForCausalLM.from_pretrained(dir, local_files_only=True, dtype=float32,
+      attn_implementation="eager"). INPUTS: safetensors with "tokens" (int64 [batch, seq]).
+      OUT: safetensors with "logits" (float32 [batch, seq, vocab]).
+
+  transformers_peer.py save FAMILY OUT_DIR
+      A randomly initialised model of FAMILY (gpt2, or llama: GQA 4 query heads on 2 kv heads,
+      untied head, rotary base 500000 as Llama 3 has it) written by save_pretrained: the layout
+      and config.json transformers itself writes, for `meshtrain ckpt import`.
+"""
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+import transformers
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def logits(hf_dir, inputs, out):
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    model.eval()
+    tokens = load_file(inputs)["tokens"]
+    with torch.no_grad():
+        result = model(input_ids=tokens).logits
+    save_file({"logits": result.contiguous()}, out)
+    print(f"transformers {transformers.__version__}: {type(model).__name__} logits {tuple(result.shape)}")
+
+
+def save(family, out_dir):
+    torch.manual_seed(5)
+    if family == "gpt2":
+        config = GPT2Config(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4, n_inner=128)
+        model = GPT2LMHeadModel(config)
+    elif family == "llama":
+        config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                             rope_theta=500000.0, tie_word_embeddings=False)
+        model = LlamaForCausalLM(config)
+    else:
+        sys.exit(f"family {family!r}: use gpt2 or llama")
+    # Weights of a trained model's size everywhere (the initialiser's zeros would hide a swapped bias).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    print(f"transformers {transformers.__version__}: {type(model).__name__} saved in {out_dir}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "logits":
+        logits(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "save":
+        save(*sys.argv[2:])
+    else:
+        sys.exit(__doc__)
