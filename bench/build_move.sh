@@ -18,13 +18,7 @@ OUT=docs/build-move.md
 OLD_PACKAGES="libtorch-dev libfmt-dev libopenblas0-pthread python3-torch"
 # shellcheck disable=SC2086
 dpkg-query -W $OLD_PACKAGES > /dev/null 2>&1 || sudo apt-get install -y -q --no-install-recommends $OLD_PACKAGES >&2
-tmp=$(mktemp -d)
-cleanup() {
-  git worktree remove --force "$tmp/before" 2>/dev/null || true
-  git worktree remove --force "$tmp/after" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+worktree_scratch  # $tmp, its before/ and after/ worktrees removed on exit
 
 # side NAME REF: builds and tests REF in a worktree; prints "BUILD_S TEST_S PASSED TOTAL".
 side() {

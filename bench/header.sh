@@ -45,6 +45,15 @@ demo_step() {
     "$(echo "$line" | sed -E 's/.*loss ([0-9.]+).*/\1/')"
 }
 
+# worktree_scratch: sets tmp to a new temporary directory; on exit, the git worktrees a
+# before/after comparison adds there ($tmp/before, $tmp/after) are removed, then the directory.
+worktree_scratch() {
+  tmp=$(mktemp -d)
+  trap 'git worktree remove --force "$tmp/before" 2>/dev/null || true
+        git worktree remove --force "$tmp/after" 2>/dev/null || true
+        rm -rf "$tmp"' EXIT
+}
+
 quotes_heading() {
   echo
   echo "## Numbers quoted in README.md"

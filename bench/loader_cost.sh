@@ -19,13 +19,7 @@ AFTER=${2:-899cab9}
 ROUNDS=${3:-3}
 OUT=docs/bench-loader.md
 [ -f data/kjv/train.bin ] || make -s data/kjv/train.bin >/dev/null
-tmp=$(mktemp -d)
-cleanup() {
-  git worktree remove --force "$tmp/before" 2>/dev/null || true
-  git worktree remove --force "$tmp/after" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+worktree_scratch  # $tmp, its before/ and after/ worktrees removed on exit
 
 for side in before after; do
   ref=$BEFORE
