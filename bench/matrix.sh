@@ -25,13 +25,16 @@ end=$(date +%s.%N)
 Each row is a feature, each column a mesh axis set to 2 on top of the row's own mesh (`dp`: twice the data ranks;
 `sp`: tp 2 with sequence parallelism). A cell is either `= TEST`, the test that shows the combination equals one
 process (the loss, the gradient norm and the row's own metrics of every step, relative 1e-5 in fp32, over 6 steps
-that cross an epoch; bf16 rows: 2e-3 and 1e-2), or
+that cross an epoch; bf16 rows: 2e-3 and 1e-2; the weights at the end within 2e-3 of the distance the reference
+travelled from step 3, bf16 0.5; and one process resumed from the cell's checkpoint of step 3 gives the reference's
+steps 4 to 6), or
 `refused: "..."`, a piece of the one error the combination gets before any rank starts. The walk
 (`ParityMatrixWalk.EveryCellIsTestedOrRefused`) tries every refused cell's config and checks that every tested
 cell's config is accepted and its test exists; the generic runner (`ParityMatrix/Row.Cells/<row>`) runs each row's
 one-process reference and its tested cells through `meshtrain train`. Post-training rows train on what
 `meshtrain tokenize task --name arithmetic` writes (conversations, preference pairs, RL prompts); QLoRA on a
-checkpoint of the matrix's run. The table is the code's
+checkpoint of the matrix's run. Dropout rows drop the same elements on every mesh: masks are keyed by the step and
+each element's place in the unsplit activations (`include/meshtrain/nn/keyed_dropout.h`). The table is the code's
 (`include/meshtrain/train/parity_matrix.h`); `meshtrain matrix` prints it:
 
 TEXT

@@ -31,7 +31,7 @@ using test::losses;
 using test::tiny_config;
 
 // Training 6 steps equals training 3, stopping, resuming and training 3 more:
-// bitwise, with dropout on (the RNG state is in the checkpoint). Also checks
+// bitwise, with dropout on (its masks are keyed by the step: nothing to restore). Also checks
 // every checkpoint verifies.
 TEST(TrainCli, ResumeIsExact) {
   Dir d;
@@ -181,7 +181,7 @@ pid_t rank_pid(const std::string& marker, int rank) {
 // steps, one possibly being written); `train --max-restarts 1` restarts both
 // ranks from the newest checkpoint that verifies, logging why, and the run
 // finishes with exactly the losses and gradient norms of an uninterrupted run
-// (same mesh: the resume is exact, dropout streams included). Without restarts
+// (same mesh: the resume is exact, dropout masks included). Without restarts
 // left, the failure is the run's exit status.
 TEST(TrainCli, ElasticRestartAfterAKillMatchesAnUninterruptedRunBitwise) {
   Dir d;

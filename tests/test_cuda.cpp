@@ -90,7 +90,7 @@ std::string train(const test::Dir& d, const std::string& cfg, const std::string&
 const std::string kOnCuda = " --set train.device='\"cuda\"' --set train.lr=1e-3";
 
 // A CUDA run computes what a CPU run computes: the same weights (drawn on the host), data
-// and dropout masks (the model's CPU generators), fp32 without TF32; what differs is the
+// and dropout masks (keyed, made on the host), fp32 without TF32; what differs is the
 // order of the device's sums and the fused AdamW kernel's roundings. Tolerances, stated
 // before the first device run: loss 1e-5, gradient norm 1e-4 (relative), 6 steps.
 TEST(Cuda, TrainingOnTheDeviceEqualsTheCpu) {

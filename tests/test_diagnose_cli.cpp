@@ -17,11 +17,11 @@ using test::Dir;
 
 const std::string kBin = MESHTRAIN_BIN;
 
-// The tiny 2-rank run without dropout (so one process replays its masks too),
-// checkpoints every 2 steps.
+// The tiny 2-rank run with dropout 0.1 (one process replays its masks: they are
+// keyed by the step and the rows' places in the global batch), checkpoints every 2 steps.
 std::string config(const Dir& d) {
   return test::tiny_config(d, "c.toml", "[checkpoint]\nevery = 2\nkeep = 3\ndir = \"" + (d.path / "ck").string() + "\"\n") +
-         " --set model.dropout=0 --set train.metrics='\"" + (d.path / "m").string() + "\"'";
+         " --set model.dropout=0.1 --set train.metrics='\"" + (d.path / "m").string() + "\"'";
 }
 
 // A replay of step 4 from the checkpoint of step 2 (steps 3 and 4 replayed)

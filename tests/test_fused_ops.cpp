@@ -19,6 +19,7 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/nn/fused_ops.h"
+#include "meshtrain/nn/keyed_dropout.h"
 #include "tests/parity.h"
 #include "tests/same_step.h"
 
@@ -132,10 +133,7 @@ TEST(FusedOps, AddNormEqualsItsComposition) {
                 fmt::format("norm={} bias={} p={} bf16={} sum used={}", norm, with_bias, p, bf16, sum_used);
             const at::Tensor branch0 = bf16 ? a0.to(at::kBFloat16) : a0;
             at::Tensor keep;
-            if (p > 0) {
-              auto g = at::make_generator<at::CPUGeneratorImpl>(11);
-              keep = nn::dropout_keep(branch0, p, g);
-            }
+            if (p > 0) keep = nn::keyed_keep(11, p, {nn::span(0, 7), nn::span(0, 3), nn::span(0, 37)}, branch0);
             struct Run {
               at::Tensor r, a, bias, w, nb;
             };

@@ -263,7 +263,7 @@ TEST(PostTrainCli, PpoOneProcessEqualsDp2) {
 // on dp 2 and resumed gives the uninterrupted run's steps 3 and 4 bitwise (the
 // checkpoint holds the actor, the critic under "critic/", their moments, the
 // spike detector and the config; rollouts are a function of seed, step and
-// rank; dropout's generators are restored on the same mesh). The keys of
+// rank; dropout's masks are keyed by the step). The keys of
 // training on data that RL cannot use are one error each before ranks start.
 TEST(PostTrainCli, RlRunsStopAndResume) {
   Dir d;

@@ -122,7 +122,7 @@ std::map<int64_t, std::string> steps(const std::vector<nlohmann::json>& lines) {
 // Under rollback the run reloads the checkpoint of step 12, drops the spike's
 // batch from the data and trains on: every step's loss and gradient norm
 // equal, bitwise, those of a run whose data never held that batch (dropout on:
-// the reloaded generators replay the same masks), with DDP, ZeRO-1 and a
+// the masks are keyed by the step and the row's place in it), with DDP, ZeRO-1 and a
 // pipeline of 2 stages. The checkpoint records the event and the dropped
 // batch, and the clean run reports no spike.
 TEST(SpikeCli, RollbackTrainsAsIfTheSpikeBatchWereNeverInTheData) {

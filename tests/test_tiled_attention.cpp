@@ -189,8 +189,8 @@ TEST(TiledAttention, DocumentMasksAndFullyMaskedRows) {
 
 // Attention dropout: the op equals the materialised attention whose
 // probabilities are multiplied by the op's own keep mask (tiled_dropout_mask),
-// forward and backward; the mask drops about p of the entries, and depends on
-// the seed. Mutation seen to fail (dQ, dK at every tiling): backward not
+// forward and backward; the mask drops about p of the entries, depends on the
+// key and not on the tile sizes (nn/keyed_dropout.h). Mutation seen to fail (dQ, dK at every tiling): backward not
 // applying the mask to dP.
 TEST(TiledAttention, DropoutEqualsTheSameMaskMaterialised) {
   Case c;
@@ -204,6 +204,7 @@ TEST(TiledAttention, DropoutEqualsTheSameMaskMaterialised) {
   EXPECT_NEAR((z == 0).to(at::kDouble).mean().item<double>(), 0.3, 0.02);
   EXPECT_TRUE(at::equal(z, nn::tiled_dropout_mask(2, 4, 64, 64, o)));
   EXPECT_FALSE(at::equal(z, nn::tiled_dropout_mask(2, 4, 64, 64, {8, 16, 0.3, 78})));
+  EXPECT_TRUE(at::equal(z, nn::tiled_dropout_mask(2, 4, 64, 64, {64, 32, 0.3, 77})));
 }
 
 TEST(TiledAttention, SlidingWindowAndDecodingOffset) {
@@ -250,8 +251,8 @@ TEST(TiledAttention, BadShapesAreClearErrors) {
 }
 
 // With attention dropout, selective recomputation (the attention core re-run
-// in backward) gives the gradients of no recomputation bitwise: the core draws
-// its mask seed from the model's generator, whose state the recomputation replays.
+// in backward) gives the gradients of no recomputation bitwise: the core's masks
+// are keyed by what it captured in forward.
 TEST(TiledAttention, ModelDropoutIsReplayedByRecomputation) {
   plan::ModelSpec spec = plan::preset("gpt-tiny");
   spec.layers = 2, spec.vocab = 100, spec.seq = 40, spec.dropout = 0.2;
@@ -269,7 +270,9 @@ TEST(TiledAttention, ModelDropoutIsReplayedByRecomputation) {
     EXPECT_TRUE(at::equal(plain.params().params()[i].tensor.grad(), recomputed.params().params()[i].tensor.grad()))
         << plain.params().params()[i].name;
   }
-  // Dropout is on: a second forward draws other masks.
+  // Dropout is on: the same step drops the same, the next step other elements.
+  EXPECT_EQ(plain.forward(tokens, tokens).sum().item<double>(), la.item<double>());
+  plain.set_dropout_step(1);
   EXPECT_NE(plain.forward(tokens, tokens).sum().item<double>(), la.item<double>());
 }
 

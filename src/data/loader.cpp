@@ -119,7 +119,11 @@ Batch on_compute_device(const Batch& b) {
   const c10::Device d = compute_device();
   if (d.is_cpu()) return b;
   auto to = [d](const at::Tensor& t) { return t.defined() ? t.to(d) : t; };
-  return Batch{to(b.tokens), to(b.targets), b.windows, to(b.doc_ids)};
+  Batch out = b;
+  out.tokens = to(b.tokens);
+  out.targets = to(b.targets);
+  out.doc_ids = to(b.doc_ids);
+  return out;
 }
 
 Batch TokenLoader::next_mixed() {
@@ -215,7 +219,17 @@ void TokenLoader::shuffle(uint64_t epoch) {
 }
 
 Batch TokenLoader::next() {
-  if (mixture()) return next_mixed();
+  Batch b = mixture() ? next_mixed() : next_unmixed();
+  // The call just made is the (state_.step - 1)-th of its epoch, and an epoch holds whole optimizer
+  // steps of `accumulation` calls: its place in the step, then this rank's in the call.
+  const uint64_t call = (state_.step - 1) % static_cast<uint64_t>(accumulation_);
+  const uint64_t units = call * static_cast<uint64_t>(micro_batch_) * dp_size_ +
+                         static_cast<uint64_t>(dp_rank_) * micro_batch_;
+  b.first_row = static_cast<int64_t>(units * group_);
+  return b;
+}
+
+Batch TokenLoader::next_unmixed() {
   if (state_.step >= steps_per_epoch()) {
     state_.epoch += 1;
     state_.step = 0;

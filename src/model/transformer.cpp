@@ -1,6 +1,5 @@
 #include "meshtrain/model/transformer.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
@@ -48,11 +47,16 @@ std::string ffn_prefix(const plan::ModelSpec& m, int64_t i) {
   return fmt::format("layers.{}.{}", i, m.moe_layer(i) ? "moe.shared." : "mlp.");
 }
 
-// A 64-bit seed from a CPU generator, advancing it.
-uint64_t draw_seed(at::Generator& g) {
-  std::lock_guard<std::mutex> lock(g.mutex());
-  return at::check_generator<at::CPUGeneratorImpl>(g)->random64();
-}
+// The dropout sites of a layer (nn::DropoutKeys::key's second name).
+enum DropoutSite : uint64_t { kEmbedding = 1, kAttentionProbs = 2, kAttentionOut = 3, kMlpOut = 4 };
+
+// Sets the model's dropout keys for one scope (recomputation replays a forward under the keys it ran with).
+struct ScopedKeys {
+  nn::DropoutKeys& keys;
+  nn::DropoutKeys was;
+  ScopedKeys(nn::DropoutKeys& k, const nn::DropoutKeys& value) : keys(k), was(k) { k = value; }
+  ~ScopedKeys() { keys = was; }
+};
 
 }  // namespace
 
@@ -115,13 +119,29 @@ Transformer::Transformer(const plan::ModelSpec& spec, Comm& tp, bool sequence_pa
     norm_params("final_norm", final_w_, final_b_);
     if (!spec_.tied) head_ = ColumnParallelLinear(store_, "head", h, padded_vocab_, false, std, tp_);
   }
-  set_dropout_seed(seed, 0);
+  keys_.seed = seed;
 }
 
-void Transformer::set_dropout_seed(uint64_t seed, int dp_rank) {
-  const uint64_t base = stable_hash(fmt::format("dropout/{}/{}", seed, dp_rank));
-  rng_replicated_ = at::make_generator<at::CPUGeneratorImpl>(base);
-  rng_split_ = at::make_generator<at::CPUGeneratorImpl>(base + 2718 + static_cast<uint64_t>(tp_.rank()) + 1);
+// The residual stream [s(/tp), b, h]: under sequence parallelism this rank holds positions
+// tp_rank x s/tp onwards; every feature is whole.
+at::Tensor Transformer::residual_keep(const at::Tensor& x, double p, int64_t layer, uint64_t site) const {
+  const int64_t rows = x.size(0), split = tp_.sequence_parallel ? tp_.size() : 1;
+  const nn::Coords whole = sequence_coords(rows * split);
+  const nn::Coords mine(whole.begin() + (split > 1 ? tp_.rank() * rows : 0),
+                        whole.begin() + (split > 1 ? tp_.rank() * rows : 0) + rows);
+  return nn::keyed_keep(keys_.key(static_cast<uint64_t>(layer), site), p,
+                        {mine, keys_.rows(x.size(1)), nn::span(0, x.size(2))}, x);
+}
+
+nn::Coords Transformer::sequence_coords(int64_t local) const {
+  if (cp_size() <= 1) return nn::span(0, local);
+  const at::Tensor pos = ZigZag(local * cp_size(), cp_size(), cp_->rank()).positions().to(at::kLong).contiguous();
+  return nn::Coords(pos.data_ptr<int64_t>(), pos.data_ptr<int64_t>() + pos.numel());
+}
+
+at::Tensor Transformer::residual_dropout(const at::Tensor& x, double p, int64_t layer, uint64_t site) const {
+  if (p <= 0) return x;
+  return x * residual_keep(x, p, layer, site) * (1.0 / (1.0 - p));
 }
 
 Transformer::Linears Transformer::linears() {
@@ -222,20 +242,32 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
     v = cv.narrow(2, 0, filled);
   }
   const double p = train ? spec_.dropout : 0.0;
-  at::Generator* gen = &rng_split_;
+  // Attention dropout over [b, hq, s, t]: the row in the global batch, the global head, the query's and the key's position.
+  const uint64_t key = keys_.key(static_cast<uint64_t>(part_.first + layer), kAttentionProbs);
+  const nn::Coords rows = keys_.rows(b);
+  const int64_t head_offset = tp_.rank() * hq;
   // On CUDA "auto" is sdpa (the tiled kernel is the CPU's); sdpa is causal from the first key,
   // so a KV cache's later tokens (queries after `past` keys) take the naive path.
   const bool cuda = q.is_cuda();
   const bool sdpa = (spec_.attention == plan::AttentionImpl::Sdpa ||
                      (cuda && spec_.attention == plan::AttentionImpl::Auto)) && past == 0 && p == 0;
   const bool tiled = !cuda && plan::attention_tiled(spec_.attention, past + s * cp_size(), docs.defined());
-  // Tiled attention draws its masks' seed from the generator (replayed by recomputation).
-  auto local = [p, gen, tiled, sdpa, docs](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  // The masks' key and coordinates are captured by value: a recomputation replays them.
+  auto local = [p, key, rows, head_offset, tiled, sdpa, docs](const at::Tensor& q, const at::Tensor& k,
+                                                               const at::Tensor& v) {
     if (sdpa && q.size(2) == k.size(2)) return nn::sdpa_causal_attention(q, k, v);
-    if (!tiled) return nn::causal_attention(q, k, v, p, gen);
+    const int64_t s = q.size(2), t = k.size(2);
+    if (!tiled) {
+      if (p <= 0) return nn::causal_attention(q, k, v);
+      const at::Tensor keep = nn::keyed_keep(
+          key, p, {rows, nn::span(head_offset, q.size(1)), nn::span(t - s, s), nn::span(0, t)}, q);
+      return nn::causal_attention(q, k, v, p, keep);
+    }
     nn::TiledAttentionOptions o;
     o.dropout = p;
-    if (p > 0) o.seed = draw_seed(*gen);
+    o.key = key;
+    o.rows = rows;
+    o.head_offset = head_offset;
     nn::AttentionMask mask;
     mask.doc_ids = docs;
     return nn::tiled_attention(q, k, v, mask, o);
@@ -248,7 +280,7 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   };
   at::Tensor ctx;  // [b, hq, s, d]
   if (recompute_ == nn::Recompute::Selective && train) {
-    ctx = nn::checkpoint(core, {q, k, v}, {gen})[0];
+    ctx = nn::checkpoint(core, {q, k, v}, {})[0];
   } else {
     ctx = core({q, k, v})[0];
   }
@@ -330,7 +362,7 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
       x = x + pos_.narrow(0, past + first, rows).unsqueeze(1);
     }
   }
-  if (train && spec_.dropout > 0) x = nn::dropout(x, spec_.dropout, residual_rng());
+  if (train && spec_.dropout > 0) x = residual_dropout(x, spec_.dropout, -1, kEmbedding);
   return x;
 }
 
@@ -340,10 +372,11 @@ at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, con
     const int64_t unit = part_.first + i + 1;
     if (hooks_) hooks_->before_unit(unit);
     if (recompute_ == nn::Recompute::Full && train && !cache) {
-      auto blk = [this, i, docs](const std::vector<at::Tensor>& in) {
+      auto blk = [this, i, docs, keys = keys_](const std::vector<at::Tensor>& in) {
+        ScopedKeys scoped(keys_, keys);  // the backward's re-run drops what the forward dropped
         return std::vector<at::Tensor>{run_block(i, in[0], true, nullptr, docs)};
       };
-      x = nn::checkpoint(blk, {x}, {&rng_replicated_, &rng_split_})[0];
+      x = nn::checkpoint(blk, {x}, {})[0];
     } else {
       x = run_block(i, x, train, cache, docs);
     }
@@ -395,25 +428,25 @@ at::Tensor Transformer::run_block(int64_t i, const at::Tensor& input, bool train
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward attention"});
     at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train, cache, i, docs);
     if (blk.adapter_attn) a = blk.adapter_attn->forward(a);
-    x = x + nn::dropout(a, p, residual_rng());
+    x = x + residual_dropout(a, p, part_.first + i, kAttentionOut);
   }
   {
     std::optional<SegmentProfiler::Scope> t;
     if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward ffn"});
     at::Tensor m = mlp(blk, norm(x, blk.norm2_w, blk.norm2_b), train);
     if (blk.adapter_mlp) m = blk.adapter_mlp->forward(m);
-    x = x + nn::dropout(m, p, residual_rng());
+    x = x + residual_dropout(m, p, part_.first + i, kMlpOut);
   }
   return profiler_ ? profiler_->mark(x, static_cast<int>(i), true) : x;
 }
 
 // run_block with nn/fused_ops.h: each branch's output bias, dropout and residual add are one
-// pass with the next norm (the same masks as nn::dropout draws, from the same generator).
+// pass with the next norm (the same keyed masks as run_block's).
 at::Tensor Transformer::run_block_fused(const Block& blk, int64_t i, const at::Tensor& x, double p, bool train,
                                         KVCache* cache, const at::Tensor& docs) {
   const nn::NormWeights norm2{blk.norm2_w, blk.norm2_b, spec_.norm_eps, spec_.norm == plan::Norm::RMSNorm};
-  auto join = [&](const at::Tensor& branch, const at::Tensor& bias) {
-    return nn::BranchJoin{bias, p > 0 ? nn::dropout_keep(branch, p, residual_rng()) : at::Tensor(), p};
+  auto join = [&](const at::Tensor& branch, const at::Tensor& bias, uint64_t site) {
+    return nn::BranchJoin{bias, p > 0 ? residual_keep(branch, p, part_.first + i, site) : at::Tensor(), p};
   };
   at::Tensor mid, normed;
   {
@@ -423,14 +456,14 @@ at::Tensor Transformer::run_block_fused(const Block& blk, int64_t i, const at::T
     at::Tensor a = attention(blk, norm(x, blk.norm1_w, blk.norm1_b), train, cache, i, docs,
                              blk.adapter_attn ? nullptr : &bias);
     if (blk.adapter_attn) a = blk.adapter_attn->forward(a);
-    std::tie(mid, normed) = nn::add_norm(x, a, join(a, bias), norm2);
+    std::tie(mid, normed) = nn::add_norm(x, a, join(a, bias, kAttentionOut), norm2);
   }
   std::optional<SegmentProfiler::Scope> t;
   if (profiler_) t.emplace(SegmentProfiler::Scope{profiler_, "forward ffn"});
   at::Tensor bias;
   at::Tensor m = mlp(blk, normed, train, blk.adapter_mlp ? nullptr : &bias);
   if (blk.adapter_mlp) m = blk.adapter_mlp->forward(m);
-  at::Tensor out = nn::add_norm(mid, m, join(m, bias), {}).first;
+  at::Tensor out = nn::add_norm(mid, m, join(m, bias, kMlpOut), {}).first;
   return profiler_ ? profiler_->mark(out, static_cast<int>(i), true) : out;
 }
 

@@ -5,7 +5,6 @@
 
 #include <cmath>
 
-#include "meshtrain/nn/fused_ops.h"
 
 namespace meshtrain::nn {
 
@@ -38,11 +37,6 @@ at::Tensor rope(const at::Tensor& x, double theta, const at::Tensor& positions) 
   return x * cos + rotated * sin;
 }
 
-at::Tensor dropout(const at::Tensor& x, double p, at::Generator& gen) {
-  if (p <= 0) return x;
-  return x * dropout_keep(x, p, gen) * (1.0 / (1.0 - p));
-}
-
 // PyTorch's fused attention (flash / memory-efficient / cuDNN on CUDA, a fused CPU kernel):
 // softmax(q kᵀ / √d + causal mask) v, the naive path's computation without its [s, t] scores.
 // Grouped-query heads are repeated as the naive path repeats them.
@@ -54,7 +48,7 @@ at::Tensor sdpa_causal_attention(const at::Tensor& q, const at::Tensor& k, const
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double p,
-                            at::Generator* gen) {
+                            const at::Tensor& keep) {
   const int64_t groups = q.size(1) / k.size(1);
   at::Tensor kk = groups > 1 ? k.repeat_interleave(groups, 1) : k;
   at::Tensor vv = groups > 1 ? v.repeat_interleave(groups, 1) : v;
@@ -62,7 +56,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   at::Tensor scores = at::matmul(q, kk.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(3))));
   at::Tensor future = at::ones({s, t}, q.options().dtype(at::kBool)).triu(1 + t - s);
   at::Tensor probs = at::softmax(scores.masked_fill(future, -INFINITY), -1, at::kFloat).to(q.scalar_type());
-  if (p > 0 && gen) probs = dropout(probs, p, *gen);
+  if (p > 0 && keep.defined()) probs = probs * keep * (1.0 / (1.0 - p));
   return at::matmul(probs, vv);
 }
 

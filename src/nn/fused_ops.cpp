@@ -219,13 +219,6 @@ bool norm_supported(const NormWeights& n, int64_t h) {
 
 }  // namespace
 
-at::Tensor dropout_keep(const at::Tensor& x, double p, at::Generator& gen) {
-  if (x.is_cpu() || !gen.device().is_cpu()) return at::empty_like(x).bernoulli_(1.0 - p, gen);
-  // The model's generators are CPU generators: a CUDA run draws the masks a CPU run draws, on
-  // the host, and copies them over (parity with one CPU process, at a host-side cost).
-  return at::empty(x.sizes(), x.options().device(at::kCPU)).bernoulli_(1.0 - p, gen).to(x.device());
-}
-
 at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias) {
   if (!elem(x) || x.numel() == 0 || !fp32_vector_or_none(bias, x.size(-1))) return bias_gelu_reference(x, bias);
   return BiasGeluFn::apply(x, absent_as_empty(bias));

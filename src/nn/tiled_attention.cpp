@@ -1,6 +1,5 @@
 #include "meshtrain/nn/tiled_attention.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
@@ -8,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "meshtrain/compat.h"
+#include "meshtrain/nn/keyed_dropout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,20 +20,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// splitmix64 (Steele et al. 2014): one well-mixed 64-bit value per input.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-at::Tensor tile_keep_mask(uint64_t seed, double p, int64_t bi, int64_t h, int64_t qt, int64_t kt, int64_t rows,
-                          int64_t cols) {
-  uint64_t s = mix(seed);
-  for (int64_t v : {bi, h, qt, kt}) s = mix(s ^ static_cast<uint64_t>(v));
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(s);
-  return at::empty({rows, cols}, at::kFloat).bernoulli_(1.0 - p, gen).mul_(1.0 / (1.0 - p));
+// Tile (qt, kt) of row bi, head h: its keep mask [rows, cols] as 0 or 1 / (1 - p).
+at::Tensor tile_keep_mask(const TiledAttentionOptions& o, int64_t offset, int64_t bi, int64_t h, int64_t q0,
+                          int64_t rows, int64_t k0, int64_t cols) {
+  const int64_t row = o.rows.empty() ? bi : o.rows.at(static_cast<size_t>(bi));
+  const std::vector<Coords> dims{{row}, {o.head_offset + h}, span(offset + q0, rows), span(k0, cols)};
+  return keyed_keep(o.key, o.dropout, dims, at::empty({0}, at::kFloat)).view({rows, cols}).mul_(1.0 / (1.0 - o.dropout));
 }
 
 // The problem, in fp32 and contiguous, and its mask, resolved once.
@@ -45,7 +37,7 @@ struct Problem {
   std::vector<std::vector<int64_t>> docs;  // [b][t], empty: one document
   int64_t bq = 64, bk = 64, nq = 0, nk = 0;
   double scale = 1, dropout = 0;
-  uint64_t seed = 0;
+  TiledAttentionOptions opts;  // the dropout masks' key and coordinates
 
   Problem(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const AttentionMask& m,
           const TiledAttentionOptions& o) {
@@ -65,7 +57,10 @@ struct Problem {
       throw std::invalid_argument(fmt::format("tiled_attention: dropout {} must be in [0, 1)", o.dropout));
     }
     dropout = o.dropout;
-    seed = o.seed;
+    opts = o;
+    if (!o.rows.empty() && static_cast<int64_t>(o.rows.size()) != b) {
+      throw std::invalid_argument(fmt::format("tiled_attention: {} dropout rows for a batch of {}", o.rows.size(), b));
+    }
     group = hq / hkv;
     offset = m.q_offset < 0 ? t - s : m.q_offset;
     if (offset + s > t && (m.causal || m.window > 0 || (m.doc_ids.defined() && m.doc_ids.numel() > 0))) {
@@ -146,7 +141,7 @@ struct Problem {
 
   // The tile's dropout keep mask, 0 or 1 / (1 - p): [rows, cols].
   at::Tensor keep(int64_t bi, int64_t h, int64_t qt, int64_t kt) const {
-    return tile_keep_mask(seed, dropout, bi, h, qt, kt, rows(qt), cols(kt));
+    return tile_keep_mask(opts, offset, bi, h, qt * bq, rows(qt), kt * bk, cols(kt));
   }
 
   // Scores of one tile, masked: [rows, cols].
@@ -245,9 +240,10 @@ using torch::autograd::variable_list;
 struct TiledAttentionFn : torch::autograd::Function<TiledAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& doc_ids, bool causal, int64_t window, int64_t q_offset, int64_t block_q,
-                            int64_t block_k, double dropout, int64_t seed) {
+                            int64_t block_k, double dropout, int64_t key, std::vector<int64_t> rows,
+                            int64_t head_offset) {
     const Problem p(q, k, v, AttentionMask{causal, window, doc_ids, q_offset},
-                    {block_q, block_k, dropout, static_cast<uint64_t>(seed)});
+                    {block_q, block_k, dropout, static_cast<uint64_t>(key), rows, head_offset});
     auto [out, lse] = forward_pass(p);
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["doc_ids"] = doc_ids;
@@ -257,7 +253,9 @@ struct TiledAttentionFn : torch::autograd::Function<TiledAttentionFn> {
     ctx->saved_data["block_q"] = block_q;
     ctx->saved_data["block_k"] = block_k;
     ctx->saved_data["dropout"] = dropout;
-    ctx->saved_data["seed"] = seed;
+    ctx->saved_data["key"] = key;
+    ctx->saved_data["rows"] = rows;
+    ctx->saved_data["head_offset"] = head_offset;
     return out.to(q.scalar_type());
   }
 
@@ -268,11 +266,12 @@ struct TiledAttentionFn : torch::autograd::Function<TiledAttentionFn> {
                           ctx->saved_data["doc_ids"].toTensor(), ctx->saved_data["q_offset"].toInt()};
     const Problem p(q, k, v, m,
                     {ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt(),
-                     ctx->saved_data["dropout"].toDouble(), static_cast<uint64_t>(ctx->saved_data["seed"].toInt())});
+                     ctx->saved_data["dropout"].toDouble(), static_cast<uint64_t>(ctx->saved_data["key"].toInt()),
+                     ctx->saved_data["rows"].toIntVector(), ctx->saved_data["head_offset"].toInt()});
     auto [dq, dk, dv] = backward_pass(p, grad[0].to(at::kFloat).contiguous(), out, lse);
     return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(), at::Tensor(),
             at::Tensor(),           at::Tensor(),           at::Tensor(),           at::Tensor(),
-            at::Tensor(),           at::Tensor()};
+            at::Tensor(),           at::Tensor(),           at::Tensor(),           at::Tensor()};
   }
 };
 
@@ -283,7 +282,7 @@ at::Tensor tiled_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   // autograd::Function takes no undefined tensors: no document ids travel as an empty one.
   const at::Tensor docs = mask.doc_ids.defined() ? mask.doc_ids : at::empty({0}, at::kLong);
   return TiledAttentionFn::apply(q, k, v, docs, mask.causal, mask.window, mask.q_offset, o.block_q, o.block_k,
-                                 o.dropout, static_cast<int64_t>(o.seed));
+                                 o.dropout, static_cast<int64_t>(o.key), o.rows, o.head_offset);
 }
 
 at::Tensor tiled_dropout_mask(int64_t b, int64_t hq, int64_t s, int64_t t, const TiledAttentionOptions& o) {
@@ -293,7 +292,7 @@ at::Tensor tiled_dropout_mask(int64_t b, int64_t hq, int64_t s, int64_t t, const
       for (int64_t q0 = 0, qt = 0; q0 < s; q0 += o.block_q, ++qt)
         for (int64_t k0 = 0, kt = 0; k0 < t; k0 += o.block_k, ++kt) {
           const int64_t r = std::min(o.block_q, s - q0), c = std::min(o.block_k, t - k0);
-          z[bi][h].narrow(0, q0, r).narrow(1, k0, c).copy_(tile_keep_mask(o.seed, o.dropout, bi, h, qt, kt, r, c));
+          z[bi][h].narrow(0, q0, r).narrow(1, k0, c).copy_(tile_keep_mask(o, t - s, bi, h, q0, r, k0, c));
         }
   return z;
 }

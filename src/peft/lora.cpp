@@ -10,12 +10,19 @@
 #include <stdexcept>
 
 #include "meshtrain/model/transformer.h"
-#include "meshtrain/nn/functional.h"
+#include "meshtrain/nn/keyed_dropout.h"
+#include "meshtrain/nn/params.h"
 
 namespace meshtrain {
 
 at::Tensor LoraAdapter::delta(const at::Tensor& x, bool train) const {
-  const at::Tensor in = train && dropout > 0 && gen ? nn::dropout(x, dropout, *gen) : x;
+  at::Tensor in = x;
+  if (train && dropout > 0 && model) {
+    if (x.dim() != 3) throw std::logic_error("lora: dropout needs inputs [seq, batch, features]");
+    const nn::DropoutKeys& k = model->dropout_keys();
+    in = nn::keyed_dropout(x, dropout, k.key(site, 5 /* LoRA's input */),
+                           {model->sequence_coords(x.size(0)), k.rows(x.size(1)), nn::span(feature_offset, x.size(2))});
+  }
   return at::matmul(at::matmul(in, a.t()), b.t()) * scale;
 }
 
@@ -80,18 +87,19 @@ std::vector<std::string> apply_lora(Transformer& m, const LoraOptions& o) {
   check_options(o);
   ParamStore& store = m.params();
   const size_t base_params = store.params().size();
-  auto gens = m.dropout_generators();  // {replicated, split}
   std::vector<std::string> names;
   // A [r, in] with PEFT's variance; B [out, r] zero. `a_dim`/`b_dim`: the dims tp splits.
   auto make = [&](const std::string& name, int64_t in, int64_t out, int64_t a_dim, int64_t b_dim,
-                  at::Generator* gen) {
+                  int64_t feature_offset) {
     auto ad = std::make_shared<LoraAdapter>();
     const double std = 1.0 / std::sqrt(3.0 * static_cast<double>(in));
     ad->a = store.create(name + ".lora_a", {o.rank, in}, Init::Normal, std, a_dim, /*partial over tp*/ a_dim < 0);
     ad->b = store.create(name + ".lora_b", {out, o.rank}, Init::Zeros, 0, b_dim, /*partial over tp*/ b_dim < 0);
     ad->scale = o.alpha / static_cast<double>(o.rank);
     ad->dropout = o.dropout;
-    ad->gen = gen;
+    ad->model = &m;
+    ad->site = stable_hash(name);
+    ad->feature_offset = feature_offset;
     names.push_back(name);
     return ad;
   };
@@ -99,11 +107,11 @@ std::vector<std::string> apply_lora(Transformer& m, const LoraOptions& o) {
   auto lin = m.linears();
   for (auto& [name, l] : lin.column) {
     if (!targeted(name, o.targets)) continue;
-    l->lora = make(name, l->weight.size(1), l->weight.size(0) * tp, -1, 0, gens[0]);
+    l->lora = make(name, l->weight.size(1), l->weight.size(0) * tp, -1, 0, 0);
   }
   for (auto& [name, l] : lin.row) {
     if (!targeted(name, o.targets)) continue;
-    l->lora = make(name, l->weight.size(1) * tp, l->weight.size(0), 1, -1, gens[1]);
+    l->lora = make(name, l->weight.size(1) * tp, l->weight.size(0), 1, -1, store.tp_rank() * l->weight.size(1));
   }
   if (names.empty()) no_match(o.targets);
   store.freeze_first(base_params);

@@ -103,14 +103,16 @@ std::vector<Episode> collect(Transformer& model, const TrainConfig& c, int64_t s
   return eps;
 }
 
-// Micro-batches of train.micro_batch rows of R, made by `rows`.
+// Micro-batches of train.micro_batch rows of this rank's R, made by `rows`; the rank's rows are
+// `first`.. of the step's global batch (the dropout masks' rows).
 template <typename Rows>
-std::vector<Batch> micro_batches(int64_t R, int64_t micro, const Rows& rows) {
+std::vector<Batch> micro_batches(int64_t R, int64_t micro, int64_t first, const Rows& rows) {
   std::vector<Batch> out;
   for (int64_t i = 0; i < R; i += micro) {
     std::vector<uint64_t> ids;
     for (int64_t k = i; k < std::min(R, i + micro); ++k) ids.push_back(static_cast<uint64_t>(k));
     out.push_back(rows(ids));
+    out.back().first_row = first + i;
   }
   return out;
 }
@@ -216,12 +218,11 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
                                               "another checkpoint.dir, or checkpoint.resume = \"none\"",
                                               resumed, method, c.method));
     }
-    const bool same_mesh = m.at("world_size").get<int>() == rt.world_size() && m.at("mesh").value("tp", 1) == c.tp;
     start = m.at("step").get<int64_t>();
-    engine.load(r, rt.rank(), same_mesh);
+    engine.load(r);
     if (critic) {
       r.set_prefix("critic/");
-      critic->load(r, rt.rank(), same_mesh);
+      critic->load(r);
     }
     spike.restore(m.value("spike", nlohmann::json()), false);
     if (lead) fmt::print("resumed from {} (step {})\n", resumed, start);
@@ -337,7 +338,10 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     StepResult r, rc;
     nlohmann::json spike_event;
     for (int64_t e = 0; e < c.rl.epochs; ++e) {
-      r = engine.step(micro_batches(R, c.micro_batch, [&](const auto& ids) { return objective.rows(ids); }),
+      // Each of the rl.epochs updates is an optimizer step of its own (its own dropout masks).
+      const int64_t update = (s - 1) * c.rl.epochs + e + 1;
+      r = engine.step(update,
+                      micro_batches(R, c.micro_batch, dp.rank() * R, [&](const auto& ids) { return objective.rows(ids); }),
                       spike.gate());
       if (spike.spiked()) {
         spike_event = spike.note(s, r, "trained on (policy log)");
@@ -345,7 +349,8 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       }
       if (critic) {
         auto& value = dynamic_cast<ValueObjective&>(critic->objective());
-        rc = critic->step(micro_batches(R, c.micro_batch, [&](const auto& ids) { return value.rows(ids); }));
+        rc = critic->step(update, micro_batches(R, c.micro_batch, dp.rank() * R,
+                                                [&](const auto& ids) { return value.rows(ids); }));
       }
     }
     const double train_s = seconds_since(t1);
@@ -408,9 +413,9 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
                                    : nlohmann::json(nullptr)},
           {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
           {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)}};
-      std::vector<ckpt::Piece> pieces = engine.pieces(dp.rank(), rt.rank(), adapter_checkpoints(c));
+      std::vector<ckpt::Piece> pieces = engine.pieces(dp.rank(), adapter_checkpoints(c));
       if (critic) {
-        for (auto& p : critic->pieces(dp.rank(), rt.rank(), adapter_checkpoints(c))) {
+        for (auto& p : critic->pieces(dp.rank(), adapter_checkpoints(c))) {
           p.name = "critic/" + p.name;
           pieces.push_back(std::move(p));
         }

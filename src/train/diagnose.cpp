@@ -125,10 +125,7 @@ Replay replay(const TrainConfig& c, const std::string& path, int64_t step, Runti
     engine.load_reference(base);
   }
   if (c.lora_quantize != "none") engine.quantize_base();
-  const auto& mm = m.at("mesh");
-  const bool one_process = m.at("world_size").get<int>() == 1 && mm.value("tp", 1) == 1 && mm.value("pp", 1) == 1 &&
-                           mm.value("cp", 1) == 1;
-  engine.load(r, 0, one_process);
+  engine.load(r);
   Replay out;
   out.from_step = m.at("step").get<int64_t>();
   LoaderOptions lo = loader_options(c);
@@ -154,7 +151,7 @@ Replay replay(const TrainConfig& c, const std::string& path, int64_t step, Runti
       engine.model().set_unit_hooks(&probe);
       for (const auto& p : params) before.push_back(p.tensor.detach().clone());
     }
-    const StepResult res = engine.step(micro);
+    const StepResult res = engine.step(s, micro);
     out.loss = res.loss;
     out.grad_norm = res.grad_norm;
     out.lr = res.lr;

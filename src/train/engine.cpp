@@ -74,7 +74,6 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     // A critic or a reward model: the trunk with a value head (after LoRA, which freezes what came before it).
     if (role == EngineRole::Critic || c.method == "reward") add_value_head(*m);
     m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
-    m->set_dropout_seed(c.seed, dp_.rank());
     m->set_recompute(plan::parse_recompute(c.recompute));
   }
   if (c.zero > 0) {
@@ -211,7 +210,8 @@ TokenLoader train_loader(const TrainConfig& c, int rank, int size, LoaderOptions
   return TokenLoader(c.train_shards, c.seq, c.micro_batch, rank, size, c.seed, o);
 }
 
-StepResult TrainEngine::step(const std::vector<Batch>& micro, const UpdateGate& gate) {
+StepResult TrainEngine::step(int64_t step, const std::vector<Batch>& micro, const UpdateGate& gate) {
+  for (auto& m : chunks_) m->set_dropout_step(step);
   return pipeline_step_ ? pipeline_step_->run(micro, gate) : step_->run(micro, gate);
 }
 
@@ -234,7 +234,7 @@ at::Tensor TrainEngine::row_losses(const Batch& host) {
   return chunks_[0]->forward(b.tokens, b.targets, false, b.doc_ids).sum(0).to(at::kDouble);  // [s, b] -> [b]
 }
 
-std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank, bool trained_only) {
+std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, bool trained_only) {
   std::vector<ckpt::Piece> out;
   size_t k = 0;  // this chunk's first entry in the optimizer's lists
   for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -242,11 +242,11 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, int world_rank, bool t
     std::vector<ckpt::Piece> p;
     if (!zero_.empty()) {
       // Each rank's own slices, as boxes of the parameters: nothing gathered.
-      p = zero_pieces(m, zero_slices(c, k, true), dp_rank, world_rank, static_cast<int>(c));
+      p = zero_pieces(m, zero_slices(c, k, true), dp_rank);
     } else {
       size_t k2 = k;
       const std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
-      p = training_pieces(m, ms, vs, dp_rank, world_rank, static_cast<int>(c), expert_dp_.rank());
+      p = training_pieces(m, ms, vs, dp_rank, expert_dp_.rank());
     }
     if (trained_only) {
       for (const auto& param : m.params().params()) {
@@ -306,7 +306,7 @@ int64_t TrainEngine::quantize_base() {
   return bytes;
 }
 
-int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
+int64_t TrainEngine::load(ckpt::Reader& r) {
   size_t k = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Transformer& m = *chunks_[c];
@@ -320,7 +320,6 @@ int64_t TrainEngine::load(ckpt::Reader& r, int world_rank, bool same_mesh) {
       std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
       load_moments(r, m, ms, vs);
     }
-    if (same_mesh) load_rng(r, m, world_rank, static_cast<int>(c));
   }
   const int64_t steps = r.manifest().at("optimizer").at("steps").get<int64_t>();
   opt_->set_steps(steps);

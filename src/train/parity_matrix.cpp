@@ -20,6 +20,7 @@ const char* kDocumentMask = "train.document_mask needs model.attention";
 const char* kWholeSequence = "needs each sequence whole on one rank";
 const char* kRlMesh = "runs on data and tensor parallelism (DDP, no sequence parallelism) for now";
 const char* kLoraMesh = "trains with DDP or ZeRO-1/2 for now";
+const char* kCpDropout = "computes attention without dropout; set model.dropout = 0";
 
 // One row: its cells in axis order (dp, tp, sp, cp, pp, ep).
 MatrixRow row(std::string name, std::string feature, std::vector<std::string> sets, int dp,
@@ -87,8 +88,15 @@ std::vector<MatrixRow> build() {
           {T, T, T, T, T, refused(kNoExperts)}),
       row("replica_check", "replica check every step", {"check.replicas_every=1"}, 1,
           {T, T, T, T, T, refused(kNoExperts)}),
-      // Adapters on the matrix's (randomly initialised) base: the base frozen, only the adapters trained.
-      row("lora", "LoRA (rank 4)", {"lora.rank=4"}, 1,
+      // Dropout, keyed by each element's place in the unsplit activations (model/transformer.h):
+      // embedding, residual and attention probabilities, materialised and tiled.
+      row("dropout", "dropout 0.1 (embedding, residual, attention)", {"model.dropout=0.1"}, 1,
+          {T, T, T, refused(kCpDropout), T, refused(kNoExperts)}),
+      row("dropout_tiled", "dropout 0.1, tiled attention", {"model.dropout=0.1", "model.attention=\"tiled\""}, 1,
+          {T, T, T, refused(kCpDropout), T, refused(kNoExperts)}),
+      // Adapters on the matrix's (randomly initialised) base: the base frozen, only the adapters trained,
+      // their inputs dropped (LoRA's dropout, keyed like the model's).
+      row("lora", "LoRA (rank 4, dropout 0.1)", {"lora.rank=4", "lora.dropout=0.1"}, 1,
           {T, T, T, T, refused(kLoraMesh), refused(kNoExperts)}),
       row("bottleneck", "bottleneck adapters (width 8)", {"adapters.bottleneck=8"}, 1,
           {T, T, T, T, refused("trains with DDP or ZeRO-1/2"), refused(kNoExperts)}),

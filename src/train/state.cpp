@@ -44,10 +44,6 @@ std::vector<int64_t> offsets_of(const Param& p, int tp_rank) {
   return off;
 }
 
-std::string rng_name(const char* kind, int world_rank, int chunk) {
-  return chunk == 0 ? fmt::format("rng/dropout_{}/rank{}", kind, world_rank)
-                    : fmt::format("rng/dropout_{}/rank{}/chunk{}", kind, world_rank, chunk);
-}
 
 }  // namespace
 
@@ -114,10 +110,10 @@ bool new_adapter(const ckpt::Reader& r, const Param& p) {
 
 }  // namespace
 
-std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank) {
-  if (!opt) return training_pieces(model, {}, {}, dp_rank, world_rank);
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank) {
+  if (!opt) return training_pieces(model, {}, {}, dp_rank);
   auto& o = const_cast<AdamW&>(*opt);
-  return training_pieces(model, o.exp_avg(), o.exp_avg_sq(), dp_rank, world_rank);
+  return training_pieces(model, o.exp_avg(), o.exp_avg_sq(), dp_rank);
 }
 
 namespace {
@@ -125,15 +121,6 @@ namespace {
 // Whether this rank writes its copy of `p`: the first data-parallel replica,
 // and for parameters replicated across tp, tp rank 0.
 bool writes(const Param& p, bool dp_lead, int tp_rank) { return dp_lead && (p.tp_dim >= 0 || tp_rank == 0) && !p.replica; }
-
-void add_rng_pieces(Transformer& model, int world_rank, int chunk, std::vector<ckpt::Piece>& out) {
-  const char* names[] = {"replicated", "split"};
-  auto gens = model.dropout_generators();
-  for (size_t i = 0; i < gens.size(); ++i) {
-    at::Tensor state = gens[i]->get_state();
-    out.push_back({rng_name(names[i], world_rank, chunk), state, state.sizes().vec(), {0}, true});
-  }
-}
 
 // Range k's boxes in the parameter's global coordinates, with the views of
 // `slice` that hold them.
@@ -152,8 +139,8 @@ void for_each_box(const Param& p, int tp_rank, const OwnedRange& k, F f) {
 }  // namespace
 
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
-                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
-                                         int chunk, int expert_dp_rank) {
+                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank,
+                                         int expert_dp_rank) {
   const int tp_rank = model.params().tp_rank();
   std::vector<ckpt::Piece> out;
   auto& params = model.params().params();
@@ -167,12 +154,10 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<a
       out.push_back({"optim/exp_avg_sq/" + p.name, exp_avg_sq.at(i), p.full_shape, off, owner});
     }
   }
-  add_rng_pieces(model, world_rank, chunk, out);
   return out;
 }
 
-std::vector<ckpt::Piece> zero_pieces(Transformer& model, const ZeroSlices& z, int dp_rank, int world_rank,
-                                     int chunk) {
+std::vector<ckpt::Piece> zero_pieces(Transformer& model, const ZeroSlices& z, int dp_rank) {
   const int tp_rank = model.params().tp_rank();
   std::vector<ckpt::Piece> out;
   auto& params = model.params().params();
@@ -191,7 +176,6 @@ std::vector<ckpt::Piece> zero_pieces(Transformer& model, const ZeroSlices& z, in
       out.push_back({"optim/exp_avg_sq/" + p.name, view(z.exp_avg_sq), p.full_shape, global, owner});
     });
   }
-  add_rng_pieces(model, world_rank, chunk, out);
   return out;
 }
 
@@ -314,16 +298,5 @@ void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt) {
   opt.set_steps(r.manifest().at("optimizer").at("steps").get<int64_t>());
 }
 
-bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank, int chunk) {
-  const char* names[] = {"replicated", "split"};
-  auto gens = model.dropout_generators();
-  for (size_t i = 0; i < gens.size(); ++i) {
-    const std::string name = rng_name(names[i], world_rank, chunk);
-    if (!r.has(name)) return false;
-    std::lock_guard<std::mutex> lock(gens[i]->mutex());
-    gens[i]->set_state(r.read_full(name));
-  }
-  return true;
-}
 
 }  // namespace meshtrain

@@ -55,6 +55,7 @@ StepResult TrainStep::run(const std::vector<Batch>& host_batches, const UpdateGa
     const bool last = i + 1 == micro_batches.size();  // reduce in the last backward only
     if (o_.ddp) o_.ddp->set_sync(last);
     if (o_.ddp_experts) o_.ddp_experts->set_sync(last);
+    model_.set_dropout_rows(b.first_row);
     at::Tensor summed;
     {
       AutocastGuard precision(o_.precision);

@@ -163,7 +163,6 @@ double max_over(Comm& group, double x) {
 int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engine, TokenLoader& loader, int dp,
                Comm& world, bool lead, SpikeDefence& spike, bool rollback) {
   if (path.empty()) return 0;
-  const int world_rank = world.rank(), world_size = world.size();
   ckpt::Reader r(path, c.ckpt_staging_mb << 20);
   const auto& m = r.manifest();
   const auto& t = m.at("config").at("train");
@@ -175,12 +174,9 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
                                          c.seq, c.seed, c.global_batch));
   }
   const auto& mesh = m.at("mesh");
-  const bool same_mesh = m.at("world_size").get<int>() == world_size && mesh.at("tp") == c.tp &&
-                         mesh.value("pp", 1) == c.pp && mesh.value("virtual", 1) == c.virtual_stages &&
-                         mesh.value("cp", 1) == c.cp && mesh.value("ep", 1) == c.ep;
   const PeakProbe probe;
   const auto t0 = std::chrono::steady_clock::now();
-  engine.load(r, world_rank, same_mesh);
+  engine.load(r);
   const double extra = max_over(world, probe.extra_bytes());
   const double seconds = max_over(world, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
@@ -199,11 +195,11 @@ int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engin
   spike.restore(m.value("spike", nlohmann::json()), rollback);
   const int64_t step = m.at("step").get<int64_t>();
   if (lead) {
-    fmt::print("{}{} {} (step {}, saved on tp={} cp={} dp={} pp={} ep={}{}; loaded in {:.2f} s, peak extra memory "
+    fmt::print("{}{} {} (step {}, saved on tp={} cp={} dp={} pp={} ep={}; loaded in {:.2f} s, peak extra memory "
                "{} per rank)\n",
                rollback ? fmt::format("step {:>5} | ", step) : "", rollback ? "rolled back to" : "resumed from", path,
                step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1), mesh.value("ep", 1),
-               same_mesh ? "" : "; another mesh: dropout streams start afresh", seconds, plan::human_bytes(extra));
+               seconds, plan::human_bytes(extra));
   }
   return step;
 }
@@ -386,7 +382,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     const auto t0 = std::chrono::steady_clock::now();
     const PeakProbe probe;
     // Every pipeline stage writes its own layers under their global names.
-    saver->save(s, engine.pieces(dp.rank(), rt->rank(), adapter_checkpoints(c)),
+    saver->save(s, engine.pieces(dp.rank(), adapter_checkpoints(c)),
                 checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler(), spike,
                                   init ? &*init : nullptr),
                 nlohmann::json::object());
@@ -421,7 +417,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     const double a2a0 = all_to_all_rows_seconds();
-    StepResult r = engine.step(micro, spike.gate());
+    StepResult r = engine.step(s, micro, spike.gate());
     const double a2a = all_to_all_rows_seconds() - a2a0;  // this rank's MoE dispatch and combine
     if (fault_perturb_after(s)) {  // a test's silent corruption (runtime/fault.h)
       at::NoGradGuard no_grad;

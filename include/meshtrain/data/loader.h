@@ -69,6 +69,9 @@ struct Batch {
   at::Tensor targets;  // [micro_batch, seq] int64
   std::vector<uint64_t> windows;  // global window ids, for checks
   at::Tensor doc_ids;  // [micro_batch, seq] int64 when the loader gives documents, else undefined
+  // The first row's place in its optimizer step's global batch (rows first_row.. of
+  // accumulation x dp x micro-batch rows, the same on every mesh): dropout masks are keyed by it.
+  int64_t first_row = 0;
 };
 
 // `b` on the device this process computes on (runtime/device.h): itself on cpu, else a copy
@@ -123,6 +126,7 @@ class TokenLoader {
  private:
   void shuffle(uint64_t epoch);
   Batch next_mixed();
+  Batch next_unmixed();  // one call of a single source: windows in order, or repacked rows
   // A mixture: one loader per source (micro-batch 1, one rank), the blending rule, source names.
   std::vector<std::unique_ptr<TokenLoader>> sources_;
   std::vector<std::string> source_names_;

@@ -20,22 +20,23 @@
 //   final_norm.{weight,bias},
 //   head.weight [V_pad, h] (untied only). Biases exist when spec.bias is set.
 //
-// Dropout masks come from two generators (Megatron's model-parallel RNG,
-// arXiv 1909.08053 sec. 3): `replicated`, seeded alike on every tp rank, for
-// activations every tp rank holds whole (embedding and residual dropout
-// without sequence parallelism: the replicas must stay identical); `split`,
-// seeded per tp rank, for activations split across tp (attention heads, and
-// the residual stream's sequence shards with sequence parallelism). Both
-// differ across data-parallel ranks (set_dropout_seed).
+// Dropout masks are keyed, not drawn (nn/keyed_dropout.h): each element's keep
+// bit is a hash of (seed, optimizer step, layer, site) and its place in the
+// unsplit activations — the row in the step's global batch, the position, the
+// feature (residual stream) or the head and key (attention probabilities). So
+// every tp/sp/pp/dp layout, micro-batching and recomputation drops what one
+// process drops, and nothing about dropout needs saving in a checkpoint. The
+// trainer names the step (set_dropout_step); whoever runs a micro-batch names
+// its first row (set_dropout_rows, from Batch::first_row).
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include "meshtrain/model/profiler.h"
+#include "meshtrain/nn/keyed_dropout.h"
 #include "meshtrain/nn/params.h"
 #include "meshtrain/nn/recompute.h"
 #include "meshtrain/parallel/tensor/layers.h"
@@ -133,10 +134,14 @@ class Transformer {
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
   bool sequence_parallel() const { return tp_.sequence_parallel; }
 
-  // Seeds both dropout generators from (seed, data-parallel rank, tp rank).
-  void set_dropout_seed(uint64_t seed, int dp_rank);
-  // Their states, for checkpoints: {replicated, split}.
-  std::vector<at::Generator*> dropout_generators() { return {&rng_replicated_, &rng_split_}; }
+  // The optimizer step and the micro-batch's first global row the next forwards key their
+  // dropout masks by (see the top of this file).
+  void set_dropout_step(int64_t step) { keys_.step = step; }
+  void set_dropout_rows(int64_t first_row) { keys_.first_row = first_row; }
+  const nn::DropoutKeys& dropout_keys() const { return keys_; }
+  // The global positions of a whole (not sequence-parallel-split) local sequence of `local`
+  // tokens: 0..local-1, or this cp rank's zig-zag chunks.
+  nn::Coords sequence_coords(int64_t local) const;
 
   // The blocks' linears by name ("layers.3.attn.q", "layers.0.mlp.fc2"), for adapters (peft/lora.h).
   struct Linears {
@@ -235,7 +240,11 @@ class Transformer {
     if (hooks_) hooks_->before_unit(0);
   }
   at::Tensor leave_root(const at::Tensor& out) { return hooks_ ? hooks_->after_unit(0, out) : out; }
-  mutable at::Generator rng_replicated_, rng_split_;
+  nn::DropoutKeys keys_;
+  // The residual stream's dropout over x [s(/tp), b, h] at (layer, site).
+  at::Tensor residual_dropout(const at::Tensor& x, double p, int64_t layer, uint64_t site) const;
+  // Its keep mask alone, for the fused path (x's dtype).
+  at::Tensor residual_keep(const at::Tensor& x, double p, int64_t layer, uint64_t site) const;
   nn::Recompute recompute_ = nn::Recompute::None;
   bool fused_loss_ = true;
   bool fused_ops_ = true;
@@ -246,7 +255,6 @@ class Transformer {
   // forward()/stage_forward(): whether this forward's embedding may be sparse.
   bool tied_loss_forward() const { return fused_loss_ && spec_.tied && part_.embedding && part_.head; }
   double moe_loss_weight_ = 1;
-  at::Generator& residual_rng() const { return tp_.sequence_parallel ? rng_split_ : rng_replicated_; }
 };
 
 }  // namespace meshtrain

@@ -2,7 +2,6 @@
 // sequence dim first, so sequence-parallel shards are contiguous).
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 namespace meshtrain::nn {
@@ -22,17 +21,13 @@ at::Tensor rope(const at::Tensor& x, double theta, const at::Tensor& positions);
 // Causal attention. q: [b, hq, s, d]; k, v: [b, hkv, t, d] with t >= s and hq
 // a multiple of hkv (GQA/MQA: each kv head serves hq/hkv query heads). The
 // queries are the last s positions of the t (t > s: decoding with a KV cache):
-// query i sees keys 0..t-s+i. Returns [b, hq, s, d]. With a generator and
-// dropout > 0, attention probabilities are dropped with that probability.
+// query i sees keys 0..t-s+i. Returns [b, hq, s, d]. With dropout > 0, the attention
+// probabilities are multiplied by `keep` / (1 - dropout) (keep: [b, hq, s, t], 1 or 0,
+// from nn/keyed_dropout.h).
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout = 0,
-                            at::Generator* gen = nullptr);
+                            const at::Tensor& keep = {});
 
 // The same causal attention (t == s) through at::scaled_dot_product_attention, no dropout.
 at::Tensor sdpa_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
-
-// Inverted dropout with masks drawn from `gen`: x * bernoulli(1 - p) / (1 - p).
-// (An explicit generator, not the global one: which ranks share a mask is a
-// property of the parallel layout, see Transformer.)
-at::Tensor dropout(const at::Tensor& x, double p, at::Generator& gen);
 
 }  // namespace meshtrain::nn

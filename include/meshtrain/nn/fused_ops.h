@@ -32,16 +32,12 @@ struct NormWeights {
 };
 
 // What joins the branch to the residual: an optional bias, and dropout with
-// probability p through `keep` (0/1 in the branch's type, from dropout_keep).
+// probability p through `keep` (0/1 in the branch's type, nn::keyed_keep's mask).
 struct BranchJoin {
   at::Tensor bias;
   at::Tensor keep;
   double p = 0;
 };
-
-// The keep mask of inverted dropout over a tensor like `x`: bernoulli(1 - p)
-// drawn from `gen` (the draw nn::dropout makes, so the two agree bitwise).
-at::Tensor dropout_keep(const at::Tensor& x, double p, at::Generator& gen);
 
 at::Tensor bias_gelu(const at::Tensor& x, const at::Tensor& bias);
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);

@@ -19,11 +19,12 @@
 //
 // Attention dropout (FlashAttention's, arXiv 2205.14135 Algorithm 2): the
 // softmax statistics m, l, lse are those of the undropped P; O accumulates
-// (P ∘ Z) V / (1 - p) with Z a keep mask drawn per tile from a generator
-// seeded by (seed, batch, head, query tile, key tile), so backward draws the
-// same Z without storing it: dV += (P ∘ Z)ᵀ dO / (1 - p), dP = (dO Vᵀ) ∘ Z /
-// (1 - p), and D = rowsum(dO ∘ O) = rowsum(P ∘ dP) as without dropout. The
-// masks depend on the tile sizes (the same seed with other tiles drops others).
+// (P ∘ Z) V / (1 - p) with Z the keyed keep mask (nn/keyed_dropout.h) of
+// (key; row, head, query position, key position), made per tile, so backward
+// makes the same Z without storing it: dV += (P ∘ Z)ᵀ dO / (1 - p), dP =
+// (dO Vᵀ) ∘ Z / (1 - p), and D = rowsum(dO ∘ O) = rowsum(P ∘ dP) as without
+// dropout. Z does not depend on the tile sizes, and equals the mask that
+// causal_attention is given for the same coordinates (nn/functional.h).
 //
 // Rows that see no key (padding) give O = 0, lse = -inf, and zero gradients.
 // bf16 inputs are computed in fp32 (accumulation and softmax) and the output
@@ -32,6 +33,7 @@
 
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -57,11 +59,15 @@ struct AttentionMask {
 struct TiledAttentionOptions {
   int64_t block_q = plan::kAttentionTile, block_k = plan::kAttentionTile;
   double dropout = 0;  // probability of dropping an attention probability
-  uint64_t seed = 0;   // of the dropout masks
+  // The dropout masks' key, and the global coordinates of this call's rows and first head
+  // (rows empty: 0..b-1). Query i's position is q_offset + i, key j's is j.
+  uint64_t key = 0;
+  std::vector<int64_t> rows = {};
+  int64_t head_offset = 0;
 };
 
-// The keep mask the op applies with `o` (dropout > 0), materialised [b, hq, s, t]
-// as 0 or 1 / (1 - p): for tests that check the op against naive attention.
+// The keep mask the op applies with `o` (dropout > 0) to causal queries at t - s..t - 1,
+// materialised [b, hq, s, t] as 0 or 1 / (1 - p): for tests that check the op against naive attention.
 at::Tensor tiled_dropout_mask(int64_t b, int64_t hq, int64_t s, int64_t t, const TiledAttentionOptions& o);
 
 // q: [b, hq, s, d]; k, v: [b, hkv, t, d], hq a multiple of hkv (query head h

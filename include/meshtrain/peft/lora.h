@@ -23,7 +23,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include "meshtrain/plan/spec.h"
@@ -45,7 +44,11 @@ struct LoraAdapter {
   at::Tensor a, b;  // this rank's shards
   double scale = 1;  // α / r
   double dropout = 0;
-  at::Generator* gen = nullptr;  // dropout masks (the model's split generator)
+  // Dropout masks are the model's keyed ones (model/transformer.h) at site `site` (the linear's
+  // name), over [s, b, in] with this rank's inputs from `feature_offset` (row-parallel: tp rank x in / tp).
+  const Transformer* model = nullptr;
+  uint64_t site = 0;
+  int64_t feature_offset = 0;
   bool enabled = true;           // false: the base alone (a DPO reference without a second copy)
   bool merged = false;           // (α / r) B A is in W (merge_lora): not added again
   bool active() const { return enabled && !merged; }

@@ -7,8 +7,9 @@
 // loads any checkpoint (train/state.h), reads the same global batch (the
 // loader's windows do not depend on the data-parallel size; batches a spike
 // rollback dropped are dropped again) and computes the same step up to the
-// order of fp32 sums; dropout masks are the run's own only when it ran on one
-// process. Steps between the checkpoint and N are replayed first.
+// order of fp32 sums, with the run's own dropout masks (keyed by the step and
+// the rows' places in the global batch, model/transformer.h). Steps between
+// the checkpoint and N are replayed first.
 //
 //   data:     the step's windows — distinct tokens, the most frequent ones,
 //             windows repeated within the batch, repeated 8-grams, the

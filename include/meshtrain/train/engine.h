@@ -60,7 +60,8 @@ class TrainEngine {
               EngineRole role = EngineRole::Method);
 
   // `gate`: asked before the update (train/step.h).
-  StepResult step(const std::vector<Batch>& micro, const UpdateGate& gate = {});
+  // `step`: the optimizer step's number, which keys the dropout masks (model/transformer.h).
+  StepResult step(int64_t step, const std::vector<Batch>& micro, const UpdateGate& gate = {});
   // One batch evaluated (forward only, no dropout), on every rank: {summed
   // loss, units, then each of the objective's metrics summed over the units}.
   std::vector<double> evaluate(const Batch& b);
@@ -71,10 +72,9 @@ class TrainEngine {
   Objective& objective() { return *objective_; }
 
   // `trained_only`: frozen parameters left out (adapter checkpoints, trainer.h).
-  std::vector<ckpt::Piece> pieces(int dp_rank, int world_rank, bool trained_only = false);
-  // Parameters and moments from `r`, whatever mesh wrote it; the dropout
-  // generators too when `same_mesh`. Returns the optimizer step.
-  int64_t load(ckpt::Reader& r, int world_rank, bool same_mesh);
+  std::vector<ckpt::Piece> pieces(int dp_rank, bool trained_only = false);
+  // Parameters and moments from `r`, whatever mesh wrote it. Returns the optimizer step.
+  int64_t load(ckpt::Reader& r);
   // The parameters only (optimizer untouched): [init] from.
   void load_weights(ckpt::Reader& r);
   // The frozen reference (reference()), if any: the starting weights [init]

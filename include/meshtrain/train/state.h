@@ -4,8 +4,9 @@
 //   model/<param>               the parameters (names: model/transformer.h)
 //   optim/exp_avg/<param>       AdamW first moment, fp32
 //   optim/exp_avg_sq/<param>    AdamW second moment, fp32
-//   rng/dropout_{replicated,split}/rank<r>  rank r's dropout generators (transformer.h);
-//                               with pipeline chunks c > 0: .../rank<r>/chunk<c>
+// No random state: dropout masks are keyed by the step and the data (model/transformer.h), so a
+// resume on any mesh drops what the uninterrupted run drops. (Checkpoints written before that
+// hold rng/dropout_* tensors, which nothing reads.)
 // Replicas are written by one rank only: data-parallel rank 0 (under ZeRO
 // every shard rank of the first replica writes its slices), and for
 // parameters replicated across tp, tp rank 0.
@@ -32,15 +33,15 @@ nlohmann::json spec_to_json(const plan::ModelSpec& m);
 // Throws std::invalid_argument naming a missing or wrong field.
 plan::ModelSpec spec_from_json(const nlohmann::json& j);
 
-// This rank's pieces of the model and optimizer state (and its RNG state).
-std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank, int world_rank);
+// This rank's pieces of the model and optimizer state.
+std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank);
 // The same with the moments given per model parameter. An undefined moment
 // (a frozen parameter: no optimizer state) is not written. `dp_rank`: this
 // rank among the replicas of the dense parameters; `expert_dp_rank` among
 // those of its experts (dp x cp, without ep; -1: dp_rank). Rank 0 writes.
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
-                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank, int world_rank,
-                                         int chunk = 0, int expert_dp_rank = -1);
+                                         const std::vector<at::Tensor>& exp_avg_sq, int dp_rank,
+                                         int expert_dp_rank = -1);
 
 // A ZeRO rank's state (parallel/data/zero.h): its fp32 weight slices and
 // moment slices, one per flat, and where they sit in the model.
@@ -51,10 +52,9 @@ struct ZeroSlices {
 };
 // Its pieces without gathering: each owned range as its boxes of the
 // parameter (ckpt/flat_boxes.h) in global coordinates, views of the slices;
-// frozen parameters (whole on every rank) and the RNG as training_pieces.
+// frozen parameters (whole on every rank) as training_pieces.
 // The checkpoint is the one DDP writes, cut into smaller shards.
-std::vector<ckpt::Piece> zero_pieces(Transformer& model, const ZeroSlices& z, int dp_rank, int world_rank,
-                                     int chunk = 0);
+std::vector<ckpt::Piece> zero_pieces(Transformer& model, const ZeroSlices& z, int dp_rank);
 // The reverse, on any mesh: reads each owned range's boxes straight into the
 // slices (the reader streams the overlapping shards, checkpoint.h), so loading
 // holds no more than this rank's state and the reader's staging buffer.
@@ -85,8 +85,5 @@ void load_optimizer(ckpt::Reader& r, Transformer& model, AdamW& opt);
 // undefined entries (frozen parameters) and adapters the checkpoint lacks are skipped.
 void load_moments(ckpt::Reader& r, Transformer& model, std::vector<at::Tensor>& exp_avg,
                   std::vector<at::Tensor>& exp_avg_sq);
-// Restores this rank's dropout generators when the checkpoint has them
-// (saved by the same world rank: meaningful on the same mesh only).
-bool load_rng(ckpt::Reader& r, Transformer& model, int world_rank, int chunk = 0);
 
 }  // namespace meshtrain

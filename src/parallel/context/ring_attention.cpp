@@ -87,7 +87,9 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     const int n = cp->size(), me = cp->rank();
     const ZigZag z(q.size(2) * n, n, me);
     const int64_t c = z.chunk();
-    const nn::TiledAttentionOptions o{block_q, block_k};
+    nn::TiledAttentionOptions o;  // no dropout: cp refuses it (model/transformer.h)
+    o.block_q = block_q;
+    o.block_k = block_k;
     const at::Tensor qf = q.to(at::kFloat);
     at::Tensor out = at::zeros(qf.sizes(), at::kFloat);
     at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, -kInf, at::kFloat);
@@ -117,7 +119,9 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     Comm* cp = reinterpret_cast<Comm*>(static_cast<intptr_t>(ctx->saved_data["cp"].toInt()));
-    const nn::TiledAttentionOptions o{ctx->saved_data["block_q"].toInt(), ctx->saved_data["block_k"].toInt()};
+    nn::TiledAttentionOptions o;
+    o.block_q = ctx->saved_data["block_q"].toInt();
+    o.block_k = ctx->saved_data["block_k"].toInt();
     const int n = cp->size(), me = cp->rank();
     const ZigZag z(q.size(2) * n, n, me);
     const int64_t c = z.chunk();

@@ -91,6 +91,7 @@ double PipelineExecutor::run(const std::vector<Batch>& micro, double tokens) {
         acts.erase(key);
         std::optional<nn::DeferWeightGrads> split;  // linears build nodes whose dW can wait for W
         if (s_.split_backward) split.emplace();
+        chunk.set_dropout_rows(micro[a.micro].first_row);
         at::Tensor out = chunk.stage_forward(in, micro[a.micro].targets);
         if (a.stage == S - 1) {
           out = out.sum() / tokens;
