@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The frameworks meshtrain is checked against (issue 42), pinned, installed into the torch
 # environment (scripts/torch_env.sh) so that both sides run the same torch 2.11:
-#   transformers  loads meshtrain's Hugging Face export and writes what `ckpt import` reads.
+#   transformers  loads meshtrain's Hugging Face export and writes what `ckpt import` reads;
+#   sentencepiece, protobuf  what transformers needs to read the export's tokenizer.model.
 #
 #   scripts/peers_env.sh          install when needed; print the environment's python
 #   scripts/peers_env.sh --check  print it when the peers are installed, else exit 1
@@ -12,7 +13,9 @@
 set -euo pipefail
 
 TRANSFORMERS_VERSION=5.25.0
-WANT="transformers $TRANSFORMERS_VERSION"
+SENTENCEPIECE_VERSION=0.2.3
+PROTOBUF_VERSION=7.36.2
+WANT="transformers $TRANSFORMERS_VERSION sentencepiece $SENTENCEPIECE_VERSION protobuf $PROTOBUF_VERSION"
 here="$(cd "$(dirname "$0")" && pwd)"
 
 if [ "${1:-}" = "--check" ]; then
@@ -35,11 +38,14 @@ echo "peers_env: installing $WANT into $ENV_DIR" >&2
 pins=$("$ENV_DIR/bin/python" -c 'import numpy, torch; print(f"torch=={torch.__version__}\nnumpy=={numpy.__version__}")')
 printf '%s\n' "$pins" > "$ENV_DIR/.peers-constraints.txt"
 "$ENV_DIR/bin/pip" install --no-input --quiet --disable-pip-version-check -c "$ENV_DIR/.peers-constraints.txt" \
-  "transformers==$TRANSFORMERS_VERSION" >&2
+  "transformers==$TRANSFORMERS_VERSION" "sentencepiece==$SENTENCEPIECE_VERSION" "protobuf==$PROTOBUF_VERSION" >&2
 "$ENV_DIR/bin/python" - <<PY >&2
 import transformers
 assert transformers.__version__ == "$TRANSFORMERS_VERSION", transformers.__version__
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig  # noqa: F401
+import sentencepiece, google.protobuf
+assert sentencepiece.__version__ == "$SENTENCEPIECE_VERSION", sentencepiece.__version__
+assert google.protobuf.__version__ == "$PROTOBUF_VERSION", google.protobuf.__version__
 print("peers_env: transformers", transformers.__version__, "ready")
 PY
 echo "$WANT" > "$MARKER.tmp" && mv "$MARKER.tmp" "$MARKER"

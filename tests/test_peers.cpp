@@ -9,7 +9,10 @@
 //     rope_parameters for Llama, here with Llama 3's rotary base 500000),
 //     imported by `ckpt import`: meshtrain's logits equal transformers', the
 //     checkpoint trains ([init] from, the rotary base a [model] key checked
-//     against the checkpoint's), and its export is the saved tensors, bit for bit.
+//     against the checkpoint's), and its export is the saved tensors, bit for bit;
+//   tokenizer: the export carries the run's SentencePiece model; AutoTokenizer
+//     encodes as meshtrain does and pipeline("text-generation") continues a
+//     prompt as `meshtrain sample` does.
 //
 // Tolerance: max |ours - theirs| / max |theirs| <= 1e-5 (both fp32: other
 // summation orders; measured 1.2e-6 / 2.1e-6 on export, 4e-7 / 6e-7 on import).
@@ -22,6 +25,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/safetensors.h"
@@ -158,6 +164,99 @@ TEST(Peers, TransformersSavesMeshtrainImportsTrainsAndExportsBack) {
       EXPECT_TRUE(at::equal(a.get(name), b.get(name))) << name;
     }
   }
+}
+
+
+// The export as a user meets it (ckpt/hf_tokenizer.h): a run on `meshtrain tokenize`'s data
+// exports its tokenizer beside the weights. transformers' AutoTokenizer encodes text as
+// meshtrain-tokenize does (accents, digits, symbols, repeated spaces: the model's own
+// normalizer), config.json carries the tokenizer's <s> and </s> ids, and
+// pipeline("text-generation") continues a prompt greedily as `meshtrain sample --temperature 0`
+// does, up to the first end of sequence (where transformers stops, and meshtrain starts a line):
+// the same ids, decoded to the same text. (The pipeline's own text drops the space where the
+// continuation joins the prompt: transformers 5 decodes the new ids alone, as for any
+// SentencePiece model; printed, not compared.)
+TEST(Peers, TheExportCarriesItsTokenizerAndGeneratesAsMeshtrainSamples) {
+  require_transformers();
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string helper = (std::filesystem::path(bin).parent_path() / "meshtrain-tokenize").string();
+  Dir d;
+  {
+    std::ofstream f(d.path / "corpus.txt");
+    const char* words[] = {"the", "light", "was", "good", "and", "darkness", "upon", "face", "of", "deep", "waters",
+                           "café", "Ünïcode", "42", "x+y=z"};
+    for (int line = 0; line < 400; ++line) {
+      for (int w = 0; w < 8; ++w) f << words[(line * 7 + w * 3 + line / 11) % 15] << (w < 7 ? " " : "\n");
+    }
+  }
+  auto run = test::run_command(bin + " tokenize --input " + (d.path / "corpus.txt").string() + " --out " +
+                               (d.path / "tok").string() + " --vocab-size 400");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string ck = (d.path / "ck").string(), hf = (d.path / "hf").string();
+  const std::string cfg = d.write("t.toml", "[model]\npreset = \"llama-tiny\"\nlayers = 2\nvocab = 400\nhidden = 64\n"
+                                            "heads = 4\nkv_heads = 2\nffn = 128\n[data]\ntrain = \"" +
+                                            (d.path / "tok/train.bin").string() +
+                                            "\"\n[train]\nsteps = 30\nmicro_batch = 4\nglobal_batch = 4\nseq = 32\n"
+                                            "lr = 1e-2\n[checkpoint]\ndir = \"" + ck + "\"\nevery = 30\n");
+  run = test::run_command(bin + " train " + cfg);
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = test::run_command(bin + " ckpt export " + ck + " --format hf --out " + hf);
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("and tokenizer " + (d.path / "tok/tokenizer.model").string()), std::string::npos)
+      << run.output;
+  // A tokenizer with more pieces than the model's vocabulary, one that is not there, and --tokenizer
+  // without --format hf: one error each, naming it, and nothing written.
+  run = test::run_command(bin + " tokenize --input " + (d.path / "corpus.txt").string() + " --out " +
+                          (d.path / "big").string() + " --vocab-size 480");
+  ASSERT_EQ(run.code, 0) << run.output;
+  for (const auto& [tokenizer, error] :
+       {std::pair{(d.path / "big/tokenizer.model").string(), std::string("more than the model's vocabulary of 400")},
+        {(d.path / "no/such.model").string(), std::string("tokenizer " + (d.path / "no/such.model").string() +
+                                                          " does not exist")}}) {
+    run = test::run_command(bin + " ckpt export " + ck + " --format hf --out " + (d.path / "hf2").string() +
+                            " --tokenizer " + tokenizer);
+    EXPECT_NE(run.code, 0);
+    EXPECT_NE(run.output.find(error), std::string::npos) << run.output;
+    EXPECT_FALSE(std::filesystem::exists(d.path / "hf2"));
+  }
+  run = test::run_command(bin + " ckpt export " + ck + " --out " + (d.path / "m.safetensors").string() +
+                          " --tokenizer " + (d.path / "tok/tokenizer.model").string());
+  EXPECT_NE(run.code, 0);
+  EXPECT_NE(run.output.find("--tokenizer goes with --format hf"), std::string::npos) << run.output;
+  nlohmann::json config;
+  std::ifstream(d.path / "hf/config.json") >> config;
+  EXPECT_EQ(config["bos_token_id"], 1);
+  EXPECT_EQ(config["eos_token_id"], 2);
+
+  const std::vector<std::string> texts{"the light was good", "café Ünïcode 42 x+y=z", "  two   spaces ",
+                                       "unseen words: zebra!"};
+  const std::string prompt = "the light";
+  std::string args = "generate " + hf + " '" + prompt + "' 16";
+  for (const auto& t : texts) args += " '" + t + "'";
+  run = test::run_command(peer(args));
+  ASSERT_EQ(run.code, 0) << run.output;
+  const size_t line = run.output.rfind("{\"");
+  ASSERT_NE(line, std::string::npos) << run.output;
+  const nlohmann::json theirs = nlohmann::json::parse(run.output.substr(line));
+  EXPECT_EQ(theirs["bos"], 1);
+  EXPECT_EQ(theirs["eos"], 2);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ours = test::run_command(helper + " encode --tokenizer " + (d.path / "tok/tokenizer.model").string() +
+                                        " --text '" + texts[i] + "'");
+    ASSERT_EQ(ours.code, 0) << ours.output;
+    std::istringstream ids(ours.output);
+    std::vector<int64_t> want;
+    for (int64_t id; ids >> id;) want.push_back(id);
+    EXPECT_EQ(theirs["ids"][i].get<std::vector<int64_t>>(), want) << "'" << texts[i] << "'";
+  }
+  run = test::run_command(bin + " sample " + ck + " --prompt '" + prompt + "' --tokens 16 --temperature 0");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const size_t at = run.output.find("\n" + prompt);
+  ASSERT_NE(at, std::string::npos) << run.output;
+  const std::string ours = run.output.substr(at + 1, run.output.find('\n', at + 1) - at - 1);
+  std::printf("meshtrain sample: '%s'\ntransformers:     '%s' (its pipeline's text: '%s')\n", ours.c_str(),
+              theirs["generated"].get<std::string>().c_str(), theirs["pipeline_text"].get<std::string>().c_str());
+  EXPECT_EQ(theirs["generated"].get<std::string>(), ours);
 }
 
 }  // namespace

@@ -220,7 +220,7 @@ plan::ModelSpec spec_from_hf_config(const nlohmann::json& j) {
   return plan::model_from_hf_config(j, "hf-" + type);
 }
 
-void export_hf(const std::string& step_dir, const std::string& out_dir, bool force) {
+void export_hf(const std::string& step_dir, const std::string& out_dir, bool force, const HfTokenizer* tokenizer) {
   if (fs::exists(out_dir) && !force) throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out_dir));
   Reader reader(step_dir);
   const auto& man = reader.manifest();
@@ -229,6 +229,7 @@ void export_hf(const std::string& step_dir, const std::string& out_dir, bool for
   }
   const plan::ModelSpec m = spec_from_json(man["config"]["model"]);
   hf_family(m);  // fail before reading
+  if (tokenizer) check_hf_tokenizer(*tokenizer, m.vocab);
   const std::map<std::string, at::Tensor> ours = model_weights(reader);  // LoRA merged
   for (const auto& [name, t] : ours) {
     if (name.find(".adapter_") != std::string::npos) {
@@ -243,7 +244,11 @@ void export_hf(const std::string& step_dir, const std::string& out_dir, bool for
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   write_safetensors((fs::path(tmp) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  std::ofstream(fs::path(tmp) / "config.json") << hf_config(m).dump(2) << "\n";
+  nlohmann::json config = hf_config(m);
+  config["bos_token_id"] = nullptr;
+  config["eos_token_id"] = nullptr;
+  if (tokenizer) write_hf_tokenizer(*tokenizer, m.vocab, m.seq, tmp, config);
+  std::ofstream(fs::path(tmp) / "config.json") << config.dump(2) << "\n";
   fs::remove_all(out_dir);
   fs::rename(tmp, out_dir);
 }

@@ -1,12 +1,14 @@
-// meshtrain ckpt verify DIR | ckpt export DIR --out model.safetensors [--format hf] [--force]
+// meshtrain ckpt verify DIR | ckpt export DIR --out model.safetensors [--format hf [--tokenizer M]] [--force]
 //                         | ckpt import HF_DIR --out CKPT_DIR [--force]
 // DIR is a step directory or a checkpoint directory (its newest step is used).
-// --format hf writes a Hugging Face directory (model.safetensors, config.json);
+// --format hf writes a Hugging Face directory (model.safetensors, config.json, and the
+// run's tokenizer when there is one: ckpt/hf_tokenizer.h);
 // import turns one into a meshtrain checkpoint that [init] from loads on any mesh.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "meshtrain/ckpt/checkpoint.h"
@@ -16,7 +18,7 @@ namespace meshtrain::cli {
 
 Run add_ckpt(CLI::App& app) {
   struct Opts {
-    std::string dir, out, format = "meshtrain";
+    std::string dir, out, format = "meshtrain", tokenizer;
     bool force = false, adapters_only = false;
   };
   auto o = std::make_shared<Opts>();
@@ -32,6 +34,8 @@ Run add_ckpt(CLI::App& app) {
                 "LoRA: write the adapters alone (default: merged into the base weights)");
   exp->add_option("--format", o->format, "meshtrain (one safetensors file) | hf (a Hugging Face directory)")
       ->capture_default_str();
+  exp->add_option("--tokenizer", o->tokenizer,
+                  "--format hf: the SentencePiece model to ship (default: tokenizer.model beside the run's data)");
   auto imp = cmd->add_subcommand("import", "a Hugging Face GPT-2 or Llama directory as a meshtrain checkpoint");
   imp->add_option("dir", o->dir, "directory with config.json and model.safetensors")->required();
   imp->add_option("--out", o->out, "checkpoint directory to write")->required();
@@ -52,10 +56,16 @@ Run add_ckpt(CLI::App& app) {
       return r.problems.empty() ? 0 : 1;
     }
     if (o->format == "hf") {
-      ckpt::export_hf(dir, o->out, o->force);
-      fmt::print("wrote {} (Hugging Face model.safetensors and config.json of {})\n", o->out, dir);
+      const std::string model =
+          o->tokenizer.empty() ? ckpt::tokenizer_beside_data(ckpt::Reader(dir).manifest()) : o->tokenizer;
+      std::optional<ckpt::HfTokenizer> tok;
+      if (!model.empty()) tok = ckpt::describe_tokenizer(model);
+      ckpt::export_hf(dir, o->out, o->force, tok ? &*tok : nullptr);
+      fmt::print("wrote {} (Hugging Face model.safetensors and config.json of {}{})\n", o->out, dir,
+                 tok ? ", and tokenizer " + tok->model : "; no tokenizer beside the run's data: pass --tokenizer MODEL");
       return 0;
     }
+    if (!o->tokenizer.empty()) throw std::invalid_argument("--tokenizer goes with --format hf");
     if (o->format != "meshtrain") throw std::invalid_argument(fmt::format("--format {}: use meshtrain or hf", o->format));
     ckpt::export_model(dir, o->out, o->force, o->adapters_only);
     fmt::print("wrote {} (full weights of {})\n", o->out, dir);

@@ -87,6 +87,9 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
 
 int Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
 int Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
+int Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
+int Tokenizer::unk_id() const { return impl_->sp.unk_id(); }
+std::string Tokenizer::piece(int id) const { return id < 0 ? "" : impl_->sp.IdToPiece(id); }
 
 void train_tokenizer(const std::vector<std::string>& inputs, const std::string& prefix, int vocab_size) {
   const std::string args = fmt::format(

@@ -7,6 +7,7 @@
 //   encode --tokenizer MODEL --text TEXT     prints the ids, space-separated
 //   decode --tokenizer MODEL --ids "1 2 3"   prints the text (end-of-sequence: a new line)
 //   vocab --tokenizer MODEL                  prints the number of pieces
+//   special --tokenizer MODEL                "vocab N" and "unk|bos|eos ID PIECE" lines
 // and, for large corpora (data/stream_tokenize.h):
 //   stream --input FILE... --out DIR [--tokenizer MODEL | --vocab-size N --sample-bytes B] [--workers W]
 //          [--shard-tokens T] [--chunk-bytes C] [--val-fraction F] [--format auto|text|jsonl] [--field text]
@@ -320,6 +321,13 @@ int encode_or_decode(int argc, char** argv) {
     fmt::print("{}\n", tok.vocab_size());
     return 0;
   }
+  if (mode == "special") {  // what a Hugging Face export writes (ckpt/hf.h): "vocab N", then "NAME ID PIECE" lines
+    fmt::print("vocab {}\n", tok.vocab_size());
+    for (auto [name, id] : {std::pair{"unk", tok.unk_id()}, {"bos", tok.bos_id()}, {"eos", tok.eos_id()}}) {
+      fmt::print("{} {} {}\n", name, id, tok.piece(id));
+    }
+    return 0;
+  }
   if (mode == "encode") {
     for (int id : tok.encode(text)) fmt::print("{} ", id);
     fmt::print("\n");
@@ -360,7 +368,7 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "choices") return choices(argc, argv);
     if (argc > 1 && std::string(argv[1]) == "stream") return stream(argc, argv);
     if (argc > 1 && (std::string(argv[1]) == "encode" || std::string(argv[1]) == "decode" ||
-                     std::string(argv[1]) == "vocab")) {
+                     std::string(argv[1]) == "vocab" || std::string(argv[1]) == "special")) {
       return encode_or_decode(argc, argv);
     }
     for (int i = 1; i < argc; ++i) {

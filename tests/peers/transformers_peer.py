@@ -10,13 +10,22 @@
       A randomly initialised model of FAMILY (gpt2, or llama: GQA 4 query heads on 2 kv heads,
       untied head, rotary base 500000 as Llama 3 has it) written by save_pretrained: the layout
       and config.json transformers itself writes, for `meshtrain ckpt import`.
+
+  transformers_peer.py generate HF_DIR PROMPT NEW TEXT...
+      The export as a user meets it: AutoTokenizer.from_pretrained(dir) and
+      pipeline("text-generation", dir) (greedy, NEW new tokens at most, stopping at the end of
+      sequence). Prints one JSON line: the tokenizer's class, its bos/eos ids, the ids of each
+      TEXT, the generated ids decoded as one text (the prompt included), and the pipeline's own
+      text (transformers 5 decodes the new ids alone and appends them to the prompt, so a
+      SentencePiece word's leading space at the join is dropped).
 """
+import json
 import sys
 
 import torch
 from safetensors.torch import load_file, save_file
 import transformers
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 
 def logits(hf_dir, inputs, out):
@@ -50,10 +59,22 @@ def save(family, out_dir):
     print(f"transformers {transformers.__version__}: {type(model).__name__} saved in {out_dir}")
 
 
+def generate(hf_dir, prompt, new, *texts):
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    generator = transformers.pipeline("text-generation", model=hf_dir, tokenizer=tokenizer, dtype=torch.float32)
+    ids = generator(prompt, max_new_tokens=int(new), do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+    text = generator(prompt, max_new_tokens=int(new), do_sample=False)[0]["generated_text"]
+    print(json.dumps({"class": type(tokenizer).__name__, "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id,
+                      "ids": [tokenizer.encode(t) for t in texts], "generated": tokenizer.decode(ids, skip_special_tokens=True),
+                      "pipeline_text": text}))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "logits":
         logits(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "save":
         save(*sys.argv[2:])
+    elif len(sys.argv) >= 5 and sys.argv[1] == "generate":
+        generate(*sys.argv[2:])
     else:
         sys.exit(__doc__)

@@ -41,6 +41,7 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/ckpt/hf_tokenizer.h"
 #include "meshtrain/plan/spec.h"
 
 namespace meshtrain::ckpt {
@@ -62,7 +63,10 @@ plan::ModelSpec spec_from_hf_config(const nlohmann::json& config);
 // from a checkpoint. `meshtrain ckpt import`: a one-rank meshtrain checkpoint
 // (step 0; any mesh loads it with [init] from) from a Hugging Face directory
 // holding config.json and model.safetensors. Neither overwrites without `force`.
-void export_hf(const std::string& step_dir, const std::string& out_dir, bool force);
+// With a tokenizer the export carries it (ckpt/hf_tokenizer.h); without, config.json's
+// bos/eos ids are null (not GPT-2's 50256, outside a small vocabulary).
+void export_hf(const std::string& step_dir, const std::string& out_dir, bool force,
+               const HfTokenizer* tokenizer = nullptr);
 void import_hf(const std::string& hf_dir, const std::string& out_dir, bool force);
 
 }  // namespace meshtrain::ckpt

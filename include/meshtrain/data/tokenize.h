@@ -46,6 +46,9 @@ class Tokenizer {
   std::string decode(const std::vector<int>& ids) const;
   int vocab_size() const;
   int eos_id() const;
+  int bos_id() const;
+  int unk_id() const;
+  std::string piece(int id) const;
 
  private:
   struct Impl;
