@@ -2,7 +2,8 @@
 # The frameworks meshtrain is checked against (issue 42), pinned, installed into the torch
 # environment (scripts/torch_env.sh) so that both sides run the same torch 2.11:
 #   transformers  loads meshtrain's Hugging Face export and writes what `ckpt import` reads;
-#   sentencepiece, protobuf  what transformers needs to read the export's tokenizer.model.
+#   sentencepiece, protobuf  what transformers needs to read the export's tokenizer.model;
+#   peft (with accelerate)    loads `ckpt export --format peft`'s adapters on the base's export.
 #
 #   scripts/peers_env.sh          install when needed; print the environment's python
 #   scripts/peers_env.sh --check  print it when the peers are installed, else exit 1
@@ -15,7 +16,10 @@ set -euo pipefail
 TRANSFORMERS_VERSION=5.25.0
 SENTENCEPIECE_VERSION=0.2.3
 PROTOBUF_VERSION=7.36.2
+PEFT_VERSION=0.21.2
+ACCELERATE_VERSION=1.16.0
 WANT="transformers $TRANSFORMERS_VERSION sentencepiece $SENTENCEPIECE_VERSION protobuf $PROTOBUF_VERSION"
+WANT="$WANT peft $PEFT_VERSION accelerate $ACCELERATE_VERSION"
 here="$(cd "$(dirname "$0")" && pwd)"
 
 if [ "${1:-}" = "--check" ]; then
@@ -35,10 +39,12 @@ if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT" ]; then
 fi
 rm -f "$MARKER"
 echo "peers_env: installing $WANT into $ENV_DIR" >&2
-pins=$("$ENV_DIR/bin/python" -c 'import numpy, torch; print(f"torch=={torch.__version__}\nnumpy=={numpy.__version__}")')
+# The installed distributions' versions (torch's metadata says 2.11.0 where torch.__version__ adds +cu130).
+pins=$("$ENV_DIR/bin/python" -c 'from importlib.metadata import version as v; print("torch==" + v("torch")); print("numpy==" + v("numpy"))')
 printf '%s\n' "$pins" > "$ENV_DIR/.peers-constraints.txt"
 "$ENV_DIR/bin/pip" install --no-input --quiet --disable-pip-version-check -c "$ENV_DIR/.peers-constraints.txt" \
-  "transformers==$TRANSFORMERS_VERSION" "sentencepiece==$SENTENCEPIECE_VERSION" "protobuf==$PROTOBUF_VERSION" >&2
+  "transformers==$TRANSFORMERS_VERSION" "sentencepiece==$SENTENCEPIECE_VERSION" "protobuf==$PROTOBUF_VERSION" \
+  "peft==$PEFT_VERSION" "accelerate==$ACCELERATE_VERSION" >&2
 "$ENV_DIR/bin/python" - <<PY >&2
 import transformers
 assert transformers.__version__ == "$TRANSFORMERS_VERSION", transformers.__version__
@@ -46,6 +52,10 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig  # noqa: 
 import sentencepiece, google.protobuf
 assert sentencepiece.__version__ == "$SENTENCEPIECE_VERSION", sentencepiece.__version__
 assert google.protobuf.__version__ == "$PROTOBUF_VERSION", google.protobuf.__version__
+import peft, accelerate, torch
+assert peft.__version__ == "$PEFT_VERSION", peft.__version__
+assert accelerate.__version__ == "$ACCELERATE_VERSION", accelerate.__version__
+assert torch.__version__.split("+")[0] == "$(echo "$pins" | sed -n 's/^torch==//p')", torch.__version__  # not moved
 print("peers_env: transformers", transformers.__version__, "ready")
 PY
 echo "$WANT" > "$MARKER.tmp" && mv "$MARKER.tmp" "$MARKER"

@@ -3,7 +3,8 @@
 // DIR is a step directory or a checkpoint directory (its newest step is used).
 // --format hf writes a Hugging Face directory (model.safetensors, config.json, and the
 // run's tokenizer when there is one: ckpt/hf_tokenizer.h);
-// import turns one into a meshtrain checkpoint that [init] from loads on any mesh.
+// import turns one into a meshtrain checkpoint that [init] from loads on any mesh;
+// --format peft writes a LoRA checkpoint's adapters for peft (ckpt/peft.h).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -13,6 +14,7 @@
 #include "cli/commands.h"
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/hf.h"
+#include "meshtrain/ckpt/peft.h"
 
 namespace meshtrain::cli {
 
@@ -32,7 +34,8 @@ Run add_ckpt(CLI::App& app) {
   exp->add_flag("--force", o->force, "replace an existing output file");
   exp->add_flag("--adapters-only", o->adapters_only,
                 "LoRA: write the adapters alone (default: merged into the base weights)");
-  exp->add_option("--format", o->format, "meshtrain (one safetensors file) | hf (a Hugging Face directory)")
+  exp->add_option("--format", o->format,
+                  "meshtrain (one safetensors file) | hf (a Hugging Face directory) | peft (LoRA adapters for peft)")
       ->capture_default_str();
   exp->add_option("--tokenizer", o->tokenizer,
                   "--format hf: the SentencePiece model to ship (default: tokenizer.model beside the run's data)");
@@ -66,7 +69,16 @@ Run add_ckpt(CLI::App& app) {
       return 0;
     }
     if (!o->tokenizer.empty()) throw std::invalid_argument("--tokenizer goes with --format hf");
-    if (o->format != "meshtrain") throw std::invalid_argument(fmt::format("--format {}: use meshtrain or hf", o->format));
+    if (o->format == "peft") {
+      ckpt::export_peft(dir, o->out, o->force);
+      fmt::print("wrote {} (peft adapter_model.safetensors and adapter_config.json of {}; load them on the base's "
+                 "--format hf export)\n",
+                 o->out, dir);
+      return 0;
+    }
+    if (o->format != "meshtrain") {
+      throw std::invalid_argument(fmt::format("--format {}: use meshtrain, hf or peft", o->format));
+    }
     ckpt::export_model(dir, o->out, o->force, o->adapters_only);
     fmt::print("wrote {} (full weights of {})\n", o->out, dir);
     return 0;

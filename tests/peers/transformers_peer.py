@@ -18,6 +18,13 @@
       TEXT, the generated ids decoded as one text (the prompt included), and the pipeline's own
       text (transformers 5 decodes the new ids alone and appends them to the prompt, so a
       SentencePiece word's leading space at the join is dropped).
+
+  transformers_peer.py peft BASE_HF ADAPTERS MERGED_HF INPUTS
+      peft on meshtrain's files: PeftModel.from_pretrained(BASE_HF's model, ADAPTERS) (what
+      `ckpt export --format peft` writes) against MERGED_HF (meshtrain's own merge, exported with
+      --format hf). Prints one JSON line: how many LoRA modules peft loaded, the largest relative
+      difference of its logits (adapters unmerged) from MERGED_HF's on INPUTS' tokens, and of
+      its merge_and_unload() weights from MERGED_HF's.
 """
 import json
 import sys
@@ -69,11 +76,34 @@ def generate(hf_dir, prompt, new, *texts):
                       "pipeline_text": text}))
 
 
+def peft_check(base_hf, adapters, merged_hf, inputs):
+    from peft import PeftModel
+
+    def load(d):
+        return AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=torch.float32,
+                                                    attn_implementation="eager").eval()
+
+    def rel(a, b):
+        return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+    model = PeftModel.from_pretrained(load(base_hf), adapters).eval()
+    modules = sum(1 for n, _ in model.named_modules() if n.endswith(".lora_A"))
+    ours = load(merged_hf)
+    tokens = load_file(inputs)["tokens"]
+    with torch.no_grad():
+        logits = rel(model(input_ids=tokens).logits, ours(input_ids=tokens).logits)
+    merged = model.merge_and_unload().state_dict()
+    weights = max(rel(merged[k], v) for k, v in ours.state_dict().items() if v.abs().max() > 0)
+    print(json.dumps({"modules": modules, "logits": logits, "weights": weights}))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "logits":
         logits(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "save":
         save(*sys.argv[2:])
+    elif len(sys.argv) == 6 and sys.argv[1] == "peft":
+        peft_check(*sys.argv[2:])
     elif len(sys.argv) >= 5 and sys.argv[1] == "generate":
         generate(*sys.argv[2:])
     else:
