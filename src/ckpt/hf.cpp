@@ -148,14 +148,16 @@ nlohmann::json hf_config(const plan::ModelSpec& m) {
     return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", m.vocab},
             {"n_positions", m.seq}, {"n_ctx", m.seq}, {"n_embd", m.hidden}, {"n_layer", m.layers},
             {"n_head", m.heads}, {"n_inner", m.ffn}, {"activation_function", "gelu_new"},
-            {"layer_norm_epsilon", m.norm_eps}, {"tie_word_embeddings", true}, {"torch_dtype", "float32"}};
+            {"layer_norm_epsilon", m.norm_eps}, {"tie_word_embeddings", true}, {"torch_dtype", "float32"},
+            // meshtrain's dropout where GPT-2 has it (transformers' default is 0.1 in training mode)
+            {"embd_pdrop", m.dropout}, {"resid_pdrop", m.dropout}, {"attn_pdrop", m.dropout}};
   }
   return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab},
           {"hidden_size", m.hidden}, {"intermediate_size", m.ffn}, {"num_hidden_layers", m.layers},
           {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads},
           {"max_position_embeddings", m.seq}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
           {"tie_word_embeddings", m.tied}, {"hidden_act", "silu"}, {"attention_bias", false},
-          {"torch_dtype", "float32"}};
+          {"attention_dropout", m.dropout}, {"torch_dtype", "float32"}};
 }
 
 namespace {

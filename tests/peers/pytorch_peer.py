@@ -1,0 +1,73 @@
+"""PyTorch's own data parallelism as a peer of meshtrain's (issue 42): the same model, weights,
+tokens and optimizer, trained by torch.distributed on CPU (Gloo), per-step loss and gradient norm.
+
+  pytorch_peer.py MODE HF_DIR WINDOWS STEPS LR OUT
+      MODE: ddp (DistributedDataParallel) or fsdp2 (fully_shard on every decoder layer, then the
+      model). HF_DIR: the starting weights (`meshtrain ckpt export --format hf`), loaded with
+      AutoModelForCausalLM (fp32, eager attention). WINDOWS: safetensors with "windows" (int64
+      [global batch, seq + 1]), each step's global batch; rank r trains rows r x B/2 .. of it.
+      Two ranks; AdamW (betas 0.9/0.95, eps 1e-8, no weight decay) at a constant LR, no clipping.
+      The loss is each rank's mean token cross-entropy, averaged over ranks (the global mean:
+      both ranks hold as many tokens); the gradient norm is the 2-norm over every parameter
+      after the reduction, before the update. OUT: JSON {"loss": [...], "grad_norm": [...]}.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+WORLD = 2
+
+
+def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32,
+                                                 attn_implementation="eager").train()
+    if mode == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    elif mode == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        wrapped = model
+    else:
+        sys.exit(f"mode {mode!r}: use ddp or fsdp2")
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    w = load_file(windows)["windows"]
+    per = w.shape[0] // WORLD
+    mine = w[rank * per:(rank + 1) * per]
+    losses, norms = [], []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        logits = wrapped(input_ids=mine[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine[:, 1:].reshape(-1))
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(wrapped.parameters(), float("inf"))
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        summed = loss.detach().clone()
+        dist.all_reduce(summed)
+        losses.append(summed.item() / WORLD)
+        norms.append(norm.item())
+        opt.step()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 7:
+        sys.exit(__doc__)
+    mode, hf_dir, windows, steps, lr, out = sys.argv[1:]
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(worker, args=(mode, hf_dir, windows, int(steps), float(lr), out, os.path.join(d, "store")),
+                 nprocs=WORLD, join=True)
