@@ -2,8 +2,9 @@
 tokens and optimizer, trained by torch.distributed on CPU (Gloo), per-step loss and gradient norm.
 
   pytorch_peer.py MODE HF_DIR WINDOWS STEPS LR OUT
-      MODE: ddp (DistributedDataParallel) or fsdp2 (fully_shard on every decoder layer, then the
-      model). HF_DIR: the starting weights (`meshtrain ckpt export --format hf`), loaded with
+      MODE: ddp (DistributedDataParallel), fsdp2 (fully_shard on every decoder layer, then the
+      model) or tp (DTensor tensor parallelism, parallelize_module with Colwise/RowwiseParallel:
+      every rank trains the whole batch). HF_DIR: the starting weights (`meshtrain ckpt export --format hf`), loaded with
       AutoModelForCausalLM (fp32, eager attention). WINDOWS: safetensors with "windows" (int64
       [global batch, seq + 1]), each step's global batch; rank r trains rows r x B/2 .. of it.
       Two ranks; AdamW (betas 0.9/0.95, eps 1e-8, no weight decay) at a constant LR, no clipping.
@@ -38,24 +39,43 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
             fully_shard(layer)
         fully_shard(model)
         wrapped = model
+    elif mode == "tp":
+        # Megatron-style tensor parallelism through DTensor (torchtitan's plan for Llama): q, k, v,
+        # gate, up split by output columns; o and down by input rows; the embedding by rows, the
+        # head by columns, gathered.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cpu", (WORLD,))
+        plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+                "lm_head": ColwiseParallel(output_layouts=Replicate())}
+        for i in range(len(model.model.layers)):
+            for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+                plan[f"model.layers.{i}.{name}"] = ColwiseParallel()
+            for name in ("self_attn.o_proj", "mlp.down_proj"):
+                plan[f"model.layers.{i}.{name}"] = RowwiseParallel()
+        wrapped = parallelize_module(model, mesh, plan)
     else:
-        sys.exit(f"mode {mode!r}: use ddp or fsdp2")
-    opt = torch.optim.AdamW(wrapped.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+        sys.exit(f"mode {mode!r}: use ddp, fsdp2 or tp")
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                            foreach=False)  # tp: DTensor and plain parameters side by side
     w = load_file(windows)["windows"]
     per = w.shape[0] // WORLD
-    mine = w[rank * per:(rank + 1) * per]
+    mine = w if mode == "tp" else w[rank * per:(rank + 1) * per]  # tp: every rank the whole batch
     losses, norms = [], []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         logits = wrapped(input_ids=mine[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine[:, 1:].reshape(-1))
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(wrapped.parameters(), float("inf"))
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        # The 2-norm over the whole gradients (DTensor shards gathered; tp's norms are plain tensors).
+        norm = sum(((p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double() ** 2).sum()
+                   for p in wrapped.parameters()).sqrt()
         summed = loss.detach().clone()
-        dist.all_reduce(summed)
-        losses.append(summed.item() / WORLD)
+        if mode != "tp":
+            dist.all_reduce(summed)
+            summed /= WORLD
+        losses.append(summed.item())
         norms.append(norm.item())
         opt.step()
     if rank == 0:
