@@ -331,8 +331,7 @@ TEST(Peers, PeftLoadsTheAdaptersWithMeshtrainsMerge) {
 // ranks. DistributedDataParallel against meshtrain DDP, FSDP2 (fully_shard per decoder layer and
 // the model) against ZeRO-3, DTensor tensor parallelism (parallelize_module, torchtitan's
 // Colwise/Rowwise plan) against meshtrain tp 2 and tp 2 with sequence parallelism (the same
-// computation; the peer's SequenceParallel needs layouts transformers' Llama modules do not
-// declare): per-step loss and gradient norm, relative.
+// computation; the peer's own SequenceParallel is not run yet): per-step loss and gradient norm, relative.
 //
 // Tolerances. Step 1 (the same weights: forward, backward, the ranks' reduction) 1e-5, measured
 // 5e-8 (loss) and 2.3e-7 (norm). Later steps: loss 3e-5, norm 1e-3, measured 6.9e-6 and 1.0e-4.
