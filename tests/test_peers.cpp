@@ -331,7 +331,9 @@ TEST(Peers, PeftLoadsTheAdaptersWithMeshtrainsMerge) {
 // ranks. DistributedDataParallel against meshtrain DDP, FSDP2 (fully_shard per decoder layer and
 // the model) against ZeRO-3, DTensor tensor parallelism (parallelize_module, torchtitan's
 // Colwise/Rowwise plan) against meshtrain tp 2 and tp 2 with sequence parallelism (the same
-// computation; the peer's own SequenceParallel is not run yet): per-step loss and gradient norm, relative.
+// computation; the peer's own SequenceParallel is not run yet), and torch.distributed.pipelining's
+// ScheduleGPipe and Schedule1F1B (the model cut into 2 stages, 2 micro-batches) against meshtrain
+// pp 2 with the same schedules: per-step loss and gradient norm, relative.
 //
 // Tolerances. Step 1 (the same weights: forward, backward, the ranks' reduction) 1e-5, measured
 // 5e-8 (loss) and 2.3e-7 (norm). Later steps: loss 3e-5, norm 1e-3, measured 6.9e-6 and 1.0e-4.
@@ -340,7 +342,7 @@ TEST(Peers, PeftLoadsTheAdaptersWithMeshtrainsMerge) {
 // 1e-7 and 1e-8 (the median is 1e-2): rounding sets their sign, and Adam's first step is
 // lr x sign(g), so they part by up to 2 lr. A loss or gradient scaled wrongly shows at step 1
 // (Adam itself is blind to a gradient's scale); another optimizer moves the later losses by far more.
-TEST(Peers, PytorchDdpFsdp2AndTensorParallelTrainAsMeshtrain) {
+TEST(Peers, PytorchDataTensorAndPipelineParallelismTrainAsMeshtrain) {
   require_transformers();
   constexpr double kFirstStepTol = 1e-5, kLaterLossTol = 3e-5, kLaterNormTol = 1e-3;
   constexpr int64_t kSeq = 32, kWindows = 8;
@@ -372,7 +374,9 @@ TEST(Peers, PytorchDdpFsdp2AndTensorParallelTrainAsMeshtrain) {
   run = test::run_command(bin + " ckpt export " + (d.path / "base").string() + " --format hf --out " + base_hf);
   ASSERT_EQ(run.code, 0) << run.output;
   for (const auto& [mode, mesh, ours] : {std::tuple{"ddp", "zero = 0", "ddp"}, {"fsdp2", "zero = 3", "zero3"},
-                                         {"tp", "tp = 2", "tp"}, {"tp", "tp = 2\nsp = true", "sp"}}) {
+                                         {"tp", "tp = 2", "tp"}, {"tp", "tp = 2\nsp = true", "sp"},
+                                         {"gpipe", "pp = 2\nschedule = \"gpipe\"", "pp_gpipe"},
+                                         {"1f1b", "pp = 2\nschedule = \"1f1b\"", "pp_1f1b"}}) {
     SCOPED_TRACE(ours);
     run = test::run_command(bin + " train " +
                             config(ours, std::string("steps = 5\nlr = 1e-3\n[init]\nfrom = \"") + (d.path / "base").string() +

@@ -4,7 +4,8 @@ tokens and optimizer, trained by torch.distributed on CPU (Gloo), per-step loss 
   pytorch_peer.py MODE HF_DIR WINDOWS STEPS LR OUT
       MODE: ddp (DistributedDataParallel), fsdp2 (fully_shard on every decoder layer, then the
       model) or tp (DTensor tensor parallelism, parallelize_module with Colwise/RowwiseParallel:
-      every rank trains the whole batch). HF_DIR: the starting weights (`meshtrain ckpt export --format hf`), loaded with
+      every rank trains the whole batch), or gpipe / 1f1b (torch.distributed.pipelining: the
+      model cut into 2 stages, one per rank, the batch in 2 micro-batches). HF_DIR: the starting weights (`meshtrain ckpt export --format hf`), loaded with
       AutoModelForCausalLM (fp32, eager attention). WINDOWS: safetensors with "windows" (int64
       [global batch, seq + 1]), each step's global batch; rank r trains rows r x B/2 .. of it.
       Two ranks; AdamW (betas 0.9/0.95, eps 1e-8, no weight decay) at a constant LR, no clipping.
@@ -26,11 +27,75 @@ from transformers import AutoModelForCausalLM
 WORLD = 2
 
 
+class Stage(torch.nn.Module):
+    """Pipeline stage `index` of 2 of transformers' Llama: the embedding and the first half of the
+    decoder layers, or the second half, the final norm and the head. Rotary embeddings and the
+    causal mask are made here (transformers' LlamaModel.forward makes them for its layers)."""
+
+    def __init__(self, model, index):
+        super().__init__()
+        n = len(model.model.layers)
+        self.index = index
+        self.embed = model.model.embed_tokens if index == 0 else None
+        self.layers = torch.nn.ModuleList(model.model.layers[: n // 2] if index == 0 else model.model.layers[n // 2:])
+        self.rotary = model.model.rotary_emb
+        self.norm = model.model.norm if index == 1 else None
+        self.head = model.lm_head if index == 1 else None
+
+    def forward(self, x):
+        h = self.embed(x) if self.index == 0 else x
+        seq = h.shape[1]
+        positions = torch.arange(seq).unsqueeze(0)
+        rotary = self.rotary(h, positions)
+        mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+        return self.head(self.norm(h)) if self.index == 1 else h
+
+
+def pipeline_worker(rank, mode, model, w, steps, lr):
+    """torch.distributed.pipelining: 2 stages, one per rank, the global batch in 2 micro-batches."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    stage_module = Stage(model, rank)
+    stage = PipelineStage(stage_module, rank, WORLD, torch.device("cpu"))
+    micro = 2
+
+    def loss_fn(logits, target):  # each micro-batch's mean; the schedule divides the gradients by micro
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(stage, n_microbatches=micro, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(stage_module.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    losses, norms = [], []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(w[:, :-1].contiguous())
+            loss = torch.zeros(())
+        else:
+            parts = []
+            schedule.step(target=w[:, 1:].contiguous(), losses=parts)
+            loss = sum(p.detach() for p in parts) / micro
+        squares = sum((p.grad.double() ** 2).sum() for p in stage_module.parameters() if p.grad is not None)
+        both = torch.stack([loss.double(), squares])
+        dist.all_reduce(both)
+        losses.append(both[0].item())
+        norms.append(both[1].sqrt().item())
+        opt.step()
+    return losses, norms
+
+
 def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32,
                                                  attn_implementation="eager").train()
+    if mode in ("gpipe", "1f1b"):
+        losses, norms = pipeline_worker(rank, mode, model, load_file(windows)["windows"], steps, lr)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__}, f)
+        dist.destroy_process_group()
+        return
     if mode == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
     elif mode == "fsdp2":
@@ -56,7 +121,7 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
                 plan[f"model.layers.{i}.{name}"] = RowwiseParallel()
         wrapped = parallelize_module(model, mesh, plan)
     else:
-        sys.exit(f"mode {mode!r}: use ddp, fsdp2 or tp")
+        sys.exit(f"mode {mode!r}: use ddp, fsdp2, tp, gpipe or 1f1b")
     opt = torch.optim.AdamW(wrapped.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
                             foreach=False)  # tp: DTensor and plain parameters side by side
     w = load_file(windows)["windows"]
