@@ -3,7 +3,9 @@
 # environment (scripts/torch_env.sh) so that both sides run the same torch 2.11:
 #   transformers  loads meshtrain's Hugging Face export and writes what `ckpt import` reads;
 #   sentencepiece, protobuf  what transformers needs to read the export's tokenizer.model;
-#   peft (with accelerate)    loads `ckpt export --format peft`'s adapters on the base's export.
+#   peft (with accelerate)    loads `ckpt export --format peft`'s adapters on the base's export;
+#   trl (with datasets)       trains DPO on meshtrain's pairs beside meshtrain's DPO;
+#   lm-eval                   scores meshtrain's multiple-choice task on the export.
 #
 #   scripts/peers_env.sh          install when needed; print the environment's python
 #   scripts/peers_env.sh --check  print it when the peers are installed, else exit 1
@@ -18,8 +20,12 @@ SENTENCEPIECE_VERSION=0.2.3
 PROTOBUF_VERSION=7.36.2
 PEFT_VERSION=0.21.2
 ACCELERATE_VERSION=1.16.0
+TRL_VERSION=1.16.0
+DATASETS_VERSION=5.2.0
+LM_EVAL_VERSION=0.4.13
 WANT="transformers $TRANSFORMERS_VERSION sentencepiece $SENTENCEPIECE_VERSION protobuf $PROTOBUF_VERSION"
-WANT="$WANT peft $PEFT_VERSION accelerate $ACCELERATE_VERSION"
+WANT="$WANT peft $PEFT_VERSION accelerate $ACCELERATE_VERSION trl $TRL_VERSION datasets $DATASETS_VERSION"
+WANT="$WANT lm_eval $LM_EVAL_VERSION"
 here="$(cd "$(dirname "$0")" && pwd)"
 
 if [ "${1:-}" = "--check" ]; then
@@ -44,7 +50,8 @@ pins=$("$ENV_DIR/bin/python" -c 'from importlib.metadata import version as v; pr
 printf '%s\n' "$pins" > "$ENV_DIR/.peers-constraints.txt"
 "$ENV_DIR/bin/pip" install --no-input --quiet --disable-pip-version-check -c "$ENV_DIR/.peers-constraints.txt" \
   "transformers==$TRANSFORMERS_VERSION" "sentencepiece==$SENTENCEPIECE_VERSION" "protobuf==$PROTOBUF_VERSION" \
-  "peft==$PEFT_VERSION" "accelerate==$ACCELERATE_VERSION" >&2
+  "peft==$PEFT_VERSION" "accelerate==$ACCELERATE_VERSION" "trl==$TRL_VERSION" "datasets==$DATASETS_VERSION" \
+  "lm-eval==$LM_EVAL_VERSION" >&2
 "$ENV_DIR/bin/python" - <<PY >&2
 import transformers
 assert transformers.__version__ == "$TRANSFORMERS_VERSION", transformers.__version__
@@ -55,6 +62,11 @@ assert google.protobuf.__version__ == "$PROTOBUF_VERSION", google.protobuf.__ver
 import peft, accelerate, torch
 assert peft.__version__ == "$PEFT_VERSION", peft.__version__
 assert accelerate.__version__ == "$ACCELERATE_VERSION", accelerate.__version__
+import trl, datasets
+assert trl.__version__ == "$TRL_VERSION", trl.__version__
+assert datasets.__version__ == "$DATASETS_VERSION", datasets.__version__
+import lm_eval
+assert lm_eval.__version__ == "$LM_EVAL_VERSION", lm_eval.__version__
 assert torch.__version__.split("+")[0] == "$(echo "$pins" | sed -n 's/^torch==//p')", torch.__version__  # not moved
 print("peers_env: transformers", transformers.__version__, "ready")
 PY

@@ -1,15 +1,16 @@
 // Hugging Face interchange (ckpt/hf.h): export then import is the identity for
-// both families; the layouts are the table's (GPT-2's fused, transposed c_attn;
-// Llama's [out, in] projections); config.json round-trips the shape; a missing
+// the three families; the layouts are the table's (GPT-2's fused, transposed c_attn;
+// Llama's [out, in] projections; Mixtral's one tensor per expert); config.json round-trips the shape; a missing
 // or misshaped tensor is one error naming it; and through the CLI, a checkpoint
 // exported to a Hugging Face directory and imported back starts training with
 // the same first loss as the original ([init] from); config.json's rotary base
 // is read in both transformers layouts and fields meshtrain does not model are
-// refused by name.
+// refused by name (Mixtral's too, and the MoE shapes it does not hold).
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
 
+#include <functional>
 #include <tuple>
 
 #include "meshtrain/ckpt/hf.h"
@@ -39,7 +40,8 @@ plan::ModelSpec small(const char* preset, bool tied) {
 }
 
 TEST(HuggingFace, RoundTripIsTheIdentityAndLayoutsFollowTheTable) {
-  for (const auto& [preset, tied] : {std::pair{"gpt-tiny", true}, {"llama-tiny", false}, {"llama-tiny", true}}) {
+  for (const auto& [preset, tied] :
+       {std::pair{"gpt-tiny", true}, {"llama-tiny", false}, {"llama-tiny", true}, {"moe-tiny", false}}) {
     const plan::ModelSpec m = small(preset, tied);
     Comm solo("solo", 0);
     Transformer t(m, solo, false, 9);
@@ -65,7 +67,61 @@ TEST(HuggingFace, RoundTripIsTheIdentityAndLayoutsFollowTheTable) {
       EXPECT_TRUE(at::equal(hf.at("model.layers.1.self_attn.k_proj.weight"), ours.at("layers.1.attn.k.weight")));
       EXPECT_EQ(hf.count("lm_head.weight"), tied ? 0u : 1u);
     }
+    if (std::string(preset) == "moe-tiny") {  // Mixtral: the Hub's one tensor per expert
+      EXPECT_EQ(ckpt::hf_family(m), ckpt::HfFamily::Mixtral);
+      EXPECT_EQ(ckpt::hf_config(m)["model_type"], "mixtral");
+      EXPECT_EQ(again.experts, m.experts);
+      EXPECT_EQ(again.top_k, m.top_k);
+      EXPECT_EQ(again.expert_width(), m.expert_width());
+      EXPECT_EQ(again.aux_loss_coef, m.aux_loss_coef);
+      EXPECT_TRUE(at::equal(hf.at("model.layers.1.block_sparse_moe.experts.5.w3.weight"), ours.at("layers.1.moe.experts.w3")[5]));
+      EXPECT_TRUE(at::equal(hf.at("model.layers.0.block_sparse_moe.experts.2.w2.weight"), ours.at("layers.0.moe.experts.w2")[2]));
+      EXPECT_TRUE(at::equal(hf.at("model.layers.0.block_sparse_moe.gate.weight"), ours.at("layers.0.moe.router.weight")));
+      EXPECT_EQ(hf.count("model.layers.0.mlp.gate_proj.weight"), 0u);
+    }
   }
+}
+
+// What MixtralForCausalLM does not compute is refused by name, on export (the model's shape) and
+// on import (config.json): dense layers between MoE layers, shared experts, a sigmoid router, and
+// top-1 routing (Mixtral renormalises a single gate to 1; meshtrain keeps the probability); the
+// router's training noise.
+TEST(HuggingFace, MixtralRefusesWhatItDoesNotCompute) {
+  const plan::ModelSpec moe = small("moe-tiny", false);
+  const std::vector<std::pair<std::function<void(plan::ModelSpec&)>, std::string>> shapes{
+      {[](plan::ModelSpec& m) { m.moe_every = 2; }, "dense layers between MoE layers"},
+      {[](plan::ModelSpec& m) { m.shared_experts = 1; }, "shared experts"},
+      {[](plan::ModelSpec& m) { m.router = "sigmoid"; }, "a sigmoid router"},
+      {[](plan::ModelSpec& m) { m.top_k = 1; }, "top_k = 1"}};
+  for (const auto& [change, want] : shapes) {
+    plan::ModelSpec m = moe;
+    change(m);
+    try {
+      ckpt::hf_family(m);
+      ADD_FAILURE() << want << " was exported";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("MixtralForCausalLM does not hold"), std::string::npos) << e.what();
+    }
+  }
+  const nlohmann::json mixtral = ckpt::hf_config(moe);
+  for (const auto& [key, value, want] :
+       {std::tuple{"router_jitter_noise", nlohmann::json(0.01), "\"router_jitter_noise\" = 0.01 sets multiplicative noise"},
+        {"num_experts_per_tok", nlohmann::json(1), "\"num_experts_per_tok\" = 1"},
+        {"sliding_window", nlohmann::json(4096), "\"sliding_window\" = 4096 sets sliding-window attention"},
+        {"router_aux_loss_coef", nlohmann::json("high"), "\"router_aux_loss_coef\" is \"high\", not a number"}}) {
+    nlohmann::json j = mixtral;
+    j[key] = value;
+    try {
+      ckpt::spec_from_hf_config(j);
+      ADD_FAILURE() << key << " = " << value.dump() << " was imported";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  nlohmann::json plain = mixtral;
+  plain["router_jitter_noise"] = 0, plain["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  EXPECT_EQ(ckpt::spec_from_hf_config(plain).rope_theta, 1e6);
 }
 
 // The rotary base in both layouts transformers writes (4.x top-level

@@ -22,6 +22,7 @@ using test::Dir;
 using test::error_of;
 using test::expect_same_losses;
 using test::tiny_config;
+using test::metric;
 
 // Runs `meshtrain train cfg + set` writing metrics to `tag` in `d`; returns the metrics path.
 std::string train(const Dir& d, const std::string& cfg, const std::string& set, const std::string& tag) {
@@ -30,17 +31,6 @@ std::string train(const Dir& d, const std::string& cfg, const std::string& set, 
                                    metrics + "\"'");
   EXPECT_EQ(r.code, 0) << r.output;
   return metrics;
-}
-
-// step -> one key of the metrics lines that have it.
-std::map<int, double> metric(const std::string& file, const std::string& key) {
-  std::map<int, double> out;
-  std::ifstream f(file);
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) out[j["step"].get<int>()] = j[key].get<double>();
-  }
-  return out;
 }
 
 // ZeRO-3 under bf16 autocast is DDP under bf16 autocast: fp32 master weights

@@ -20,17 +20,6 @@
 namespace meshtrain::test {
 namespace {
 
-// step -> the metrics line's value of `key`.
-std::map<int, double> metric(const std::string& file, const std::string& key) {
-  std::map<int, double> out;
-  std::ifstream f(file);
-  for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains(key)) out[j.at("step").get<int>()] = j.at(key).get<double>();
-  }
-  return out;
-}
-
 // `key` in metrics file `b` equals file `a`'s at each of a's `steps` steps (relative 1e-5).
 void expect_same_metric(const std::string& a, const std::string& b, const std::string& key, size_t steps) {
   const auto x = metric(a, key), y = metric(b, key);

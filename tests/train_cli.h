@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
@@ -64,6 +65,17 @@ inline std::map<int, std::string> losses(const std::string& metrics) {
       return line.substr(at, line.find_first_of(",}", at) - at);
     };
     out[std::stoi(num("step"))] = num("loss") + " " + num("grad_norm");
+  }
+  return out;
+}
+
+// step -> one key of the metrics lines that have it (JSON numbers round-trip a double exactly).
+inline std::map<int, double> metric(const std::string& file, const std::string& key) {
+  std::map<int, double> out;
+  std::ifstream f(file);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out[j.at("step").get<int>()] = j.at(key).get<double>();
   }
   return out;
 }

@@ -22,17 +22,31 @@ namespace fs = std::filesystem;
 
 HfFamily hf_family(const plan::ModelSpec& m) {
   if (m.norm == plan::Norm::LayerNorm && m.position == plan::Position::Learned &&
-      m.activation == plan::Activation::GELU && m.bias && m.tied && m.kv_heads == m.heads) {
+      m.activation == plan::Activation::GELU && m.bias && m.tied && m.kv_heads == m.heads && !m.moe()) {
     return HfFamily::Gpt2;
   }
-  if (m.norm == plan::Norm::RMSNorm && m.position == plan::Position::RoPE && m.activation == plan::Activation::SwiGLU &&
-      !m.bias) {
-    return HfFamily::Llama;
+  const bool llama = m.norm == plan::Norm::RMSNorm && m.position == plan::Position::RoPE &&
+                     m.activation == plan::Activation::SwiGLU && !m.bias;
+  if (llama && !m.moe()) return HfFamily::Llama;
+  if (!llama) {
+    throw std::invalid_argument(fmt::format(
+        "model '{}' is neither GPT-2 shaped (LayerNorm, learned positions, GELU, biases, tied head, kv heads = heads) "
+        "nor Llama shaped (RMSNorm, RoPE, SwiGLU, no biases): no Hugging Face class holds it",
+        m.name));
   }
-  throw std::invalid_argument(fmt::format(
-      "model '{}' is neither GPT-2 shaped (LayerNorm, learned positions, GELU, biases, tied head, kv heads = heads) "
-      "nor Llama shaped (RMSNorm, RoPE, SwiGLU, no biases): no Hugging Face class holds it",
-      m.name));
+  // Mixtral: every layer's MLP is the routed experts alone, gated by the renormalised top k of a softmax.
+  const char* unlike = m.moe_every != 1        ? "dense layers between MoE layers (moe_every > 1)"
+                       : m.shared_experts != 0 ? "shared experts"
+                       : m.router != "softmax" ? "a sigmoid router"
+                       : m.top_k < 2 ? "top_k = 1 (Mixtral renormalises the chosen gates, so its single gate is 1; "
+                                       "meshtrain's stays the softmax probability)"
+                                     : nullptr;
+  if (unlike) {
+    throw std::invalid_argument(fmt::format("MoE model '{}' has {}, which MixtralForCausalLM does not hold: no Hugging "
+                                            "Face class computes it",
+                                            m.name, unlike));
+  }
+  return HfFamily::Mixtral;
 }
 
 namespace {
@@ -57,6 +71,19 @@ struct Mapper {
   std::map<std::string, at::Tensor> out;
   const char* side() const { return to_hf ? "meshtrain" : "Hugging Face"; }
 
+  // Experts stacked on our side [E, ...], one tensor per expert on the Hub's (`hf` holds {} for e).
+  void per_expert(const std::string& ours, const std::string& hf, int64_t experts, const std::vector<int64_t>& shape) {
+    std::vector<int64_t> stacked{experts};
+    stacked.insert(stacked.end(), shape.begin(), shape.end());
+    if (to_hf) {
+      const at::Tensor all = take(in, ours, stacked, side());
+      for (int64_t e = 0; e < experts; ++e) out[fmt::format(fmt::runtime(hf), e)] = all[e].contiguous();
+    } else {
+      std::vector<at::Tensor> each;
+      for (int64_t e = 0; e < experts; ++e) each.push_back(take(in, fmt::format(fmt::runtime(hf), e), shape, side()));
+      out[ours] = at::stack(each);
+    }
+  }
   // A tensor with the same layout on both sides.
   void same(const std::string& ours, const std::string& hf, const std::vector<int64_t>& shape) {
     if (to_hf) out[hf] = take(in, ours, shape, side());
@@ -111,6 +138,7 @@ struct Mapper {
       same("final_norm.bias", "transformer.ln_f.bias", {h});
       return;
     }
+    const bool moe = hf_family(m) == HfFamily::Mixtral;
     same("embed.weight", "model.embed_tokens.weight", {V, h});
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string o = fmt::format("layers.{}.", l), g = fmt::format("model.layers.{}.", l);
@@ -120,6 +148,14 @@ struct Mapper {
       same(o + "attn.v.weight", g + "self_attn.v_proj.weight", {m.kv_heads * d, h});
       same(o + "attn.o.weight", g + "self_attn.o_proj.weight", {h, m.heads * d});
       same(o + "norm2.weight", g + "post_attention_layernorm.weight", {h});
+      if (moe) {
+        const int64_t E = m.experts, w = m.expert_width();
+        same(o + "moe.router.weight", g + "block_sparse_moe.gate.weight", {E, h});
+        per_expert(o + "moe.experts.w1", g + "block_sparse_moe.experts.{}.w1.weight", E, {w, h});
+        per_expert(o + "moe.experts.w3", g + "block_sparse_moe.experts.{}.w3.weight", E, {w, h});
+        per_expert(o + "moe.experts.w2", g + "block_sparse_moe.experts.{}.w2.weight", E, {h, w});
+        continue;
+      }
       same(o + "mlp.gate.weight", g + "mlp.gate_proj.weight", {f, h});
       same(o + "mlp.up.weight", g + "mlp.up_proj.weight", {f, h});
       same(o + "mlp.down.weight", g + "mlp.down_proj.weight", {h, f});
@@ -152,12 +188,25 @@ nlohmann::json hf_config(const plan::ModelSpec& m) {
             // meshtrain's dropout where GPT-2 has it (transformers' default is 0.1 in training mode)
             {"embd_pdrop", m.dropout}, {"resid_pdrop", m.dropout}, {"attn_pdrop", m.dropout}};
   }
-  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab},
-          {"hidden_size", m.hidden}, {"intermediate_size", m.ffn}, {"num_hidden_layers", m.layers},
-          {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads},
-          {"max_position_embeddings", m.seq}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
-          {"tie_word_embeddings", m.tied}, {"hidden_act", "silu"}, {"attention_bias", false},
-          {"attention_dropout", m.dropout}, {"torch_dtype", "float32"}};
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab},
+                      {"hidden_size", m.hidden}, {"intermediate_size", m.ffn}, {"num_hidden_layers", m.layers},
+                      {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads},
+                      {"max_position_embeddings", m.seq}, {"rms_norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta},
+                      {"tie_word_embeddings", m.tied}, {"hidden_act", "silu"}, {"attention_bias", false},
+                      {"attention_dropout", m.dropout}, {"torch_dtype", "float32"}};
+  if (hf_family(m) == HfFamily::Mixtral) {
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    j.erase("attention_bias");
+    j["intermediate_size"] = m.expert_width();
+    j["num_local_experts"] = m.experts;
+    j["num_experts_per_tok"] = m.top_k;
+    j["router_aux_loss_coef"] = m.aux_loss_coef;
+    j["router_jitter_noise"] = 0.0;
+    j["output_router_logits"] = false;
+    j["sliding_window"] = nullptr;
+  }
+  return j;
 }
 
 namespace {
@@ -185,7 +234,13 @@ void check_modelled(const nlohmann::json& j, const std::string& type) {
       {"attention_bias", {null, false}, "biases on the q, k, v and o projections"},
       {"mlp_bias", {null, false}, "biases on the MLP's projections"},
       {"sliding_window", {null}, "sliding-window attention"}};
-  for (const Modelled& f : type == "gpt2" ? gpt2 : llama) {
+  std::vector<Modelled> mixtral = llama;
+  mixtral.push_back({"router_jitter_noise", {null, 0, 0.0}, "multiplicative noise on the router's input in training"});
+  if (type == "mixtral" && j.value("num_experts_per_tok", nlohmann::json()) == 1) {
+    throw std::invalid_argument("config.json: \"num_experts_per_tok\" = 1: Mixtral renormalises a token's one gate to 1, "
+                                "meshtrain keeps it the router's softmax probability; a top-1 Mixtral is refused");
+  }
+  for (const Modelled& f : type == "gpt2" ? gpt2 : type == "llama" ? llama : mixtral) {
     const nlohmann::json& v = j.contains(f.key) ? j[f.key] : null;
     if (std::find(f.values.begin(), f.values.end(), v) != f.values.end()) continue;
     throw std::invalid_argument(fmt::format("config.json: \"{}\" = {} sets {}, which meshtrain does not model; "
@@ -195,7 +250,7 @@ void check_modelled(const nlohmann::json& j, const std::string& type) {
   // Rotary positions: 4.x writes rope_scaling (null unless scaled), 5.x rope_parameters
   // ({"rope_type": "default", "rope_theta": ...}); any other type scales positions.
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    if (type != "llama" || !j.contains(key) || j[key].is_null()) continue;
+    if (type == "gpt2" || !j.contains(key) || j[key].is_null()) continue;
     const nlohmann::json& r = j[key];
     if (!r.is_object()) throw std::invalid_argument(fmt::format("config.json: \"{}\" is {}, not an object", key, r.dump()));
     for (const auto& [name, v] : r.items()) {
@@ -215,11 +270,22 @@ void check_modelled(const nlohmann::json& j, const std::string& type) {
 
 plan::ModelSpec spec_from_hf_config(const nlohmann::json& j) {
   const std::string type = j.is_object() ? j.value("model_type", "") : "";
-  if (type != "gpt2" && type != "llama") {
-    throw std::invalid_argument(fmt::format("Hugging Face model_type \"{}\": meshtrain reads gpt2 and llama", type));
+  if (type != "gpt2" && type != "llama" && type != "mixtral") {
+    throw std::invalid_argument(
+        fmt::format("Hugging Face model_type \"{}\": meshtrain reads gpt2, llama and mixtral", type));
   }
   check_modelled(j, type);
-  return plan::model_from_hf_config(j, "hf-" + type);
+  plan::ModelSpec m = plan::model_from_hf_config(j, "hf-" + type);
+  if (type == "mixtral") {
+    const nlohmann::json coef = j.value("router_aux_loss_coef", nlohmann::json(0.001));  // transformers' default
+    if (!coef.is_number()) {
+      throw std::invalid_argument(fmt::format("config.json: \"router_aux_loss_coef\" is {}, not a number", coef.dump()));
+    }
+    m.aux_loss_coef = coef.get<double>();
+    m.z_loss_coef = 0;
+    m.capacity_factor = 0;  // Mixtral routes every token
+  }
+  return m;
 }
 
 void export_hf(const std::string& step_dir, const std::string& out_dir, bool force, const HfTokenizer* tokenizer) {
@@ -230,7 +296,12 @@ void export_hf(const std::string& step_dir, const std::string& out_dir, bool for
     throw std::runtime_error(fmt::format("{}: the manifest has no model config to export", step_dir));
   }
   const plan::ModelSpec m = spec_from_json(man["config"]["model"]);
-  hf_family(m);  // fail before reading
+  if (hf_family(m) == HfFamily::Mixtral && m.capacity_factor > 0) {  // (fails before reading for no family)
+    fmt::print(stderr,
+               "note: model.capacity_factor = {}: meshtrain's router drops assignments past an expert's capacity, "
+               "MixtralForCausalLM routes every token; their logits differ wherever an expert overflows\n",
+               m.capacity_factor);
+  }
   if (tokenizer) check_hf_tokenizer(*tokenizer, m.vocab);
   const std::map<std::string, at::Tensor> ours = model_weights(reader);  // LoRA merged
   for (const auto& [name, t] : ours) {
@@ -255,19 +326,60 @@ void export_hf(const std::string& step_dir, const std::string& out_dir, bool for
   fs::rename(tmp, out_dir);
 }
 
+namespace {
+
+// The tensors of a Hugging Face directory: model.safetensors, or the files a sharded save's
+// model.safetensors.index.json maps every tensor to (each read once).
+std::map<std::string, at::Tensor> read_hf_tensors(const fs::path& dir) {
+  std::vector<fs::path> files{dir / "model.safetensors"};
+  if (!fs::exists(files[0])) {
+    const fs::path index = dir / "model.safetensors.index.json";
+    nlohmann::json j;
+    try {
+      std::ifstream(index) >> j;
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(fmt::format("{}: not a safetensors index ({})", index.string(), e.what()));
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+      throw std::runtime_error(fmt::format("{} has no \"weight_map\" object", index.string()));
+    }
+    files.clear();
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      const fs::path f = dir / (file.is_string() ? file.get<std::string>() : std::string());
+      if (!file.is_string() || fs::path(file.get<std::string>()).has_parent_path() || !fs::exists(f)) {
+        throw std::runtime_error(fmt::format("{}: tensor {} maps to {}, which is not a file beside it", index.string(),
+                                             name, file.dump()));
+      }
+      if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+    }
+  }
+  std::map<std::string, at::Tensor> hf;
+  for (const fs::path& f : files) {
+    SafetensorsFile file(f.string());
+    for (const auto& [name, e] : file.entries()) {
+      if (!hf.emplace(name, file.get(name).to(at::kFloat)).second) {
+        throw std::runtime_error(fmt::format("{}: tensor {} is in more than one file", dir.string(), name));
+      }
+    }
+  }
+  return hf;
+}
+
+}  // namespace
+
 void import_hf(const std::string& hf_dir, const std::string& out_dir, bool force) {
-  const fs::path cfg = fs::path(hf_dir) / "config.json", st = fs::path(hf_dir) / "model.safetensors";
-  if (!fs::exists(cfg) || !fs::exists(st)) {
-    throw std::runtime_error(fmt::format("{}: a Hugging Face model directory holds config.json and model.safetensors",
+  const fs::path cfg = fs::path(hf_dir) / "config.json";
+  if (!fs::exists(cfg) || (!fs::exists(fs::path(hf_dir) / "model.safetensors") &&
+                           !fs::exists(fs::path(hf_dir) / "model.safetensors.index.json"))) {
+    throw std::runtime_error(fmt::format("{}: a Hugging Face model directory holds config.json and model.safetensors "
+                                         "(or model.safetensors.index.json and its shards)",
                                          hf_dir));
   }
   if (fs::exists(out_dir) && !force) throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out_dir));
   nlohmann::json j;
   std::ifstream(cfg) >> j;
   const plan::ModelSpec m = spec_from_hf_config(j);
-  SafetensorsFile file(st.string());
-  std::map<std::string, at::Tensor> hf;
-  for (const auto& [name, e] : file.entries()) hf[name] = file.get(name).to(at::kFloat);
+  const std::map<std::string, at::Tensor> hf = read_hf_tensors(hf_dir);
   const std::map<std::string, at::Tensor> ours = from_hf(hf, m);
   // A one-rank checkpoint: every tensor whole, written by this process alone.
   std::vector<Piece> pieces;

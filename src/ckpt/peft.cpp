@@ -28,10 +28,14 @@ void export_peft(const std::string& step_dir, const std::string& out_dir, bool f
                                          step_dir));
   }
   const plan::ModelSpec m = spec_from_json(man.at("config").at("model"));
-  if (hf_family(m) != HfFamily::Llama) {
+  if (const HfFamily family = hf_family(m); family == HfFamily::Gpt2) {
     throw std::runtime_error(fmt::format("{}: peft adapts GPT-2's fused attention projection (c_attn) as one linear, "
                                          "meshtrain adapts q, k and v apart; --format peft exports Llama-family models "
                                          "(export the merged model with --format hf)",
+                                         step_dir));
+  } else if (family == HfFamily::Mixtral) {
+    throw std::runtime_error(fmt::format("{}: --format peft exports dense Llama models; a Mixtral's adapters are not "
+                                         "checked against peft yet (export the merged model with --format hf)",
                                          step_dir));
   }
   static const std::regex name(R"(layers\.(\d+)\.(attn|mlp)\.(\w+)\.lora_([ab]))");

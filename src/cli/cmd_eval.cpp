@@ -30,7 +30,7 @@ Run add_eval(CLI::App& app) {
   auto cmd = app.add_subcommand("eval", "evaluate a checkpoint: multiple-choice tasks (--task), or a subcommand");
   cmd->require_subcommand(0, 1);
   struct ChoiceOpts {
-    std::string ckpt, tokenizer;
+    std::string ckpt, tokenizer, samples;
     std::vector<std::string> tasks, data;
   };
   auto co = std::make_shared<ChoiceOpts>();
@@ -40,6 +40,8 @@ Run add_eval(CLI::App& app) {
                   "choices makes one from a corpus)");
   cmd->add_option("--data", co->data, "token shards: the loss and perplexity on each (repeatable; a mixture's sources)");
   cmd->add_option("--tokenizer", co->tokenizer, "SentencePiece model (default: tokenizer.model beside the run's data)");
+  cmd->add_option("--log-samples", co->samples,
+                  "write every question's per-choice log-likelihoods and verdicts here (JSON lines; a new file)");
   auto em = cmd->add_subcommand("exact-match", "SFT answers reproduced exactly by greedy decoding (teacher-forced)");
   struct Opts {
     std::string ckpt, data;
@@ -79,6 +81,12 @@ Run add_eval(CLI::App& app) {
         check_choice_ids(tasks.back(), vocab, t);
       }
       for (const auto& shard : co->data) ShardReader{shard};  // every file checked before the model loads
+      namespace fs = std::filesystem;
+      if (!co->samples.empty() && (co->tasks.empty() || fs::exists(co->samples))) {
+        throw std::invalid_argument(co->tasks.empty()
+                                        ? "--log-samples writes the --task questions' scores: give --task"
+                                        : fmt::format("--log-samples {} exists: remove it or name a new file", co->samples));
+      }
       Comm solo("tp", 0);
       auto model = load_for_inference(dir, solo);
       for (const auto& shard : co->data) {
@@ -86,10 +94,19 @@ Run add_eval(CLI::App& app) {
         fmt::print("{}: {}: loss {:.4f} | perplexity {:.2f} ({} windows of {} tokens)\n", dir, shard, l.mean(),
                    std::exp(l.mean()), l.windows, seq);
       }
+      std::string samples;
       for (size_t i = 0; i < tasks.size(); ++i) {
-        const ChoiceScore s = score_choices(tasks[i], choice_loglikelihoods(*model, tasks[i], seq));
+        const auto lls = choice_loglikelihoods(*model, tasks[i], seq);
+        for (size_t q = 0; q < lls.size(); ++q) {
+          samples += choice_sample_line(choice_task_name(co->tasks[i]), tasks[i][q], lls[q]) + "\n";
+        }
+        const ChoiceScore s = score_choices(tasks[i], lls);
         fmt::print("{}: task {}: acc {:.4f} | acc_norm {:.4f} | answer log-likelihood {:.6f} ({} questions)\n", dir,
                    choice_task_name(co->tasks[i]), s.acc(), s.acc_norm(), s.mean_answer_ll(), s.questions);
+      }
+      if (!co->samples.empty()) {  // whole or absent
+        std::ofstream(co->samples + ".tmp") << samples;
+        fs::rename(co->samples + ".tmp", co->samples);
       }
       return 0;
     }

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <stdexcept>
@@ -135,6 +136,15 @@ ChoiceScore score_choices(const std::vector<TokenizedChoice>& qs, const std::vec
   ChoiceScore s;
   for (size_t i = 0; i < qs.size(); ++i) judge(s, qs[i], lls.at(i));
   return s;
+}
+
+std::string choice_sample_line(const std::string& task, const TokenizedChoice& q, const std::vector<double>& ll) {
+  ChoiceScore alone;
+  judge(alone, q, ll);
+  return nlohmann::json{{"task", task},   {"line", q.line},        {"answer", q.answer},
+                        {"ll", ll},       {"chars", q.chars},      {"acc", alone.correct},
+                        {"acc_norm", alone.correct_norm}}
+      .dump();
 }
 
 std::vector<TokenizedChoice> tokenize_choice_task(const std::string& task, const std::string& tokenizer,

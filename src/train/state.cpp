@@ -223,12 +223,13 @@ void check_same_model(const ckpt::Reader& r, const plan::ModelSpec& now) {
     }
   }
   // The architecture too: the same sizes with another norm, position, activation, tying, biases, rotary
-  // base or norm epsilon is another model (an imported Llama 3 has rope_theta 500000).
+  // base, norm epsilon or routing is another model (an imported Llama 3 has rope_theta 500000).
   const nlohmann::json a = spec_to_json(saved), b = spec_to_json(now);
-  for (const char* field : {"norm", "position", "activation", "tied", "bias", "rope_theta", "norm_eps"}) {
+  for (const char* field : {"norm", "position", "activation", "tied", "bias", "rope_theta", "norm_eps", "top_k", "router"}) {
+    if ((field == std::string("top_k") || field == std::string("router")) && !saved.moe()) continue;
     if (a[field] != b[field]) {
-      const bool keyed = std::string(field) == "tied" || std::string(field) == "rope_theta" ||
-                         std::string(field) == "norm_eps";  // [model] keys; the others come with the preset
+      const std::string f = field;  // [model] keys; the others come with the preset
+      const bool keyed = f == "tied" || f == "rope_theta" || f == "norm_eps" || f == "top_k" || f == "router";
       throw std::runtime_error(fmt::format("checkpoint {} has a model with {} {}, the config's has {} (preset \"{}\" vs "
                                            "\"{}\"); load it with the model it was trained with{}",
                                            r.dir(), field, a[field].dump(), b[field].dump(), saved.name, now.name,

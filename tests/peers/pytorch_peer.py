@@ -13,6 +13,7 @@ tokens and optimizer, trained by torch.distributed on CPU (Gloo), per-step loss 
       both ranks hold as many tokens); the gradient norm is the 2-norm over every parameter
       after the reduction, before the update. OUT: JSON {"loss": [...], "grad_norm": [...]}.
 """
+import faulthandler
 import json
 import os
 import sys
@@ -84,18 +85,30 @@ def pipeline_worker(rank, mode, model, w, steps, lr):
     return losses, norms
 
 
+def finish(rank, out, losses, norms):
+    """Rank 0 writes the results; then both ranks leave together. The process ends with os._exit
+    once the group is destroyed: torch 2.11's Gloo can abort a process in interpreter
+    finalization ("terminate called without an active exception", pytorch/pytorch#190489 and the
+    abandoned #179291). A 1F1B run aborted so once in CI, at a moment the log does not show (the
+    faulthandler below prints it, should it happen again)."""
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
+    faulthandler.enable()  # a native abort prints every thread's Python stack
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32,
                                                  attn_implementation="eager").train()
     if mode in ("gpipe", "1f1b"):
-        losses, norms = pipeline_worker(rank, mode, model, load_file(windows)["windows"], steps, lr)
-        if rank == 0:
-            with open(out, "w") as f:
-                json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__}, f)
-        dist.destroy_process_group()
-        return
+        finish(rank, out, *pipeline_worker(rank, mode, model, load_file(windows)["windows"], steps, lr))
     if mode == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
     elif mode == "fsdp2":
@@ -143,10 +156,7 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
         losses.append(summed.item())
         norms.append(norm.item())
         opt.step()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__}, f)
-    dist.destroy_process_group()
+    finish(rank, out, losses, norms)
 
 
 if __name__ == "__main__":

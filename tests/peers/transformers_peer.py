@@ -8,8 +8,10 @@
 
   transformers_peer.py save FAMILY OUT_DIR
       A randomly initialised model of FAMILY (gpt2, or llama: GQA 4 query heads on 2 kv heads,
-      untied head, rotary base 500000 as Llama 3 has it) written by save_pretrained: the layout
-      and config.json transformers itself writes, for `meshtrain ckpt import`.
+      untied head, rotary base 500000 as Llama 3 has it; or mixtral: as llama, with 4 experts of
+      which each token takes 2, saved in shards of 200 kB with model.safetensors.index.json, as
+      large models are) written by save_pretrained: the layout and config.json transformers
+      itself writes, for `meshtrain ckpt import`.
 
   transformers_peer.py generate HF_DIR PROMPT NEW TEXT...
       The export as a user meets it: AutoTokenizer.from_pretrained(dir) and
@@ -32,7 +34,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MixtralConfig, MixtralForCausalLM)
 
 
 def logits(hf_dir, inputs, out):
@@ -56,13 +59,19 @@ def save(family, out_dir):
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                              rope_theta=500000.0, tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
+    elif family == "mixtral":
+        config = MixtralConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                               num_local_experts=4, num_experts_per_tok=2, rope_theta=500000.0,
+                               tie_word_embeddings=False)
+        model = MixtralForCausalLM(config)
     else:
-        sys.exit(f"family {family!r}: use gpt2 or llama")
+        sys.exit(f"family {family!r}: use gpt2, llama or mixtral")
     # Weights of a trained model's size everywhere (the initialiser's zeros would hide a swapped bias).
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.3)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="200KB" if family == "mixtral" else "5GB")
     print(f"transformers {transformers.__version__}: {type(model).__name__} saved in {out_dir}")
 
 

@@ -63,6 +63,11 @@ std::vector<std::vector<double>> choice_loglikelihoods(Transformer& m, const std
                                                        int64_t seq, int64_t rows = 16);
 ChoiceScore score_choices(const std::vector<TokenizedChoice>& qs, const std::vector<std::vector<double>>& lls);
 
+// Every question's scores as a JSON line (`meshtrain eval --log-samples`, as lm-evaluation-
+// harness's --log_samples): {"task", "line", "answer", "ll": [per choice], "chars": [per choice],
+// "acc", "acc_norm"} (acc and acc_norm 1 or 0: this question judged alone).
+std::string choice_sample_line(const std::string& task, const TokenizedChoice& q, const std::vector<double>& ll);
+
 // The mean next-token loss of a whole model (tp = 1) over every window of
 // `seq` + 1 tokens of a shard (data/loader.h's windows, in order), the loss
 // `meshtrain train` reports for data.val: perplexity = exp(mean).
