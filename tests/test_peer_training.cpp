@@ -6,7 +6,8 @@
 //     parallelism and torch.distributed.pipelining (GPipe, 1F1B) on 2 Gloo ranks, against
 //     meshtrain DDP, ZeRO-3, tp 2 (with and without sequence parallelism) and pp 2;
 //   trl (tests/peers/trl_peer.py): DPOTrainer's sigmoid and hinge losses against meshtrain's
-//     DPO on 2 data-parallel ranks, on the token ids meshtrain's `tokenize prefs` wrote.
+//     DPO on 2 data-parallel ranks, on the token ids meshtrain's `tokenize prefs` wrote; and
+//     GRPOTrainer's loss and gradient on fixed rollouts against meshtrain's GRPO objective.
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
@@ -17,8 +18,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+
+#include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/safetensors.h"
+#include "meshtrain/comm/comm.h"
 #include "meshtrain/data/shard.h"
+#include "meshtrain/model/transformer.h"
+#include "meshtrain/rl/grpo_objective.h"
+#include "meshtrain/train/state.h"
 #include "tests/peer_env.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
@@ -232,6 +242,113 @@ TEST(PeerTraining, TrlDpoTrainsAsMeshtrainDpo) {
                 "gradient norm %.3g relative, over %lld steps\n",
                 theirs["trl"].get<std::string>().c_str(), loss, worst, worst_norm, static_cast<long long>(kSteps));
   }
+}
+
+
+// A whole model of a checkpoint, in this process.
+std::unique_ptr<Transformer> load_whole(const std::string& dir, Comm& solo) {
+  ckpt::Reader reader(dir);
+  auto model = std::make_unique<Transformer>(spec_from_json(reader.manifest()["config"]["model"]), solo, false, 0);
+  load_model(reader, *model);
+  return model;
+}
+
+// trl's GRPOTrainer loss on meshtrain's rollouts (tests/peers/trl_peer.py grpo). A policy (a Llama
+// trained 4 steps on the tiny tokenizer's corpus) and its reference (the same run at step 2), each exported with --format
+// hf; 4 rollouts in 2 groups: a prompt of 6 tokens, then completions of 10, 7, 4 and 10 tokens,
+// right-padded; the sampling policy's log-probabilities are the policy's moved by up to 0.3 (so
+// that importance ratios leave [1 - 0.2, 1 + 0.28] and both clips act) and the advantages fixed
+// (+1.2, -0.7 | +0.3, -0.8). For each aggregation (grpo, bnpo, dr_grpo, dapo) without the k3 KL
+// term, with it (beta 0.04), and with it weighted by the importance ratio (grpo.kl_ratio; trl's
+// use_bias_correction_kl, its default: without it set alike, trl's loss differs by 0.8% here):
+// meshtrain's GrpoObjective (its summed loss over the units the step
+// divides by) against GRPOTrainer._compute_loss on the same rows, then each one's gradient norm
+// after backward. Tolerances (fp32, other summation orders; the print says the measured worst):
+// the loss within 1e-6 absolute (a mean of per-token terms of the advantages' size, about 1, that
+// nearly cancel: the losses are 0.004 to 0.02, so a relative bound would measure the cancellation),
+// the gradient norm within 1e-5 relative.
+TEST(PeerTraining, TrlGrpoLossAndGradientAsMeshtrain) {
+  ASSERT_NO_FATAL_FAILURE(test::require_peer("trl"));
+  constexpr double kLossTol = 1e-6, kNormTol = 1e-5;
+  constexpr int64_t kPrompt = 6, kCompletion = 10, kRows = 4;
+  const std::string bin = MESHTRAIN_BIN;
+  Dir d;
+  const std::string tokenizer = test::tiny_tokenizer(d, bin);  // GRPOTrainer wants the policy's tokenizer
+  const std::string ck = (d.path / "ck").string();
+  auto run = test::run_command(
+      bin + " train " +
+      d.write("m.toml", "[model]\npreset = \"llama-tiny\"\nvocab = 400\nlayers = 2\nhidden = 64\nheads = 4\n"
+                        "kv_heads = 2\nffn = 128\ntied = false\ndropout = 0.0\n[data]\ntrain = \"" +
+                            (d.path / "tok/train.bin").string() +
+                            "\"\n[train]\nsteps = 4\nmicro_batch = 4\nglobal_batch = 4\nseq = 32\nlr = 1e-2\n"
+                            "[checkpoint]\ndir = \"" + ck + "\"\nevery = 2\nkeep = 2\nasync = false\n"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string policy_dir = ck + "/" + ckpt::step_dir_name(4), ref_dir = ck + "/" + ckpt::step_dir_name(2);
+  const std::string policy_hf = (d.path / "policy").string(), ref_hf = (d.path / "ref").string();
+  for (const auto& [from, to] : {std::pair{policy_dir, policy_hf}, {ref_dir, ref_hf}}) {
+    run = test::run_command(bin + " ckpt export " + from + " --format hf --tokenizer " + tokenizer + " --out " + to);
+    ASSERT_EQ(run.code, 0) << run.output;
+  }
+
+  Comm solo("tp", 0);
+  auto policy = load_whole(policy_dir, solo), ref = load_whole(ref_dir, solo);
+  const int64_t vocab = policy->spec().vocab;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor tokens = at::randint(vocab, {kRows, kPrompt + kCompletion}, gen, at::kLong);
+  at::Tensor mask = at::zeros({kRows, kPrompt + kCompletion - 1});  // mask[:, j]: tokens[:, j + 1] generated
+  const int64_t lengths[kRows] = {10, 7, 4, 10};
+  for (int64_t r = 0; r < kRows; ++r) mask[r].narrow(0, kPrompt - 1, lengths[r]).fill_(1);
+  at::Tensor old;
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor wobble = at::arange(mask.numel(), at::kFloat).reshape(mask.sizes()).mul(0.7).sin().mul(0.3);
+    old = (token_logprobs(*policy, tokens, 1.0, vocab, false) + wobble) * mask;
+  }
+  const at::Tensor advantages = at::tensor({1.2, -0.7, 0.3, -0.8}, at::kFloat);
+  const at::Tensor completion_mask = mask.narrow(1, kPrompt - 1, kCompletion).contiguous();
+  // trl's columns are the completion's: meshtrain's position j = kPrompt - 1 + trl's k.
+  ckpt::write_safetensors((d.path / "rollouts.safetensors").string(),
+                          {{"tokens", tokens}, {"mask", completion_mask},
+                           {"old_logp", old.narrow(1, kPrompt - 1, kCompletion).contiguous()},
+                           {"advantages", advantages}});
+  const std::string out = (d.path / "grpo.json").string();
+  run = test::run_command(test::peer_script("trl_peer.py") + " grpo " + policy_hf + " " + ref_hf + " " +
+                          (d.path / "rollouts.safetensors").string() + " " + out);
+  ASSERT_EQ(run.code, 0) << run.output;
+  nlohmann::json theirs;
+  std::ifstream(out) >> theirs;
+
+  double worst_loss = 0, worst_norm = 0;
+  for (const char* loss : {"grpo", "bnpo", "dr_grpo", "dapo"}) {
+    for (const auto& [beta, ratio, setting] : {std::tuple{0.0, false, "0"}, {0.04, false, "0.04"}, {0.04, true, "0.04 ratio"}}) {
+      const std::string key = std::string(loss) + " " + setting;
+      SCOPED_TRACE(key);
+      GrpoOptions o;
+      o.epsilon_low = 0.2, o.epsilon_high = 0.28, o.beta = beta, o.kl_ratio = ratio, o.loss = parse_grpo_loss(loss);
+      o.max_completion = kCompletion;
+      GrpoObjective objective(o, 1.0, vocab, ref.get());
+      objective.set_rollouts({tokens, old, mask, advantages});
+      const Batch b = objective.rows({0, 1, 2, 3});
+      for (auto& p : policy->params().params()) p.tensor.mutable_grad() = at::Tensor();
+      std::vector<double> sums(objective.metrics().size());
+      const at::Tensor value = objective.loss(*policy, b, true, sums) / objective.units(b);
+      value.backward();
+      double squares = 0;
+      for (const auto& p : policy->params().params()) {
+        if (p.tensor.grad().defined()) squares += p.tensor.grad().to(at::kDouble).pow(2).sum().item<double>();
+      }
+      const double mine = value.item<double>(), norm = std::sqrt(squares);
+      ASSERT_TRUE(theirs.contains(key)) << theirs.dump();
+      const double their_loss = theirs[key]["loss"].get<double>(), their_norm = theirs[key]["grad_norm"].get<double>();
+      EXPECT_NEAR(mine, their_loss, kLossTol);
+      EXPECT_NEAR(norm, their_norm, kNormTol * their_norm);
+      worst_loss = std::max(worst_loss, std::abs(mine - their_loss));
+      worst_norm = std::max(worst_norm, std::abs(norm - their_norm) / their_norm);
+    }
+  }
+  std::printf("trl %s GRPO loss vs meshtrain's (grpo, bnpo, dr_grpo, dapo; no KL, KL, KL x ratio): loss max |d| %.3g, "
+              "gradient norm %.3g relative\n",
+              theirs["trl"].get<std::string>().c_str(), worst_loss, worst_norm);
 }
 
 }  // namespace

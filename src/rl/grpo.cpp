@@ -52,7 +52,7 @@ GrpoTerms grpo_loss(const at::Tensor& logp, const at::Tensor& old_logp, const at
   if (o.beta != 0) {
     if (!ref_logp.defined()) throw std::invalid_argument("grpo_loss: beta != 0 needs the reference's log-probs");
     const at::Tensor kl = k3_kl(logp, ref_logp.detach());
-    per_token = per_token + o.beta * kl;
+    per_token = per_token + o.beta * (o.kl_ratio ? kl * w : kl);
     t.kl = masked > 0 ? (kl * m).sum().item<double>() / masked : 0;
   }
   const at::Tensor summed = per_token * m;

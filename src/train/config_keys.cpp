@@ -356,6 +356,7 @@ std::vector<ConfigKey> make_keys() {
       number("rl.epsilon", FIELD(rl.epsilon), 0, false, kInf, false, "ratio clip below 1"),
       number("rl.epsilon_high", FIELD(rl.epsilon_high), 0, false, kInf, false, "ratio clip above 1"),
       number("grpo.beta", FIELD(grpo.beta), 0, false, kInf, false, "KL weight (a frozen reference when > 0)"),
+      boolean("grpo.kl_ratio", FIELD(grpo.kl_ratio), "the KL term times the importance ratio (trl's use_bias_correction_kl)"),
       text("grpo.loss", FIELD(grpo.loss), "grpo | bnpo | dr_grpo | dapo", "how token losses are averaged"),
       number("ppo.kl_coef", FIELD(ppo.kl_coef), 0, false, kInf, false, "KL penalty in the reward"),
       text("ppo.kl_estimator", FIELD(ppo.kl_estimator), "k1 | k3", "KL estimator"),

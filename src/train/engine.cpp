@@ -126,6 +126,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     GrpoOptions g;
     g.epsilon_low = c.rl.epsilon, g.epsilon_high = c.rl.epsilon_high, g.beta = ppo ? 0.0 : c.grpo.beta;
     g.loss = ppo ? GrpoLoss::Dapo : parse_grpo_loss(c.grpo.loss);
+    g.kl_ratio = !ppo && c.grpo.kl_ratio;
     g.max_completion = c.rl.max_new;
     objective_ = std::make_unique<GrpoObjective>(g, c.rl.temperature, CharVocab::size(), reference_.get());
   } else {

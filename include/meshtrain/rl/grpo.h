@@ -8,8 +8,11 @@
 //   A_i = r_i − mean_g                       ("none": Dr. GRPO, arXiv 2503.20783)
 // broadcast to every token of completion i. Per token, with the importance
 // ratio w = exp(lp − lp_old),
-//   L_t = −min(w A, clamp(w, 1 − ε_low, 1 + ε_high) A) + β k3,
+//   L_t = −min(w A, clamp(w, 1 − ε_low, 1 + ε_high) A) + β k3   (× w with kl_ratio),
 //   k3  = exp(lp_ref − lp) − (lp_ref − lp) − 1     (Schulman's estimator of KL(π‖π_ref), ≥ 0)
+// kl_ratio weighs each token's k3 by its (differentiable) importance ratio w, so that its gradient
+// is the unbiased gradient of KL(π‖π_ref) for samples drawn from π_old (DeepSeek-V3.2, arXiv
+// 2512.02556; trl's GRPOConfig.use_bias_correction_kl, its default since trl 1.x).
 // and over the completion mask m (generated, non-tool tokens) the loss is
 //   grpo:    mean over completions of Σ_t m L / max(1, Σ_t m)   (the paper's; length-biased)
 //   bnpo:    Σ m L / max(1, Σ m)                               (this batch's tokens)
@@ -38,6 +41,7 @@ at::Tensor k3_kl(const at::Tensor& logp, const at::Tensor& ref_logp);
 struct GrpoOptions {
   double epsilon_low = 0.2, epsilon_high = 0.2;
   double beta = 0.0;  // KL weight (0: no reference needed)
+  bool kl_ratio = false;  // the k3 term times the importance ratio (see above)
   GrpoLoss loss = GrpoLoss::Dapo;
   int64_t max_completion = 0;  // dr_grpo's denominator (per completion)
 };

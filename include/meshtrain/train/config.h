@@ -97,9 +97,11 @@ struct TrainConfig {
     int64_t group = 8, max_new = 8, epochs = 1, eval_examples = 256;
     double temperature = 1.0, epsilon = 0.2, epsilon_high = 0.2;
   } rl;
-  // [grpo] beta (the k3 KL's weight; a frozen reference when > 0), loss (rl/grpo.h).
+  // [grpo] beta (the k3 KL's weight; a frozen reference when > 0), kl_ratio (the KL weighted by the
+  // importance ratio, trl's use_bias_correction_kl), loss (rl/grpo.h).
   struct Grpo {
     double beta = 0.0;
+    bool kl_ratio = false;
     std::string loss = "dapo";
   } grpo;
   // [ppo] (rl/ppo.h; TRL's defaults): the KL penalty in the reward (kl_coef,
