@@ -8,6 +8,7 @@
 #include <string>
 
 #include "tests/run_command.h"
+#include "tests/train_cli.h"
 
 namespace meshtrain::test {
 
@@ -21,6 +22,20 @@ inline void require_peer(const std::string& module) {
 // `python SCRIPT` for a peer script beside tests/peers/transformers_peer.py.
 inline std::string peer_script(const std::string& script) {
   return std::string(MESHTRAIN_REFERENCE_PYTHON) + " " + MESHTRAIN_SOURCE_DIR + "/tests/peers/" + script;
+}
+
+// A Llama (4 query heads on 2 kv heads, untied, no dropout, vocabulary 400) trained `steps` steps
+// at lr 1e-2 on the corpus tiny_tokenizer(d) wrote, checkpointed in `ck` every `every` steps (the
+// last two kept).
+inline void train_tiny_llama(const Dir& d, const std::string& ck, int steps, int every) {
+  const auto run = run_command(
+      std::string(MESHTRAIN_BIN) + " train " +
+      d.write("llama.toml", "[model]\npreset = \"llama-tiny\"\nvocab = 400\nlayers = 2\nhidden = 64\nheads = 4\n"
+                            "kv_heads = 2\nffn = 128\ntied = false\ndropout = 0.0\n[data]\ntrain = \"" +
+                                (d.path / "tok/train.bin").string() + "\"\n[train]\nsteps = " + std::to_string(steps) +
+                                "\nmicro_batch = 4\nglobal_batch = 4\nseq = 32\nlr = 1e-2\n[checkpoint]\ndir = \"" + ck +
+                                "\"\nevery = " + std::to_string(every) + "\nkeep = 2\nasync = false\n"));
+  ASSERT_EQ(run.code, 0) << run.output;
 }
 
 }  // namespace meshtrain::test

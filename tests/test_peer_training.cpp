@@ -293,18 +293,12 @@ TEST(PeerTraining, TrlGrpoLossAndGradientAsMeshtrain) {
   Dir d;
   const std::string tokenizer = test::tiny_tokenizer(d, bin);  // GRPOTrainer wants the policy's tokenizer
   const std::string ck = (d.path / "ck").string();
-  auto run = test::run_command(
-      bin + " train " +
-      d.write("m.toml", "[model]\npreset = \"llama-tiny\"\nvocab = 400\nlayers = 2\nhidden = 64\nheads = 4\n"
-                        "kv_heads = 2\nffn = 128\ntied = false\ndropout = 0.0\n[data]\ntrain = \"" +
-                            (d.path / "tok/train.bin").string() +
-                            "\"\n[train]\nsteps = 4\nmicro_batch = 4\nglobal_batch = 4\nseq = 32\nlr = 1e-2\n"
-                            "[checkpoint]\ndir = \"" + ck + "\"\nevery = 2\nkeep = 2\nasync = false\n"));
-  ASSERT_EQ(run.code, 0) << run.output;
+  ASSERT_NO_FATAL_FAILURE(test::train_tiny_llama(d, ck, 4, 2));
   const std::string policy_dir = ck + "/" + ckpt::step_dir_name(4), ref_dir = ck + "/" + ckpt::step_dir_name(2);
   const std::string policy_hf = (d.path / "policy").string(), ref_hf = (d.path / "ref").string();
   for (const auto& [from, to] : {std::pair{policy_dir, policy_hf}, {ref_dir, ref_hf}}) {
-    run = test::run_command(bin + " ckpt export " + from + " --format hf --tokenizer " + tokenizer + " --out " + to);
+    const auto run =
+        test::run_command(bin + " ckpt export " + from + " --format hf --tokenizer " + tokenizer + " --out " + to);
     ASSERT_EQ(run.code, 0) << run.output;
   }
 
@@ -330,7 +324,7 @@ TEST(PeerTraining, TrlGrpoLossAndGradientAsMeshtrain) {
                            {"old_logp", old.narrow(1, kPrompt - 1, kCompletion).contiguous()},
                            {"advantages", advantages}});
   const std::string out = (d.path / "grpo.json").string();
-  run = test::run_command(test::peer_script("trl_peer.py") + " grpo " + policy_hf + " " + ref_hf + " " +
+  const auto run = test::run_command(test::peer_script("trl_peer.py") + " grpo " + policy_hf + " " + ref_hf + " " +
                           (d.path / "rollouts.safetensors").string() + " " + out);
   ASSERT_EQ(run.code, 0) << run.output;
   nlohmann::json theirs;

@@ -362,15 +362,8 @@ TEST(Peers, LmEvalScoresTheExportAsMeshtrainEval) {
   Dir d;
   const std::string tokenizer = test::tiny_tokenizer(d, bin);
   const std::string ck = (d.path / "ck").string(), hf = (d.path / "hf").string();
-  auto run = test::run_command(
-      bin + " train " +
-      d.write("m.toml", "[model]\npreset = \"llama-tiny\"\nvocab = 400\nlayers = 2\nhidden = 64\nheads = 4\n"
-                        "kv_heads = 2\nffn = 128\ntied = false\ndropout = 0.0\n[data]\ntrain = \"" +
-                            (d.path / "tok/train.bin").string() +
-                            "\"\n[train]\nsteps = 6\nmicro_batch = 4\nglobal_batch = 4\nseq = 32\nlr = 1e-2\n"
-                            "[checkpoint]\ndir = \"" + ck + "\"\nevery = 6\n"));
-  ASSERT_EQ(run.code, 0) << run.output;
-  run = test::run_command(bin + " ckpt export " + ck + " --format hf --tokenizer " + tokenizer + " --out " + hf);
+  ASSERT_NO_FATAL_FAILURE(test::train_tiny_llama(d, ck, 6, 6));
+  auto run = test::run_command(bin + " ckpt export " + ck + " --format hf --tokenizer " + tokenizer + " --out " + hf);
   ASSERT_EQ(run.code, 0) << run.output;
   const std::string task = (d.path / "verses.jsonl").string();
   {

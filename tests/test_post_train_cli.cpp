@@ -76,9 +76,11 @@ TEST(PostTrainCli, SftThenDpoMatchAcrossMeshes) {
   EXPECT_NE(run.output.find("48 pairs -> 96 blocks of 64 tokens"), std::string::npos) << run.output;
 
   const std::string model = "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 400\ndropout = 0.0\n";
+  // SFT at lr 1e-3: at 1e-2 the gradient norm spikes at step 3 (4.8 -> 20.5 -> 3.0) and magnifies
+  // step 1's rounding (tp 2's norm within 2.4e-8) to 2.0e-5 there on an AMD EPYC (measured).
   const std::string sft = d.write("sft.toml", model + "[data]\ntrain = \"" + (d.path / "sft/train.bin").string() +
                                                   "\"\n[train]\nmethod = \"sft\"\nsteps = 4\nmicro_batch = 2\n"
-                                                  "global_batch = 4\nseq = 64\nlr = 1e-2\nlog_every = 1\n");
+                                                  "global_batch = 4\nseq = 64\nlr = 1e-3\nlog_every = 1\n");
   const std::string dpo = d.write("dpo.toml", model + "[data]\ntrain = \"" + (d.path / "dpo/train.bin").string() +
                                                   "\"\n[train]\nmethod = \"dpo\"\nsteps = 4\nmicro_batch = 2\n"
                                                   "global_batch = 4\nseq = 64\nlr = 1e-3\nwarmup = 0\nlog_every = 1\n"
