@@ -5,7 +5,8 @@
 #   sentencepiece, protobuf  what transformers needs to read the export's tokenizer.model;
 #   peft (with accelerate)    loads `ckpt export --format peft`'s adapters on the base's export;
 #   trl (with datasets)       trains DPO on meshtrain's pairs beside meshtrain's DPO;
-#   lm-eval                   scores meshtrain's multiple-choice task on the export.
+#   lm-eval                   scores meshtrain's multiple-choice task on the export;
+#   deepspeed                 trains ZeRO-1/2/3 on CPU (DS_ACCELERATOR=cpu, Gloo) beside meshtrain's.
 #
 #   scripts/peers_env.sh          install when needed; print the environment's python
 #   scripts/peers_env.sh --check  print it when the peers are installed, else exit 1
@@ -23,9 +24,10 @@ ACCELERATE_VERSION=1.16.0
 TRL_VERSION=1.16.0
 DATASETS_VERSION=5.2.0
 LM_EVAL_VERSION=0.4.13
+DEEPSPEED_VERSION=0.19.8
 WANT="transformers $TRANSFORMERS_VERSION sentencepiece $SENTENCEPIECE_VERSION protobuf $PROTOBUF_VERSION"
 WANT="$WANT peft $PEFT_VERSION accelerate $ACCELERATE_VERSION trl $TRL_VERSION datasets $DATASETS_VERSION"
-WANT="$WANT lm_eval $LM_EVAL_VERSION"
+WANT="$WANT lm_eval $LM_EVAL_VERSION deepspeed $DEEPSPEED_VERSION"
 here="$(cd "$(dirname "$0")" && pwd)"
 
 if [ "${1:-}" = "--check" ]; then
@@ -52,6 +54,11 @@ printf '%s\n' "$pins" > "$ENV_DIR/.peers-constraints.txt"
   "transformers==$TRANSFORMERS_VERSION" "sentencepiece==$SENTENCEPIECE_VERSION" "protobuf==$PROTOBUF_VERSION" \
   "peft==$PEFT_VERSION" "accelerate==$ACCELERATE_VERSION" "trl==$TRL_VERSION" "datasets==$DATASETS_VERSION" \
   "lm-eval==$LM_EVAL_VERSION" >&2
+# DeepSpeed ships a source archive whose setup.py imports torch: built against the environment's
+# torch (no isolated build, which would fetch another), with none of its C++ ops compiled (the
+# peer uses torch's AdamW; DeepSpeed would compile an op it needs at first use).
+DS_BUILD_OPS=0 "$ENV_DIR/bin/pip" install --no-input --quiet --disable-pip-version-check --no-build-isolation \
+  -c "$ENV_DIR/.peers-constraints.txt" "deepspeed==$DEEPSPEED_VERSION" >&2
 "$ENV_DIR/bin/python" - <<PY >&2
 import transformers
 assert transformers.__version__ == "$TRANSFORMERS_VERSION", transformers.__version__
@@ -67,6 +74,10 @@ assert trl.__version__ == "$TRL_VERSION", trl.__version__
 assert datasets.__version__ == "$DATASETS_VERSION", datasets.__version__
 import lm_eval
 assert lm_eval.__version__ == "$LM_EVAL_VERSION", lm_eval.__version__
+import os
+os.environ["DS_ACCELERATOR"] = "cpu"
+import deepspeed
+assert deepspeed.__version__ == "$DEEPSPEED_VERSION", deepspeed.__version__
 assert torch.__version__.split("+")[0] == "$(echo "$pins" | sed -n 's/^torch==//p')", torch.__version__  # not moved
 print("peers_env: transformers", transformers.__version__, "ready")
 PY

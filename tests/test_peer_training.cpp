@@ -3,8 +3,10 @@
 // no dropout; per-step metrics compared. The peers run in the torch environment's python
 // (scripts/peers_env.sh pins them; a missing one fails the test):
 //   PyTorch (tests/peers/pytorch_peer.py): DistributedDataParallel, FSDP2, DTensor tensor
-//     parallelism and torch.distributed.pipelining (GPipe, 1F1B) on 2 Gloo ranks, against
-//     meshtrain DDP, ZeRO-3, tp 2 (with and without sequence parallelism) and pp 2;
+//     parallelism (with and without SequenceParallel and loss_parallel) and
+//     torch.distributed.pipelining (GPipe, 1F1B) on 2 Gloo ranks, against meshtrain DDP, ZeRO-3,
+//     tp 2 (with and without sequence parallelism) and pp 2;
+//   DeepSpeed (tests/peers/deepspeed_peer.py): ZeRO stages 1, 2 and 3 on CPU, against meshtrain's;
 //   trl (tests/peers/trl_peer.py): DPOTrainer's sigmoid and hinge losses against meshtrain's
 //     DPO on 2 data-parallel ranks, on the token ids meshtrain's `tokenize prefs` wrote; and
 //     GRPOTrainer's loss and gradient on fixed rollouts against meshtrain's GRPO objective.
@@ -47,15 +49,17 @@ constexpr int64_t kVocab = 300;
 // 0.95, 1e-8, no weight decay) at a constant 1e-3, fp32, no dropout, no clipping, 5 steps on 2
 // ranks. DistributedDataParallel against meshtrain DDP, FSDP2 (fully_shard per decoder layer and
 // the model) against ZeRO-3, DTensor tensor parallelism (parallelize_module, torchtitan's
-// Colwise/Rowwise plan) against meshtrain tp 2 and tp 2 with sequence parallelism (the same
-// computation; the peer's own SequenceParallel is not run yet), and torch.distributed.pipelining's
-// ScheduleGPipe and Schedule1F1B (the model cut into 2 stages, 2 micro-batches) against meshtrain
-// pp 2 with the same schedules: per-step loss and gradient norm, relative.
+// Colwise/Rowwise plan) against meshtrain tp 2, torchtitan's plan with SequenceParallel norms and
+// loss_parallel's vocabulary-split cross-entropy against meshtrain tp 2 with sequence parallelism,
+// torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B (the model cut into 2 stages, 2
+// micro-batches) against meshtrain pp 2 with the same schedules, and DeepSpeed's ZeRO-1, 2 and 3
+// (torch's AdamW, its gradient norm engine.get_global_grad_norm()) against meshtrain's: per-step
+// loss and gradient norm, relative.
 //
 // Tolerances. Step 1 (the same weights: forward, backward, the ranks' reduction) 1e-5, measured
 // 5e-8 (loss) and 2.3e-7 (norm). Later steps: loss 3e-5, norm 1e-3, measured 6.9e-6 and 1.0e-4
-// on an Intel Xeon, 1.4e-5 and 1.7e-4 (tp; 3.4e-6 and 4.1e-5 the others) on an AMD EPYC; GPT-2
-// 1.2e-7 and 5.5e-7. Why wider (measured, Intel Xeon): after step 1 the two models' weights
+// on an Intel Xeon, 1.4e-5 and 1.7e-4 (tp and sp; 3.4e-6 and 4.1e-5 the others, DeepSpeed's
+// included) on an AMD EPYC; GPT-2 1.2e-7 and 5.5e-7. Why wider (measured, Intel Xeon): after step 1 the two models' weights
 // agree within 1e-6 but for 2 of 100k entries, layer 0's k_proj and layer 1's gate_proj, whose gradients cancel to
 // 1e-7 and 1e-8 (the median is 1e-2): rounding sets their sign, and Adam's first step is
 // lr x sign(g), so they part by up to 2 lr. A loss or gradient scaled wrongly shows at step 1
@@ -66,10 +70,10 @@ constexpr int64_t kVocab = 300;
 // where each rank holds one kv head and both mappings agree.
 TEST(PeerTraining, PytorchDataTensorAndPipelineParallelismTrainAsMeshtrain) {
   ASSERT_NO_FATAL_FAILURE(test::require_peer("transformers"));
+  ASSERT_NO_FATAL_FAILURE(test::require_peer("deepspeed"));
   constexpr double kFirstStepTol = 1e-5, kLaterLossTol = 3e-5, kLaterNormTol = 1e-3;
   constexpr int64_t kSeq = 32, kWindows = 8;
   const std::string bin = MESHTRAIN_BIN;
-  const std::string torch_peer = test::peer_script("pytorch_peer.py");
   Dir d;
   std::vector<uint32_t> corpus(kWindows * kSeq + 1);
   for (size_t i = 0; i < corpus.size(); ++i) corpus[i] = static_cast<uint32_t>((i * 31 + i / 7) % kVocab);
@@ -82,13 +86,19 @@ TEST(PeerTraining, PytorchDataTensorAndPipelineParallelismTrainAsMeshtrain) {
   // GPT-2 (biases, a tied head) against DDP only (DTensor's plans take nn.Linear, not GPT-2's
   // Conv1D): meshtrain's tp 2 computes the same global batch, so a bias a row-parallel layer adds
   // on every rank before the reduction (tp times) shows at step 1.
-  using Pair = std::tuple<std::string, std::string, std::string>;
+  struct Pair {
+    std::string peer, mode, mesh, ours;  // tests/peers/<peer>_peer.py <mode>; meshtrain's [parallel]
+  };
   const std::vector<std::tuple<std::string, std::string, std::vector<Pair>>> families{
       {"llama", "preset = \"llama-tiny\"\nkv_heads = 2\ntied = false\n",
-       {{"ddp", "zero = 0", "ddp"}, {"fsdp2", "zero = 3", "zero3"}, {"tp", "tp = 2", "tp"},
-        {"tp", "tp = 2\nsp = true", "sp"}, {"gpipe", "pp = 2\nschedule = \"gpipe\"", "pp_gpipe"},
-        {"1f1b", "pp = 2\nschedule = \"1f1b\"", "pp_1f1b"}}},
-      {"gpt", "preset = \"gpt-tiny\"\ndropout = 0.0\n", {{"ddp", "tp = 2", "tp"}, {"ddp", "tp = 2\nsp = true", "sp"}}}};
+       {{"pytorch", "ddp", "zero = 0", "ddp"}, {"pytorch", "fsdp2", "zero = 3", "zero3"},
+        {"pytorch", "tp", "tp = 2", "tp"}, {"pytorch", "sp", "tp = 2\nsp = true", "sp"},
+        {"pytorch", "gpipe", "pp = 2\nschedule = \"gpipe\"", "pp_gpipe"},
+        {"pytorch", "1f1b", "pp = 2\nschedule = \"1f1b\"", "pp_1f1b"},
+        {"deepspeed", "zero1", "zero = 1", "zero1"}, {"deepspeed", "zero2", "zero = 2", "zero2"},
+        {"deepspeed", "zero3", "zero = 3", "zero3"}}},
+      {"gpt", "preset = \"gpt-tiny\"\ndropout = 0.0\n",
+       {{"pytorch", "ddp", "tp = 2", "tp"}, {"pytorch", "ddp", "tp = 2\nsp = true", "sp"}}}};
   for (const auto& [family, model, pairs] : families) {
     auto config = [&, model = model](const std::string& ck, const std::string& more) {
       return d.write(ck + ".toml", "[model]\n" + model + "vocab = 300\nlayers = 2\nhidden = 64\nheads = 4\n"
@@ -105,16 +115,18 @@ TEST(PeerTraining, PytorchDataTensorAndPipelineParallelismTrainAsMeshtrain) {
     ASSERT_EQ(run.code, 0) << run.output;
     run = test::run_command(bin + " ckpt export " + base + " --format hf --out " + base_hf);
     ASSERT_EQ(run.code, 0) << run.output;
-    for (const auto& [mode, mesh, ours_name] : pairs) {
+    for (const auto& [peer, mode, mesh, ours_name] : pairs) {
       const std::string ours = family + "_" + ours_name;
-      SCOPED_TRACE(ours);
-      run = test::run_command(bin + " train " +
-                              config(ours, "steps = 5\nlr = 1e-3\n[init]\nfrom = \"" + base +
-                                               "\"\n[parallel]\nnproc = 2\n" + mesh + "\n"));
-      ASSERT_EQ(run.code, 0) << run.output;
-      const std::string out = (d.path / (family + "_" + mode + ".json")).string();
-      if (!std::filesystem::exists(out)) {  // one peer run serves meshtrain's tp and sp
-        run = test::run_command(torch_peer + " " + mode + " " + base_hf + " " +
+      SCOPED_TRACE(peer + " " + mode + " vs " + ours);
+      if (!std::filesystem::exists(d.path / (ours + ".metrics"))) {  // meshtrain's ZeRO-3 serves FSDP2 and DeepSpeed
+        run = test::run_command(bin + " train " +
+                                config(ours, "steps = 5\nlr = 1e-3\n[init]\nfrom = \"" + base +
+                                                 "\"\n[parallel]\nnproc = 2\n" + mesh + "\n"));
+        ASSERT_EQ(run.code, 0) << run.output;
+      }
+      const std::string out = (d.path / (family + "_" + peer + "_" + mode + ".json")).string();
+      if (!std::filesystem::exists(out)) {  // GPT-2's one DDP run serves meshtrain's tp and sp
+        run = test::run_command(test::peer_script(peer + "_peer.py") + " " + mode + " " + base_hf + " " +
                                 (d.path / "windows.safetensors").string() + " 5 1e-3 " + out);
         ASSERT_EQ(run.code, 0) << run.output;
       }
@@ -133,8 +145,10 @@ TEST(PeerTraining, PytorchDataTensorAndPipelineParallelismTrainAsMeshtrain) {
         EXPECT_NEAR(loss, their_loss, (step == 1 ? kFirstStepTol : kLaterLossTol) * their_loss) << "step " << step;
         EXPECT_NEAR(norm, their_norm, (step == 1 ? kFirstStepTol : kLaterNormTol) * their_norm) << "step " << step;
       }
-      std::printf("%s (torch %s) vs meshtrain %s: loss max rel %.3g, gradient norm %.3g over 5 steps\n", mode.c_str(),
-                  theirs["torch"].get<std::string>().c_str(), ours.c_str(), worst_loss, worst_norm);
+      const std::string version = theirs.contains("deepspeed") ? "deepspeed " + theirs["deepspeed"].get<std::string>()
+                                                                : "torch " + theirs["torch"].get<std::string>();
+      std::printf("%s %s (%s) vs meshtrain %s: loss max rel %.3g, gradient norm %.3g over 5 steps\n", peer.c_str(),
+                  mode.c_str(), version.c_str(), ours.c_str(), worst_loss, worst_norm);
     }
   }
 }

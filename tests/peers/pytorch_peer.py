@@ -3,9 +3,12 @@ tokens and optimizer, trained by torch.distributed on CPU (Gloo), per-step loss 
 
   pytorch_peer.py MODE HF_DIR WINDOWS STEPS LR OUT
       MODE: ddp (DistributedDataParallel), fsdp2 (fully_shard on every decoder layer, then the
-      model) or tp (DTensor tensor parallelism, parallelize_module with Colwise/RowwiseParallel:
-      every rank trains the whole batch), or gpipe / 1f1b (torch.distributed.pipelining: the
-      model cut into 2 stages, one per rank, the batch in 2 micro-batches). HF_DIR: the starting weights (`meshtrain ckpt export --format hf`), loaded with
+      model), tp (DTensor tensor parallelism, parallelize_module with Colwise/RowwiseParallel:
+      every rank trains the whole batch), sp (tp with sequence parallelism: SequenceParallel
+      norms, the residual stream split by positions, the head's logits split by vocabulary into
+      loss_parallel's cross-entropy), or gpipe / 1f1b (torch.distributed.pipelining: the model
+      cut into 2 stages, one per rank, the batch in 2 micro-batches). HF_DIR: the starting
+      weights (`meshtrain ckpt export --format hf`), loaded with
       AutoModelForCausalLM (fp32, eager attention). WINDOWS: safetensors with "windows" (int64
       [global batch, seq + 1]), each step's global batch; rank r trains rows r x B/2 .. of it.
       Two ranks; AdamW (betas 0.9/0.95, eps 1e-8, no weight decay) at a constant LR, no clipping.
@@ -45,13 +48,52 @@ class Stage(torch.nn.Module):
 
     def forward(self, x):
         h = self.embed(x) if self.index == 0 else x
-        seq = h.shape[1]
-        positions = torch.arange(seq).unsqueeze(0)
-        rotary = self.rotary(h, positions)
-        mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+        h = run_layers(self.rotary, self.layers, h, h.shape[1])
         return self.head(self.norm(h)) if self.index == 1 else h
+
+
+def run_layers(rotary, layers, h, seq):
+    """transformers' Llama decoder layers on h over `seq` positions (sequence parallelism's h holds
+    a rank's share of them; the attention gathers all), with the rotary tables and causal mask
+    that LlamaModel.forward would make from h's own length."""
+    positions = torch.arange(seq).unsqueeze(0)
+    tables = rotary(h, positions)
+    mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
+    for layer in layers:
+        h = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=tables)
+    return h
+
+
+def sequence_parallel(model, mesh):
+    """torchtitan's tensor + sequence parallel plan for Llama, on transformers' module names:
+    between the column- and row-parallel pairs the activations are split by positions (Shard(1))
+    and the norms run on them (SequenceParallel); each block's input is gathered before q, k, v
+    and gate/up, and reduce-scattered after o and down; the head's logits stay split by
+    vocabulary (Shard(-1)) for loss_parallel."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "model.norm": SequenceParallel(),
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)}
+    for i in range(len(model.model.layers)):
+        layer = f"model.layers.{i}."
+        plan[layer + "input_layernorm"] = SequenceParallel()
+        plan[layer + "self_attn"] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                       desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        plan[layer + "post_attention_layernorm"] = SequenceParallel()
+        plan[layer + "mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            plan[layer + name] = ColwiseParallel()
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            plan[layer + name] = RowwiseParallel(output_layouts=Shard(1))
+    parallelize_module(model, mesh, plan)
+
+    def forward(input_ids):
+        h = run_layers(model.model.rotary_emb, model.model.layers, model.model.embed_tokens(input_ids),
+                       input_ids.shape[1])
+        return model.lm_head(model.model.norm(h))
+    return forward
 
 
 def pipeline_worker(rank, mode, model, w, steps, lr):
@@ -85,7 +127,7 @@ def pipeline_worker(rank, mode, model, w, steps, lr):
     return losses, norms
 
 
-def finish(rank, out, losses, norms):
+def finish(rank, out, losses, norms, extra=None):
     """Rank 0 writes the results; then both ranks leave together. The process ends with os._exit
     once the group is destroyed: torch 2.11's Gloo can abort a process in interpreter
     finalization ("terminate called without an active exception", pytorch/pytorch#190489 and the
@@ -93,7 +135,7 @@ def finish(rank, out, losses, norms):
     faulthandler below prints it, should it happen again)."""
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__}, f)
+            json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__, **(extra or {})}, f)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -133,24 +175,36 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
             for name in ("self_attn.o_proj", "mlp.down_proj"):
                 plan[f"model.layers.{i}.{name}"] = RowwiseParallel()
         wrapped = parallelize_module(model, mesh, plan)
+    elif mode == "sp":
+        from torch.distributed.device_mesh import init_device_mesh
+        forward = sequence_parallel(model, init_device_mesh("cpu", (WORLD,)))
+        wrapped = model
     else:
-        sys.exit(f"mode {mode!r}: use ddp, fsdp2, tp, gpipe or 1f1b")
+        sys.exit(f"mode {mode!r}: use ddp, fsdp2, tp, sp, gpipe or 1f1b")
     opt = torch.optim.AdamW(wrapped.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
                             foreach=False)  # tp: DTensor and plain parameters side by side
     w = load_file(windows)["windows"]
     per = w.shape[0] // WORLD
-    mine = w if mode == "tp" else w[rank * per:(rank + 1) * per]  # tp: every rank the whole batch
+    tensor_parallel = mode in ("tp", "sp")
+    mine = w if tensor_parallel else w[rank * per:(rank + 1) * per]  # tp, sp: every rank the whole batch
     losses, norms = [], []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        logits = wrapped(input_ids=mine[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine[:, 1:].reshape(-1))
-        loss.backward()
+        if mode == "sp":
+            from torch.distributed.tensor.parallel import loss_parallel
+            with loss_parallel():  # the cross-entropy of vocabulary-split logits, and its backward
+                loss = torch.nn.functional.cross_entropy(forward(mine[:, :-1]).flatten(0, 1), mine[:, 1:].flatten())
+                loss.backward()
+            loss = loss.full_tensor()
+        else:
+            logits = wrapped(input_ids=mine[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine[:, 1:].reshape(-1))
+            loss.backward()
         # The 2-norm over the whole gradients (DTensor shards gathered; tp's norms are plain tensors).
         norm = sum(((p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double() ** 2).sum()
                    for p in wrapped.parameters()).sqrt()
         summed = loss.detach().clone()
-        if mode != "tp":
+        if not tensor_parallel:
             dist.all_reduce(summed)
             summed /= WORLD
         losses.append(summed.item())
