@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
@@ -48,8 +49,9 @@ def worker(rank, stage, hf_dir, windows, steps, lr, out, store):
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     mine = w[rank * per:(rank + 1) * per]
-    losses, norms = [], []
+    losses, norms, seconds = [], [], []
     for _ in range(steps):
+        start = time.perf_counter()
         logits = engine(input_ids=mine[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine[:, 1:].reshape(-1))
         engine.backward(loss)
@@ -58,7 +60,8 @@ def worker(rank, stage, hf_dir, windows, steps, lr, out, store):
         dist.all_reduce(summed)
         losses.append(summed.item() / WORLD)
         norms.append(float(engine.get_global_grad_norm()))
-    finish(rank, out, losses, norms, {"deepspeed": deepspeed.__version__})
+        seconds.append(time.perf_counter() - start)
+    finish(rank, out, losses, norms, {"step_s": seconds, "deepspeed": deepspeed.__version__})
 
 
 if __name__ == "__main__":

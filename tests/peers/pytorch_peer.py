@@ -14,13 +14,15 @@ tokens and optimizer, trained by torch.distributed on CPU (Gloo), per-step loss 
       Two ranks; AdamW (betas 0.9/0.95, eps 1e-8, no weight decay) at a constant LR, no clipping.
       The loss is each rank's mean token cross-entropy, averaged over ranks (the global mean:
       both ranks hold as many tokens); the gradient norm is the 2-norm over every parameter
-      after the reduction, before the update. OUT: JSON {"loss": [...], "grad_norm": [...]}.
+      after the reduction, before the update. OUT: JSON {"loss": [...], "grad_norm": [...],
+      "step_s": [...]} (rank 0's seconds per step).
 """
 import faulthandler
 import json
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -108,8 +110,9 @@ def pipeline_worker(rank, mode, model, w, steps, lr):
 
     schedule = (ScheduleGPipe if mode == "gpipe" else Schedule1F1B)(stage, n_microbatches=micro, loss_fn=loss_fn)
     opt = torch.optim.AdamW(stage_module.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-    losses, norms = [], []
+    losses, norms, seconds = [], [], []
     for _ in range(steps):
+        start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         if rank == 0:
             schedule.step(w[:, :-1].contiguous())
@@ -118,24 +121,27 @@ def pipeline_worker(rank, mode, model, w, steps, lr):
             parts = []
             schedule.step(target=w[:, 1:].contiguous(), losses=parts)
             loss = sum(p.detach() for p in parts) / micro
-        squares = sum((p.grad.double() ** 2).sum() for p in stage_module.parameters() if p.grad is not None)
+        squares = sum(torch.linalg.vector_norm(p.grad).double() ** 2 for p in stage_module.parameters()
+                      if p.grad is not None)
         both = torch.stack([loss.double(), squares])
         dist.all_reduce(both)
         losses.append(both[0].item())
         norms.append(both[1].sqrt().item())
         opt.step()
-    return losses, norms
+        seconds.append(time.perf_counter() - start)
+    return losses, norms, {"step_s": seconds}
 
 
-def finish(rank, out, losses, norms, extra=None):
-    """Rank 0 writes the results; then both ranks leave together. The process ends with os._exit
+def finish(rank, out, losses, norms, extra):
+    """Rank 0 writes the results (with `extra`: its step times, "step_s", each from the step's
+    start to after the optimizer's update); then both ranks leave together. The process ends with os._exit
     once the group is destroyed: torch 2.11's Gloo can abort a process in interpreter
     finalization ("terminate called without an active exception", pytorch/pytorch#190489 and the
     abandoned #179291). A 1F1B run aborted so once in CI, at a moment the log does not show (the
     faulthandler below prints it, should it happen again)."""
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__, **(extra or {})}, f)
+            json.dump({"loss": losses, "grad_norm": norms, "torch": torch.__version__, **extra}, f)
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
@@ -187,8 +193,9 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
     per = w.shape[0] // WORLD
     tensor_parallel = mode in ("tp", "sp")
     mine = w if tensor_parallel else w[rank * per:(rank + 1) * per]  # tp, sp: every rank the whole batch
-    losses, norms = [], []
+    losses, norms, seconds = [], [], []
     for _ in range(steps):
+        start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         if mode == "sp":
             from torch.distributed.tensor.parallel import loss_parallel
@@ -200,9 +207,10 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
             logits = wrapped(input_ids=mine[:, :-1]).logits
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine[:, 1:].reshape(-1))
             loss.backward()
-        # The 2-norm over the whole gradients (DTensor shards gathered; tp's norms are plain tensors).
-        norm = sum(((p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).double() ** 2).sum()
-                   for p in wrapped.parameters()).sqrt()
+        # The 2-norm over the whole gradients, each parameter's in fp32 as clip_grad_norm_ takes it (a
+        # DTensor's over its shards: a scalar all-reduce; tp's norm weights are plain tensors).
+        per = [torch.linalg.vector_norm(p.grad) for p in wrapped.parameters()]
+        norm = sum((n.full_tensor() if hasattr(n, "full_tensor") else n).double() ** 2 for n in per).sqrt()
         summed = loss.detach().clone()
         if not tensor_parallel:
             dist.all_reduce(summed)
@@ -210,7 +218,8 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
         losses.append(summed.item())
         norms.append(norm.item())
         opt.step()
-    finish(rank, out, losses, norms)
+        seconds.append(time.perf_counter() - start)
+    finish(rank, out, losses, norms, {"step_s": seconds})
 
 
 if __name__ == "__main__":
