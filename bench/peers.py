@@ -20,6 +20,7 @@ Rounds interleave the two sides (meshtrain first in odd rounds, the peer first i
 import argparse
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -130,6 +131,11 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated peer modes (default: all)")
     a = ap.parse_args()
     bin_ = os.path.join(a.build, "meshtrain")
+    unknown = sorted(set(a.only.split(",")) - {p[3] for p in PAIRS}) if a.only else []
+    if unknown:
+        sys.exit(f"--only {','.join(unknown)}: the peer modes are {','.join(p[3] for p in PAIRS)}")
+    if min(a.rounds, a.steps - 2, a.micro, a.seq) < 1:
+        sys.exit("--rounds, --micro and --seq must be at least 1, --steps at least 3 (the median starts at step 3)")
     pairs = [p for p in PAIRS if not a.only or p[3] in a.only.split(",")]
     batch = 2 * a.micro  # the global batch: one micro-batch per data-parallel rank
     d = tempfile.mkdtemp(prefix="meshtrain_peers_")
@@ -187,6 +193,7 @@ def main():
             m, t = (ours(), theirs()) if r % 2 == 0 else (theirs(), ours())[::-1]
             results.append((r, name, mode, m, t))
     emit(a, results)
+    shutil.rmtree(d)  # a failed run keeps it: its error names a log there
 
 
 def emit(a, results):
