@@ -10,8 +10,12 @@
 
 #include <ATen/Functions.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/comm/comm.h"
@@ -220,6 +224,23 @@ TEST(HuggingFace, ExportImportThroughTheCli) {
     run = run_command(bin + " ckpt export " + ck + " --format hf --out " + hf);
     EXPECT_NE(run.code, 0);  // no overwrite without --force
     EXPECT_NE(run.output.find("pass --force"), std::string::npos) << run.output;
+    // A config.json that is not JSON, or holds a field of another type than transformers writes,
+    // is named in one error, and nothing is written.
+    const std::string broken = (d.path / ("broken_" + preset)).string();
+    std::filesystem::copy(hf, broken);
+    nlohmann::json config;
+    std::ifstream(broken + "/config.json") >> config;
+    config["vocab_size"] = "many";
+    for (const std::string& text : {std::string("{\"model_type\": \"llama\","), config.dump()}) {
+      std::ofstream(broken + "/config.json") << text;
+      run = run_command(bin + " ckpt import " + broken + " --out " + back);
+      EXPECT_NE(run.code, 0);
+      EXPECT_NE(run.output.find(broken), std::string::npos) << run.output;
+      EXPECT_NE(run.output.find(text == config.dump() ? "\"vocab_size\" is \"many\"" : "config.json: not JSON"),
+                std::string::npos)
+          << run.output;
+      EXPECT_FALSE(std::filesystem::exists(back)) << run.output;
+    }
     run = run_command(bin + " ckpt import " + hf + " --out " + back);
     ASSERT_EQ(run.code, 0) << run.output;
     std::map<std::string, double> first;

@@ -377,8 +377,19 @@ void import_hf(const std::string& hf_dir, const std::string& out_dir, bool force
   }
   if (fs::exists(out_dir) && !force) throw std::runtime_error(fmt::format("{} exists; pass --force to replace it", out_dir));
   nlohmann::json j;
-  std::ifstream(cfg) >> j;
-  const plan::ModelSpec m = spec_from_hf_config(j);
+  try {
+    std::ifstream(cfg) >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: not JSON ({})", cfg.string(), e.what()));
+  }
+  plan::ModelSpec m;
+  try {
+    m = spec_from_hf_config(j);
+  } catch (const std::invalid_argument& e) {  // which directory's config.json the refusal is about
+    throw std::invalid_argument(fmt::format("{}: {}", hf_dir, e.what()));
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than transformers writes
+    throw std::runtime_error(fmt::format("{}: {}", cfg.string(), e.what()));
+  }
   const std::map<std::string, at::Tensor> hf = read_hf_tensors(hf_dir);
   const std::map<std::string, at::Tensor> ours = from_hf(hf, m);
   // A one-rank checkpoint: every tensor whole, written by this process alone.

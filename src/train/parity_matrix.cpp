@@ -139,10 +139,16 @@ std::vector<MatrixRow> build() {
   MatrixRow ppo = row("ppo", "PPO (actor, critic, frozen reference)",
                       with(rl, {"train.method=\"ppo\"", "rl.group=2", "ppo.kl_coef=0.1"}), 1,
                       {T, T, refused(kRlMesh), refused(kRlMesh), refused(kRlMesh), refused(kNoExperts)});
+  // The k3 KL to a frozen reference (the run's initial weights), weighted by the importance ratio
+  // as trl 1.x does by default (grpo.kl_ratio).
+  MatrixRow grpo_kl = row("grpo_kl", "GRPO with the k3 KL to a frozen reference, times the ratio",
+                          with(rl, {"train.method=\"grpo\"", "rl.group=4", "grpo.beta=0.1", "grpo.kl_ratio=true"}), 1,
+                          {T, T, refused(kRlMesh), refused(kRlMesh), refused(kRlMesh), refused(kNoExperts)});
   grpo.metrics = {"reward", "entropy"};
+  grpo_kl.metrics = {"reward", "entropy", "kl"};
   ppo.metrics = {"reward", "value_loss", "kl", "entropy"};
-  grpo.loss_scale = ppo.loss_scale = 1;
-  for (MatrixRow* r : {&sft, &dpo, &reward, &grpo, &ppo}) rows.push_back(*r);
+  grpo.loss_scale = grpo_kl.loss_scale = ppo.loss_scale = 1;
+  for (MatrixRow* r : {&sft, &dpo, &reward, &grpo, &grpo_kl, &ppo}) rows.push_back(*r);
   // bf16 autocast: two reduction orders part by more than fp32's 1e-5 once a
   // weight rounds to another bf16 (2^-9); the band DDP itself keeps against
   // one process (ParityCli.Zero3InBf16IsDdpInBf16).
