@@ -48,7 +48,10 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
   for (const Param* p : all) m.grads += seen.add(p->tensor.grad());
   for (const auto& t : opt.exp_avg()) m.optimizer += seen.add(t);
   for (const auto& t : opt.exp_avg_sq()) m.optimizer += seen.add(t);
-  if (ddp) m.buffers = ddp->buffer_bytes();
+  // DDP's buckets: nothing beyond the gradients when these are views of them (parallel/data/ddp.h).
+  if (ddp) {
+    for (const auto& f : ddp->flats()) m.buffers += seen.add(f);
+  }
   return m;
 }
 

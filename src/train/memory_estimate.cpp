@@ -79,16 +79,15 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int dp, double at_start, do
     unit = std::max(unit, pc.of(c.model, i).per_rank(s.tp, s.ep));
   }
   const double dense = ledger.params - experts;
-  // DDP all-reduces gradients through flat fp32 buckets of ddp_bucket_mb (parallel/data/ddp.h): a copy of them.
+  // DDP all-reduces gradients in flat fp32 buckets of ddp_bucket_mb whose views they are (parallel/data/ddp.h):
+  // no memory beyond the ledger's gradients.
   const bool ddp = c.zero == 0;
-  // Dense gradients are reduced over dp x cp x ep, the routed experts' over dp x cp (train/trainer.cpp).
-  const int dense_group = s.dp * s.cp * s.ep, expert_group = s.dp * s.cp;
-  const double buckets = ddp ? 4 * ((dense_group > 1 ? dense : 0) + (expert_group > 1 ? experts : 0)) : 0;
+  // Dense gradients are reduced over dp x cp x ep (train/trainer.cpp).
+  const int dense_group = s.dp * s.cp * s.ep;
   const double casts = autocast ? 2 * ledger.params : 0;
-  e.tensors = tensors + buckets + casts;
+  e.tensors = tensors + casts;
   auto add = [&e](std::string item, double bytes) { e.lines.push_back({std::move(item), bytes}); };
   add("tensors (plan ledger)", tensors);
-  add("DDP buckets", buckets);
   add("autocast's 16-bit weight copies", casts);
   add("allocator (glibc's heap: 0.6 x the step's transient tensors)", kHeapSlack * transient_bytes(ledger));
   // Shared-memory segments: each rank maps every rank's two buffers and a collective touches its message's

@@ -38,6 +38,8 @@ StepResult TrainStep::run(const std::vector<Batch>& host_batches, const UpdateGa
     o_.zero->zero_grad();
   } else {
     for (auto& p : model_.params().params()) p.tensor.mutable_grad() = at::Tensor();
+    if (o_.ddp) o_.ddp->zero_grad();  // its gradients: views of its buckets
+    if (o_.ddp_experts) o_.ddp_experts->zero_grad();
   }
   // The global batch's units, counted once before any backward (step.h's invariant).
   at::Tensor count = at::zeros({1}, at::kDouble);

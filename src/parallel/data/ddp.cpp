@@ -60,15 +60,22 @@ struct DataParallel::State {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
   }
 
+  // Parameter i's slot in its bucket, shaped as the parameter.
+  at::Tensor slot(size_t i) {
+    const Bucket& b = buckets[bucket_of[i]];
+    const at::Tensor& t = params[i].tensor;
+    return b.flat.narrow(0, b.offsets[slot_of[i]], t.numel()).view(t.sizes());
+  }
+
   void mark_ready(size_t i) {
     if (!sync) return;
     saw_backward = true;
     if (ready[i]) return;  // a second accumulation in the same backward: already counted
     ready[i] = true;
-    Bucket& b = buckets[bucket_of[i]];
+    const at::Tensor s = slot(i);
     const at::Tensor& g = params[i].tensor.grad();
-    b.flat.narrow(0, b.offsets[slot_of[i]], g.numel()).copy_(g.reshape({-1}));
-    b.pending -= 1;
+    if (g.data_ptr() != s.data_ptr()) s.copy_(g);  // a gradient zero_grad() did not place in its slot
+    buckets[bucket_of[i]].pending -= 1;
     if (o.overlap) launch_ready();
   }
 };
@@ -133,9 +140,8 @@ void DataParallel::finish() {
   if (!s.sync) throw std::logic_error("ddp: finish() after a backward without sync");
   // Parameters that got no gradient: an error, or zeros when allowed.
   std::vector<std::string> unused = sweep_unused(s.params, s.ready, s.o.find_unused, [&](size_t k) {
-    Bucket& b = s.buckets[s.bucket_of[k]];
-    b.flat.narrow(0, b.offsets[s.slot_of[k]], s.params[k].tensor.numel()).zero_();
-    b.pending -= 1;
+    s.slot(k).zero_();
+    s.buckets[s.bucket_of[k]].pending -= 1;
   });
   if (!unused.empty()) {
     for (auto& b : s.buckets) {
@@ -147,22 +153,30 @@ void DataParallel::finish() {
   s.launch_ready();
   for (auto& b : s.buckets) {
     b.work.wait();
-    for (size_t j = 0; j < b.params.size(); ++j) {
-      Param& p = s.params[b.params[j]];
-      if (!p.tensor.grad().defined()) p.tensor.mutable_grad() = at::zeros_like(p.tensor);
-      at::Tensor g = p.tensor.mutable_grad();
-      g.copy_(b.flat.narrow(0, b.offsets[j], g.numel()).view_as(g));
+    for (size_t k : b.params) {
+      at::Tensor& g = s.params[k].tensor.mutable_grad();
+      const at::Tensor slot = s.slot(k);
+      if (!g.defined()) {
+        g = slot;
+      } else if (g.data_ptr() != slot.data_ptr()) {
+        g.copy_(slot);
+      }
     }
   }
   s.reset();
 }
 
+void DataParallel::zero_grad() {
+  for (auto& b : s_->buckets) b.flat.zero_();
+  for (size_t k = 0; k < s_->params.size(); ++k) s_->params[k].tensor.mutable_grad() = s_->slot(k);
+}
+
 size_t DataParallel::buckets() const { return s_->buckets.size(); }
 
-int64_t DataParallel::buffer_bytes() const {
-  int64_t b = 0;
-  for (const auto& bucket : s_->buckets) b += bucket.flat.numel() * 4;
-  return b;
+std::vector<at::Tensor> DataParallel::flats() const {
+  std::vector<at::Tensor> out;
+  for (const auto& b : s_->buckets) out.push_back(b.flat);
+  return out;
 }
 
 std::vector<std::vector<std::string>> DataParallel::bucket_names() const {

@@ -4,11 +4,18 @@
 // Parameters are grouped into buckets of about `bucket_bytes` (fp32) in
 // reverse registration order, roughly the order backward produces their
 // gradients. A post-hook on each parameter's gradient accumulator marks it
-// ready (after accumulation: the gradient is final for this backward) and
-// copies it into its bucket; when a bucket is complete and every bucket
-// before it has been launched, its all-reduce starts asynchronously, while
-// backward goes on. A callback at the end of backward waits for the buckets
-// and copies the sums back into the gradients.
+// ready (after accumulation: the gradient is final for this backward); when
+// a bucket is complete and every bucket before it has been launched, its
+// all-reduce starts asynchronously, while backward goes on. A callback at the
+// end of backward waits for the buckets.
+//
+// Gradients are views of the buckets (PyTorch's gradient_as_bucket_view):
+// zero_grad() zeroes the buckets and points each parameter's .grad at its
+// slot, autograd accumulates into it in place, and the all-reduce sums the
+// gradients where they lie, so the buckets cost no memory beyond the
+// gradients (4 bytes per parameter, not 8). A gradient found elsewhere (its
+// .grad reset after zero_grad) is copied into its slot when ready and the
+// sum copied back at the end.
 //
 // Invariants:
 // - Every rank launches the buckets in the same order (index order), which
@@ -45,13 +52,15 @@ class DataParallel {
   DataParallel(std::vector<Param>& params, Comm& dp, DdpOptions o = {});
   ~DataParallel();
 
+  // Before a step's first backward: zeroes the buckets, each gradient a view of its slot.
+  void zero_grad();
   // Whether the next backward reduces (the last micro-batch of a step).
   void set_sync(bool sync);
   // After the synchronised backward: throws if it never ran or a bucket did not complete.
   void finish();
 
   size_t buckets() const;
-  int64_t buffer_bytes() const;  // the buckets' flat fp32 buffers
+  std::vector<at::Tensor> flats() const;  // the buckets' flat fp32 buffers
   // Parameter names per bucket, in launch order (for tests and the log).
   std::vector<std::vector<std::string>> bucket_names() const;
 
