@@ -8,7 +8,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
-.PHONY: all setup build test demo post-train-demo rl-demo labs bench check-docs clean
+.PHONY: all setup build build-demo test demo post-train-demo rl-demo labs bench check-docs clean
 all: build
 
 setup:
@@ -17,6 +17,11 @@ setup:
 build: setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
+
+# What the demos run: the meshtrain binary (it builds meshtrain-tokenize, which it calls), not the tests.
+build-demo: setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS) --target meshtrain
 
 # MESHTRAIN_TEST_FULL_SUITE: the whole suite runs, so tests/check_skips.py must
 # see every entry's ledger and fails on a test that ran in none.
@@ -28,7 +33,7 @@ test: build
 # verify the checkpoint, score it on a multiple-choice task made from the
 # held-out verses (which ending completes each), sample from it in one process;
 # then a plan for Llama 2 70B.
-demo: build data/kjv/train.bin data/kjv/ending.jsonl
+demo: build-demo data/kjv/train.bin data/kjv/ending.jsonl
 	rm -rf runs/kjv-tiny
 	./$(BUILD)/meshtrain train configs/kjv-tiny.toml --set eval.tasks='["data/kjv/ending.jsonl"]'
 	./$(BUILD)/meshtrain ckpt verify runs/kjv-tiny/ckpt
@@ -42,7 +47,7 @@ demo: build data/kjv/train.bin data/kjv/ending.jsonl
 # DPO with LoRA against wrong verses; exact match before and after SFT, and the
 # DPO reward margin and accuracy in its log. Data: scripts/kjv_post_train.py.
 POST = data/kjv-post
-post-train-demo: build data/kjv/train.bin
+post-train-demo: build-demo data/kjv/train.bin
 	[ -f runs/kjv-tiny/ckpt/step_00000150/manifest.json ] || ./$(BUILD)/meshtrain train configs/kjv-tiny.toml
 	mkdir -p $(POST)
 	python3 scripts/kjv_post_train.py $(POST) 2
@@ -59,7 +64,7 @@ post-train-demo: build data/kjv/train.bin
 # (tokenize task: SFT data, RL prompts, held-out words in neither), a short SFT,
 # held-out accuracy, GRPO (its log: reward per step, held-out accuracy every 25
 # steps), held-out accuracy again. bench/rl_demo.sh tabulates and plots it.
-rl-demo: build
+rl-demo: build-demo
 	./$(BUILD)/meshtrain tokenize task --name reverse --digits 6 --out data/reverse --seq 64 --force
 	rm -rf runs/reverse-sft runs/reverse-grpo
 	./$(BUILD)/meshtrain train configs/reverse-sft.toml
@@ -67,7 +72,7 @@ rl-demo: build
 	./$(BUILD)/meshtrain train configs/reverse-grpo.toml
 	./$(BUILD)/meshtrain eval task runs/reverse-grpo/ckpt --data data/reverse/eval.jsonl
 
-data/kjv/train.bin: | build
+data/kjv/train.bin: | build-demo
 	mkdir -p data/kjv
 	bible -f Gen1:1-Rev22:21 | sed 's/^[^ ]* //' > data/kjv/kjv.txt
 	./$(BUILD)/meshtrain tokenize --input data/kjv/kjv.txt --out data/kjv --vocab-size 4096 --force
@@ -76,7 +81,7 @@ data/kjv/train.bin: | build
 data/kjv/ending.jsonl: data/kjv/train.bin
 	./$(BUILD)/meshtrain data choices data/kjv/kjv.txt --out data/kjv/ending.jsonl --force
 
-labs: build
+labs: build-demo
 	for lab in 01 02 03 04 05 06; do ./$(BUILD)/meshtrain lab $$lab --nproc 4 || exit 1; done
 	./$(BUILD)/meshtrain lab 07 --nproc 1
 
