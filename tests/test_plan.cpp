@@ -575,14 +575,7 @@ TEST(Plan, AttentionAutoIsTiledFromFourTiles) {
   EXPECT_TRUE(attention_tiled(AttentionImpl::Auto, 16, /*documents=*/true));
   EXPECT_FALSE(attention_tiled(AttentionImpl::Naive, 1 << 20));
   EXPECT_TRUE(attention_tiled(AttentionImpl::Tiled, 16));
-  // Auto is sdpa where sdpa computes the case: no dropout, no document mask, one cp rank.
-  EXPECT_TRUE(attention_sdpa(AttentionImpl::Auto, false, false, 1));
-  EXPECT_FALSE(attention_sdpa(AttentionImpl::Auto, true, false, 1));
-  EXPECT_FALSE(attention_sdpa(AttentionImpl::Auto, false, true, 1));
-  EXPECT_FALSE(attention_sdpa(AttentionImpl::Auto, false, false, 2));
-  EXPECT_FALSE(attention_sdpa(AttentionImpl::Tiled, false, false, 1));
-  EXPECT_FALSE(attention_sdpa(AttentionImpl::Naive, false, false, 1));
-  for (auto a : {AttentionImpl::Naive, AttentionImpl::Tiled, AttentionImpl::Auto, AttentionImpl::Sdpa}) {
+  for (auto a : {AttentionImpl::Naive, AttentionImpl::Tiled, AttentionImpl::Auto}) {
     EXPECT_EQ(parse_attention(attention_name(a)), a);
   }
   EXPECT_THROW(parse_attention("flash"), std::invalid_argument);

@@ -246,10 +246,11 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   const uint64_t key = keys_.key(static_cast<uint64_t>(part_.first + layer), kAttentionProbs);
   const nn::Coords rows = keys_.rows(b);
   const int64_t head_offset = tp_.rank() * hq;
-  // sdpa is causal from the first key, so a KV cache's later tokens (queries after `past` keys) take
-  // the naive path; on CUDA what sdpa does not compute is naive (the tiled kernel is the CPU's).
+  // On CUDA "auto" is sdpa (the tiled kernel is the CPU's); sdpa is causal from the first key,
+  // so a KV cache's later tokens (queries after `past` keys) take the naive path.
   const bool cuda = q.is_cuda();
-  const bool sdpa = plan::attention_sdpa(spec_.attention, p > 0, docs.defined(), cp_size()) && past == 0;
+  const bool sdpa = (spec_.attention == plan::AttentionImpl::Sdpa ||
+                     (cuda && spec_.attention == plan::AttentionImpl::Auto)) && past == 0 && p == 0;
   const bool tiled = !cuda && plan::attention_tiled(spec_.attention, past + s * cp_size(), docs.defined());
   // The masks' key and coordinates are captured by value: a recomputation replays them.
   auto local = [p, key, rows, head_offset, tiled, sdpa, docs](const at::Tensor& q, const at::Tensor& k,

@@ -179,10 +179,6 @@ const char* attention_name(AttentionImpl a) {
   return a == AttentionImpl::Tiled ? "tiled" : a == AttentionImpl::Auto ? "auto" : a == AttentionImpl::Sdpa ? "sdpa" : "naive";
 }
 
-bool attention_sdpa(AttentionImpl a, bool dropout, bool documents, int cp) {
-  return (a == AttentionImpl::Sdpa || a == AttentionImpl::Auto) && !dropout && !documents && cp == 1;
-}
-
 bool attention_tiled(AttentionImpl a, int64_t keys, bool documents) {
   if (a == AttentionImpl::Auto) return documents || keys >= kAutoTiledKeys;
   return a == AttentionImpl::Tiled;

@@ -219,10 +219,8 @@ std::vector<ConfigKey> make_keys() {
       number("model.rope_theta", FIELD(model.rope_theta), 0, true, kInf, false,
              "RoPE's base: position p turns pair i by p x theta^(-2i/d) (Llama 3: 500000)"),
       number("model.norm_eps", FIELD(model.norm_eps), 0, true, kInf, false, "the norms' epsilon"),
-      choice("model.attention", FIELD(model.attention), plan::parse_attention, plan::attention_name, "naive | tiled | sdpa | auto",
-             "tiled: FlashAttention-2 style, memory linear in the sequence; sdpa: libtorch's "
-             "scaled_dot_product_attention (no dropout, document masks or cp); auto: sdpa where it "
-             "computes the case, else tiled from 2048 keys on"),
+      choice("model.attention", FIELD(model.attention), plan::parse_attention, plan::attention_name, "naive | tiled | auto",
+             "tiled: FlashAttention-2 style, memory linear in the sequence; auto: tiled from 2048 keys on"),
       // Mixture of experts (moe/layer.h); experts = 0: dense
       integer("model.experts", FIELD(model.experts), 0, kMaxInt, "routed experts per MoE layer (0: dense)"),
       integer("model.top_k", FIELD(model.top_k), 0, kMaxInt, "experts each token is routed to (1..experts with MoE)"),

@@ -268,9 +268,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   s.cp = c.cp;
   s.cp_impl = plan::parse_cp_impl(c.cp_impl);
   s.sp = c.sp && c.tp > 1;
-  // Memory linear in the sequence: the tiled kernel, or sdpa's (a log-sum-exp per row, as the tiled one).
-  s.flash = plan::attention_tiled(c.model.attention, c.seq, c.document_mask) ||
-            plan::attention_sdpa(c.model.attention, c.model.dropout > 0, c.document_mask, c.cp);
+  s.flash = plan::attention_tiled(c.model.attention, c.seq, c.document_mask);
   s.zero = c.zero;
   s.dp_shard = c.dp_shard;
   s.micro_batch = c.micro_batch;

@@ -12,21 +12,18 @@ enum class Norm { LayerNorm, RMSNorm };
 enum class Position { Learned, RoPE };
 enum class Activation { GELU, SwiGLU };
 // How attention is computed (the same function either way): the s x t scores
-// materialised, tiled without them (nn/tiled_attention.h), libtorch's
-// at::scaled_dot_product_attention (on the CPU its flash kernel: a log-sum-exp
-// per row kept for backward, memory linear in the sequence), or Auto, the
-// default. Auto runs sdpa wherever sdpa computes the case: no dropout, no
-// document mask, one cp rank, queries from the first key (no KV cache). On
-// this project's 2-core AMD EPYC at GPT-2's shape (12 heads x batch 4,
-// forward + backward) sdpa ran 1.3x the materialised scores' speed at 256
-// keys and 6.4x at 1024, where the tiled kernel ran 0.25x and 2.5x
-// (docs/bench-attention.md). Elsewhere Auto on the CPU is tiled from four
-// tiles of keys on (kAutoTiledKeys) or where packed documents are masked,
-// materialised below; the tiled kernel skips the tiles above the causal
-// diagonal but pays per tile.
+// materialised, tiled without them (nn/tiled_attention.h), or Auto, the
+// default: tiled from four tiles of keys on (kAutoTiledKeys) or where packed
+// documents are masked, materialised below. The tiled kernel skips the tiles
+// above the causal diagonal and keeps memory linear in the sequence, but pays
+// per tile: on this project's 2-core CPU it ran 1.5-2.3x the materialised
+// scores' speed at 2048 keys, at 4 heads and at GPT-2's 12 heads x batch 4,
+// and 0.8-1.04x (run to run) at GPT-2's shape up to 1024
+// (docs/bench-attention.md).
 // Naive: scores materialised (ATen ops); Tiled: meshtrain's CPU kernel (nn/tiled_attention.h);
 // Sdpa: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN on CUDA; causal,
-// no dropout, no document masks, cp 1).
+// no dropout, no document masks); Auto: on CPU tiled for documents or >= kAutoTiledKeys keys,
+// else naive; on CUDA sdpa.
 enum class AttentionImpl { Naive, Tiled, Auto, Sdpa };
 // The tiled kernel's default tile (nn::TiledAttentionOptions' block_q and block_k).
 constexpr int64_t kAttentionTile = 512;
@@ -35,9 +32,6 @@ AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled" | "sd
 const char* attention_name(AttentionImpl a);
 // Whether `a` computes tiled over `keys` keys; `documents`: a packed-document mask (tiled only).
 bool attention_tiled(AttentionImpl a, int64_t keys, bool documents = false);
-// Whether `a` runs at::scaled_dot_product_attention: sdpa, or auto where sdpa computes the case (no
-// dropout, no document mask, cp 1; the caller adds: queries from the first key).
-bool attention_sdpa(AttentionImpl a, bool dropout, bool documents, int cp);
 
 struct ModelSpec {
   std::string name;
