@@ -12,6 +12,14 @@
 // gradient norm and the row's own metrics within the row's tolerance, over 6
 // steps that cross an epoch (37 windows, 4 global batches of 8 per epoch; the
 // post-training rows' data: parity_matrix.cpp).
+//
+// Mutations, each made in src/ and seen to fail the runner (issue #41):
+// the loss divided by 2 x tokens when dp > 1 (train/step.cpp) fails ddp x dp
+// at step 1 (loss 4.156 vs 2.078); rank 1's loader slice shifted by one
+// window (data/loader.cpp) fails ddp x dp at step 1 (loss 4.156 vs 4.149,
+// gradient norm 3.11 vs 3.31); the experts' DDP skipped fails moe_ep x dp
+// (loss 0.18, norm 0.96 off); rank 1's RL prompts shifted by one fails
+// grpo x dp and ppo x dp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
