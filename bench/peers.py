@@ -19,6 +19,7 @@ Rounds interleave the two sides (meshtrain first in odd rounds, the peer first i
 """
 import argparse
 import json
+import re
 import os
 import shutil
 import statistics
@@ -111,6 +112,15 @@ def run(cmd, log, is_rank):
     return sorted(peaks.values())
 
 
+def import_hwm_mib(modules):
+    """The peak resident memory (MiB) of a python that imports `modules` and computes nothing: its own
+    VmHWM (a child's ru_maxrss would count the pages it shared with this process before exec)."""
+    out = subprocess.run([sys.executable, "-c", f"import {modules}\n"
+                          "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"],
+                         check=True, capture_output=True, text=True).stdout
+    return int(out.split()[-1]) / 1024
+
+
 def median_tail(xs):
     return statistics.median(xs[2:]) if len(xs) > 2 else statistics.median(xs)
 
@@ -163,6 +173,9 @@ def main():
     subprocess.run([bin_, "ckpt", "export", base, "--format", "hf", "--out", base + "_hf"], check=True,
                    capture_output=True)
 
+    # What a peer's process holds before it computes anything (`import torch` maps libtorch's CUDA half
+    # always); meshtrain's ranks print theirs before the model is built ("resident at start").
+    idle = {"torch": import_hwm_mib("torch"), "torch + transformers": import_hwm_mib("torch, transformers")}
     ours_done = {}  # meshtrain's runs by mesh, per round (ZeRO-3 serves two peers)
     results = []
     for r in range(a.rounds):
@@ -174,6 +187,9 @@ def main():
                 tag = f"ours_{mode}_{r}"
                 cfg = config(tag, f'steps = {a.steps}\nlr = 1e-3\n[init]\nfrom = "{base}"\n[parallel]\nnproc = 2\n{mesh}\n')
                 peaks = run([bin_, "train", cfg], os.path.join(d, tag + ".log"), lambda c: "meshtrain" in c)
+                start = re.search(r"([0-9.]+) MiB resident at start", open(os.path.join(d, tag + ".log")).read())
+                if start:
+                    idle.setdefault("meshtrain rank", float(start.group(1)))
                 rows = [json.loads(line) for line in open(os.path.join(d, tag + ".metrics"))]
                 rows = [x for x in rows if "loss" in x and "step" in x]
                 ours_done[mesh] = {"loss": [x["loss"] for x in rows], "grad_norm": [x["grad_norm"] for x in rows],
@@ -192,11 +208,11 @@ def main():
 
             m, t = (ours(), theirs()) if r % 2 == 0 else (theirs(), ours())[::-1]
             results.append((r, name, mode, m, t))
-    emit(a, results)
+    emit(a, results, idle)
     shutil.rmtree(d)  # a failed run keeps it: its error names a log there
 
 
-def emit(a, results):
+def emit(a, results, idle):
     params = a.layers * (a.hidden * a.hidden * 2 + 2 * a.hidden * (a.hidden * a.kv_heads // a.heads)
                          + 3 * a.hidden * a.ffn + 2 * a.hidden) + 2 * a.vocab * a.hidden + a.hidden
     print(f"Model: a Llama of the gpt2-124m shape ({a.layers} layers, hidden {a.hidden}, {a.heads} heads on "
@@ -237,6 +253,12 @@ def emit(a, results):
         mib = lambda h: " / ".join(f"{x / 1024:.0f}" for x in h) + " MiB"  # noqa: E731
         print(f"| {name} | {PEER_NAMES[mode]} | {r + 1} | {m['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | "
               f"{speed:.2f} | {mib(m['hwm'])} | {mib(t['hwm'])} | {mem:.2f} |")
+    print()
+    print("Before computing anything (libraries loaded; resident): "
+          + ", ".join(f"{k} {v:.0f} MiB" for k, v in idle.items())
+          + " (the peers' imports: their VmHWM; meshtrain's rank: its log's \"resident at start\", before the model "
+          "is built). meshtrain maps libtorch's CUDA half (libtorch_cuda, cuBLAS, NCCL) only where a CUDA driver "
+          "is (this machine has none); `import torch` maps it always.")
     print()
     print("Per pair, the rounds' median (the issue's target: tokens/s ratio at least 1.3, memory ratio at most 0.8):")
     print()

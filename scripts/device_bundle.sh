@@ -10,11 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-cmake --build "$BUILD" -j2 --target meshtrain test_unit >/dev/null
+cmake --build "$BUILD" -j2 --target meshtrain test_unit meshtrain_cuda >/dev/null
 rm -rf .device
 mkdir -p .device/bin .device/lib
-cp "$BUILD/meshtrain" "$BUILD/tests/test_unit" .device/bin/
-strip --strip-unneeded .device/bin/meshtrain .device/bin/test_unit
+cp "$BUILD/meshtrain" "$BUILD/tests/test_unit" "$BUILD/libmeshtrain_cuda.so" .device/bin/
+strip --strip-unneeded .device/bin/meshtrain .device/bin/test_unit .device/bin/libmeshtrain_cuda.so
 xxhash=$(ldd "$BUILD/meshtrain" | awk '/libxxhash/ {print $3}')
 cp -L "$xxhash" .device/lib/
 echo "MESHTRAIN_BIN $(realpath "$BUILD/meshtrain")" > .device/paths.txt

@@ -32,6 +32,7 @@ export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}  # ranks on one machine: loo
 bin=$(awk '/^MESHTRAIN_BIN/ {print $2}' .device/paths.txt)  # where test_unit looks for meshtrain
 mkdir -p "$(dirname "$bin")"
 cp .device/bin/meshtrain "$bin"
+cp .device/bin/libmeshtrain_cuda.so "$(dirname "$bin")/"  # the CUDA plugin, found beside the binary
 MT=$bin
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "torch $have, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" >> "$OUT/gpu.txt"

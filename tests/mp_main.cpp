@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "meshtrain/runtime/cuda_loader.h"
 #include "tests/ledger.h"
 #include "tests/mp.h"
 
@@ -28,6 +29,7 @@ Runtime& runtime() { return *g_runtime; }
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ::testing::InitGoogleTest(&argc, argv);
+  meshtrain::load_cuda_where_a_driver_is();  // before any ATen call (runtime/cuda_loader.h)
   meshtrain::RuntimeOptions opts;
   opts.timeout = std::chrono::seconds(60);  // a desync fails in a minute, not five
   meshtrain::test::g_runtime = meshtrain::Runtime::init(meshtrain::DistEnv::from_environment(), opts);

@@ -5,7 +5,6 @@
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "meshtrain/nn/functional.h"
@@ -44,7 +43,7 @@ TEST(Cuda, AutocastGuardCastsOnTheDeviceOnly) {
 // called as Comm calls it): all_reduce in place and _allgather_base, fp32 and native bf16.
 TEST(Cuda, NcclCollectivesAtWorldSizeOne) {
   REQUIRE_CUDA();
-  c10::cuda::set_device(0);
+  bind_compute_device(DeviceKind::Cuda, 0);
   auto store = c10::make_intrusive<c10d::HashStore>();
   BackendOptions o;
   o.kind = BackendKind::Nccl;
@@ -56,10 +55,11 @@ TEST(Cuda, NcclCollectivesAtWorldSizeOne) {
     pg->allreduce(v)->wait();
     at::Tensor out = at::empty_like(t);
     backend_all_gather_base(*pg, out, t)->wait();
-    c10::cuda::device_synchronize();
+    synchronize_compute_device();
     EXPECT_TRUE(at::equal(t.cpu(), want)) << dtype;
     EXPECT_TRUE(at::equal(out.cpu(), want)) << dtype;
   }
+  bind_compute_device(DeviceKind::Cpu, 0);
 }
 
 // PyTorch's fused attention on the device (flash / memory-efficient kernels) computes the

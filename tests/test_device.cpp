@@ -1,11 +1,16 @@
-// The device a run computes on (runtime/device.h) and the CUDA build itself: the binary
-// links libtorch_cuda and NCCL on a machine without a GPU, and a CUDA run that cannot be
-// placed is one error before any rank starts.
+// The device a run computes on (runtime/device.h) and the CUDA build itself: its CUDA half
+// loads on demand (runtime/cuda_loader.h), and a CUDA run that cannot be placed is one error
+// before any rank starts.
 #include <gtest/gtest.h>
 #include <link.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
+#include <ATen/Context.h>
+
+#include "meshtrain/runtime/cuda_loader.h"
 #include "meshtrain/runtime/device.h"
 #include "meshtrain/train/trainer.h"
 #include "src/comm/backend.h"
@@ -113,11 +118,7 @@ TEST(Device, CudaRefusesWhatRunsOnCpuOnlyByName) {
   }
 }
 
-// The one build is the CUDA build: ProcessGroupNCCL is compiled in, and libtorch_cuda and
-// NCCL are loaded by the test binary here too (where nothing can run them).
-TEST(Device, TheBuildLinksCudaAndNccl) {
-  EXPECT_TRUE(backend_available(BackendKind::Nccl));
-  EXPECT_TRUE(backend_available(BackendKind::Gloo));
+bool mapped(const std::string& library) {
   std::string loaded;
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t, void* out) {
@@ -125,9 +126,40 @@ TEST(Device, TheBuildLinksCudaAndNccl) {
         return 0;
       },
       &loaded);
-  EXPECT_NE(loaded.find("libtorch_cuda.so"), std::string::npos) << loaded;
-  EXPECT_NE(loaded.find("libnccl.so"), std::string::npos) << loaded;
-  EXPECT_NE(loaded.find("libc10_cuda.so"), std::string::npos) << loaded;
+  return loaded.find(library) != std::string::npos;
+}
+
+// In a fresh process (the death test's child starts from main()): where main() found no driver,
+// no CUDA library is mapped; load_cuda() then maps libtorch_cuda, c10_cuda and NCCL, and the
+// NCCL backend is available. `aten_first`: an ATen call that looks up the CUDA hooks
+// (at::manual_seed) before the load, which load_cuda() must refuse. Exit codes name what failed.
+[[noreturn]] void load_in_a_fresh_process(bool aten_first) {
+  if (aten_first) at::manual_seed(0);
+  if (!cuda_loaded() && (mapped("libtorch_cuda.so") || mapped("libnccl.so"))) std::_Exit(2);
+  try {
+    if (!load_cuda()) {
+      std::fprintf(stderr, "%s\n", cuda_absence_reason().c_str());
+      std::_Exit(3);
+    }
+  } catch (const std::logic_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(4);
+  }
+  const bool all = mapped("libtorch_cuda.so") && mapped("libc10_cuda.so") && mapped("libnccl.so");
+  std::_Exit(all && backend_available(BackendKind::Nccl) ? 0 : 5);
+}
+
+// The build has a CUDA half (libtorch_cuda and NCCL behind libmeshtrain_cuda.so), loaded on
+// demand: here, with no driver, a process maps none of it until load_cuda().
+TEST(Device, TheCudaHalfLoadsOnDemandBeforeAnyAtenCall) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(load_in_a_fresh_process(false), testing::ExitedWithCode(0), "");
+  if (!cuda_loaded()) {  // no driver: main() left it to load_cuda()
+    EXPECT_NE(cuda_absence_reason().find("no CUDA driver"), std::string::npos) << cuda_absence_reason();
+    EXPECT_FALSE(backend_available(BackendKind::Nccl));
+    EXPECT_EXIT(load_in_a_fresh_process(true), testing::ExitedWithCode(4),
+                "looked up before libmeshtrain_cuda.so loaded");
+  }
 }
 
 // Through the CLI: the launching process refuses, no rank starts.
@@ -139,6 +171,7 @@ TEST(Device, CudaRunWithoutADeviceIsOneErrorBeforeAnyRankStarts) {
   EXPECT_EQ(run.code, 1) << run.output;
   EXPECT_NE(run.output.find("train.device = \"cuda\" but this machine has no CUDA device"), std::string::npos)
       << run.output;
+  if (!cuda_loaded()) EXPECT_NE(run.output.find("libcuda.so.1 not found"), std::string::npos) << run.output;
   EXPECT_EQ(run.output.find("[rank"), std::string::npos) << "ranks were started\n" << run.output;
 }
 

@@ -8,9 +8,9 @@
 #ifdef USE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
-#ifdef USE_C10D_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
+
+#include "meshtrain/runtime/cuda_loader.h"
+#include "runtime/cuda_api.h"
 
 namespace meshtrain {
 
@@ -29,9 +29,8 @@ bool backend_available(BackendKind kind) {
 #ifdef USE_C10D_GLOO
   if (kind == BackendKind::Gloo) return true;
 #endif
-#ifdef USE_C10D_NCCL
-  if (kind == BackendKind::Nccl) return true;
-#endif
+  // NCCL lives in the CUDA plugin (runtime/cuda_loader.h): loaded where a driver is.
+  if (kind == BackendKind::Nccl) return loaded_cuda_api() != nullptr;
   return false;
 }
 
@@ -50,17 +49,13 @@ c10::intrusive_ptr<PGBackend> make_backend(const c10::intrusive_ptr<c10d::Store>
     o->threads = 2;
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o);
 #endif
+  } else if (const CudaApi* cuda = loaded_cuda_api()) {
+    return cuda->make_nccl(store, rank, size, opts.timeout);
   } else {
-#ifdef USE_C10D_NCCL
-    auto o = c10d::ProcessGroupNCCL::Options::create();
-    o->timeout = opts.timeout;
-    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
-#endif
+    throw std::invalid_argument(fmt::format("the nccl backend needs CUDA: {}; use the gloo backend",
+                                            cuda_absence_reason()));
   }
-  throw std::invalid_argument(fmt::format("this meshtrain build has no {} backend; {}",
-                                          opts.kind == BackendKind::Gloo ? "gloo" : "nccl",
-                                          opts.kind == BackendKind::Gloo ? "use --backend nccl"
-                                                                         : "build against a CUDA libtorch"));
+  throw std::invalid_argument("this meshtrain build has no gloo backend; use --backend nccl");
 }
 
 }  // namespace meshtrain

@@ -1,16 +1,16 @@
 // Comm's staging (comm.h's invariant): a tensor on the other side of the group's backend
 // travels through a copy on its side, written back when the call completes.
 #include <ATen/Functions.h>
-#include <c10/cuda/CUDAFunctions.h>
 
 #include "meshtrain/comm/comm.h"
+#include "runtime/cuda_api.h"
 
 namespace meshtrain {
 
 std::optional<c10::Device> Comm::staging(const at::Tensor& t) const {
   if (size() == 1 || !t.defined()) return std::nullopt;
   if (kind_ == BackendKind::Gloo && t.is_cuda()) return c10::Device(c10::DeviceType::CPU);
-  if (kind_ == BackendKind::Nccl && t.is_cpu()) return c10::Device(c10::DeviceType::CUDA, c10::cuda::current_device());
+  if (kind_ == BackendKind::Nccl && t.is_cpu()) return c10::Device(c10::DeviceType::CUDA, loaded_cuda_api()->current_device());
   return std::nullopt;
 }
 

@@ -1,12 +1,12 @@
 #include "meshtrain/runtime/device.h"
 
 #include <c10/core/DeviceType.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
+
+#include "meshtrain/runtime/cuda_loader.h"
+#include "runtime/cuda_api.h"
 
 namespace meshtrain {
 
@@ -19,16 +19,20 @@ DeviceRequest parse_device(const std::string& s) {
 
 const char* to_string(DeviceKind d) { return d == DeviceKind::Cuda ? "cuda" : "cpu"; }
 
-// c10::cuda::device_count() answers 0 (and warns once) where the driver is missing.
-int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
+// 0 where the CUDA plugin is not loaded (no driver: runtime/cuda_loader.h).
+int cuda_device_count() {
+  const CudaApi* cuda = loaded_cuda_api();
+  return cuda ? cuda->device_count() : 0;
+}
 
 DeviceKind resolve_device(DeviceRequest request, int devices, int ranks_per_node, bool share) {
   if (request == DeviceRequest::Cpu) return DeviceKind::Cpu;
   if (request == DeviceRequest::Auto && (devices == 0 || !kTrainsOnCuda)) return DeviceKind::Cpu;
   if (devices == 0) {
     throw std::invalid_argument(
-        "train.device = \"cuda\" but this machine has no CUDA device (no GPU or no driver); use "
-        "train.device = \"cpu\" (or \"auto\": cuda where a device is, else cpu)");
+        fmt::format("train.device = \"cuda\" but this machine has no CUDA device ({}); use "
+                    "train.device = \"cpu\" (or \"auto\": cuda where a device is, else cpu)",
+                    cuda_loaded() ? "the driver sees no GPU" : cuda_absence_reason()));
   }
   if (ranks_per_node > devices && !share) {
     throw std::invalid_argument(fmt::format(
@@ -59,31 +63,28 @@ void bind_compute_device(DeviceKind kind, int local_rank) {
     throw std::invalid_argument(fmt::format("local rank {}: this process sees no CUDA device", local_rank));
   }
   const auto index = static_cast<c10::DeviceIndex>(local_rank % devices);
-  c10::cuda::set_device(index);
+  loaded_cuda_api()->set_device(index);
   g_device = c10::Device(c10::DeviceType::CUDA, index);
 }
 
 c10::Device compute_device() { return g_device; }
 
 void synchronize_compute_device() {
-  if (g_device.is_cuda()) c10::cuda::device_synchronize();
+  if (g_device.is_cuda()) loaded_cuda_api()->synchronize();
 }
 
 int64_t peak_device_bytes() {
   if (!g_device.is_cuda()) return 0;
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(g_device.index());
-  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  return loaded_cuda_api()->peak_allocated_bytes(g_device.index());
 }
 
 void reset_peak_device_bytes() {
-  if (g_device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(g_device.index());
+  if (g_device.is_cuda()) loaded_cuda_api()->reset_peak(g_device.index());
 }
 
 std::string compute_device_name() {
   if (!g_device.is_cuda()) return "cpu";
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, g_device.index()) != cudaSuccess) return "cuda";
-  return prop.name;
+  return loaded_cuda_api()->device_name(g_device.index());
 }
 
 }  // namespace meshtrain

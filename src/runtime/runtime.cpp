@@ -17,6 +17,7 @@
 
 #include "comm/backend.h"
 #include "meshtrain/comm/flight_recorder.h"
+#include "meshtrain/runtime/cuda_loader.h"
 #include "meshtrain/runtime/job_token.h"
 #include "meshtrain/runtime/threads.h"
 
@@ -106,8 +107,9 @@ std::unique_ptr<Runtime> Runtime::init(const DistEnv& env, const RuntimeOptions&
     return rt;
   }
   if (!backend_available(opts.backend)) {
-    throw std::invalid_argument(fmt::format("this build has no {} backend",
-                                            opts.backend == BackendKind::Gloo ? "gloo" : "nccl"));
+    throw std::invalid_argument(opts.backend == BackendKind::Gloo
+                                    ? std::string("this build has no gloo backend")
+                                    : fmt::format("the nccl backend needs CUDA: {}", cuda_absence_reason()));
   }
   FlightRecorder::install_signal_handler();  // SIGUSR1: dump the last calls (flight_recorder.h)
   rt->store_ = connect_store(env, opts.timeout);

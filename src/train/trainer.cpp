@@ -30,6 +30,7 @@
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
+#include "meshtrain/runtime/cuda_loader.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
@@ -298,8 +299,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   const bool lead = rt->rank() == 0;
   const int64_t accumulation = c.global_batch / (c.micro_batch * data.size());
   if (lead) fmt::print("{}{}\n", layout.table(rt->env().local_world_size), transport_variables());
-  if (lead) fmt::print("device {} (train.device = \"{}\"; {} CUDA device(s) visible)\n", to_string(device), c.device,
-                       cuda_device_count());
+  if (lead) {
+    fmt::print("device {} (train.device = \"{}\"; {})\n", to_string(device), c.device,
+               cuda_loaded() ? fmt::format("{} CUDA device(s) visible", cuda_device_count()) : cuda_absence_reason());
+  }
   // The memory estimate's start point (on the CPU): resident bytes before the engine allocates anything,
   // then the first GEMMs' workspace measured right after it (train/memory_estimate.h).
   std::optional<MemoryEstimate> mem_estimate;
