@@ -63,7 +63,7 @@ TEST(EvalCli, TaskScoresDuringTrainingEqualEvalOfTheCheckpoint) {
         "t.toml", "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 512\ndropout = 0.0\n[data]\ntrain = \"" +
                       (d.path / "tok/train.bin").string() +
                       "\"\n[train]\nsteps = 3\nmicro_batch = 2\nglobal_batch = 4\nseq = 32\nlr = 1e-2\n"
-                      "eval_every = 2\npeak_tflops = 0.001\n[eval]\ntasks = [\"" + task +
+                      "eval_every = 2\npeak_tflops = 1000\n[eval]\ntasks = [\"" + task +
                       "\"]\n[checkpoint]\ndir = \"" + ckpt + "\"\n[parallel]\nnproc = 4\n" + mesh);
     const auto run = test::run_command(bin + " train " + cfg);
     ASSERT_EQ(run.code, 0) << run.output;
@@ -120,7 +120,7 @@ TEST(MixtureCli, ResumeIsBitwiseAndEachSourceIsLogged) {
   auto config = [&](const std::string& name, const std::string& extra) {
     return d.write(name, "[model]\npreset = \"gpt-tiny\"\nlayers = 2\nvocab = 64\ndropout = 0.1\n[data]\n" + sources +
                              "[train]\nsteps = 6\nmicro_batch = 2\nglobal_batch = 8\nseq = 32\nlr = 1e-2\nlog_every = 1\n"
-                             "eval_every = 3\npeak_tflops = 0.001\n[parallel]\nnproc = 2\n" + extra);
+                             "eval_every = 3\npeak_tflops = 1000\n[parallel]\nnproc = 2\n" + extra);
   };
   auto metrics = [&](const std::string& name) { return " --set train.metrics='\"" + (d.path / name).string() + "\"'"; };
   auto run = test::run_command(bin + " train " + config("ref.toml", "") + metrics("ref.metrics"));

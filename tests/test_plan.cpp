@@ -300,6 +300,7 @@ TEST(Plan, BadInputIsAClearError) {
 }  // namespace
 }  // namespace meshtrain::plan
 
+#include "meshtrain/plan/count.h"
 #include "meshtrain/plan/posttrain.h"
 
 namespace meshtrain::plan {
@@ -314,6 +315,22 @@ TEST(PostTraining, LoraPaperGpt3) {
   const int64_t n = lora_params(preset("gpt3-175b"), o);
   EXPECT_EQ(n, 18874368);
   EXPECT_NEAR(n * 2 / 1e6, 37.7, 0.1);  // MB in fp16; the paper rounds to "35 MB"
+}
+
+// Adapters named as peft/lora.h matches them count as the planner's qv and all; an adapter run's
+// FLOPs leave out the frozen base's weight gradients (2 N_matmul) and add 6 per adapter parameter.
+TEST(PostTraining, AdapterCountsAndFlops) {
+  const ModelSpec m = preset("llama2-7b");
+  LoraOptions qv, all;
+  qv.rank = all.rank = 16;
+  all.targets = "all";
+  EXPECT_EQ(lora_params_matching(m, 16, {"attn.q", "attn.v"}), lora_params(m, qv));
+  EXPECT_EQ(lora_params_matching(m, 16, {"all"}), lora_params(m, all));
+  EXPECT_EQ(lora_params_matching(m, 16, {}), lora_params(m, all));
+  EXPECT_EQ(lora_params_matching(m, 16, {"mlp.down"}), 16 * m.layers * (m.ffn + m.hidden));
+  const int64_t n = lora_params(m, qv);
+  const double full = train_flops_per_token(m, 4096), adapters = adapter_train_flops_per_token(m, 4096, n);
+  EXPECT_DOUBLE_EQ(full - adapters, 2.0 * count_params(m).matmul_active - 6.0 * n);
 }
 
 // QLoRA: constants cost 0.5 bit per parameter, 0.127 with double quantisation,

@@ -152,10 +152,13 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     const double tokens = static_cast<double>(o->micro_batch * o->seq);
     const bool cuda = computes_on_cuda();
     const double peak_mem = cuda ? static_cast<double>(peak_device_bytes()) : peak_rss_bytes();
-    // MFU: the planner's FLOPs per token (6N + attention) over this device's measured GEMM rate.
+    // MFU: the planner's FLOPs per token (6N + attention) over this device's GEMM rate, measured now
+    // (after the timed steps, on the same threads), never a best-ever (train/gemm_peak.h).
     const double flops_per_token = plan::train_flops_per_token(spec, o->seq);
-    const std::string gemm = std::string(cuda ? "cuda_gemm_" : "gemm_") + (precision == Precision::Bf16 ? "bf16" : "fp32");
-    const MachinePeak peak = machine_peak(gemm, threads_per_rank(1));
+    const bool bf16 = precision == Precision::Bf16;
+    const std::string gemm = std::string(cuda ? "cuda_gemm_" : "gemm_") + (bf16 ? "bf16" : "fp32");
+    MachinePeak peak;
+    peak.value = cuda ? measure_cuda_gemm_flops(bf16) : measure_gemm_flops(threads_per_rank(1), 0.3, 512, bf16);
     auto mfu = [&](double s_per_step) { return flops_per_token * tokens / s_per_step / peak.value; };
     fmt::print("shape: {}\n", torch_gpt_shape(spec));
     if (o->loop != "both") {

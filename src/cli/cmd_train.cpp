@@ -54,8 +54,9 @@ Run add_train(CLI::App& app) {
           o->max_restarts, c.resume));
     }
     if (!DistEnv::from_environment().distributed()) {  // the launching process, once (not on every rank)
-      check_run(c, nproc, nproc, o->check_plan, true);
+      const DeviceKind device = check_run(c, nproc, nproc, o->check_plan, true);
       if (!c.ckpt_dir.empty()) ckpt::check_directory(c.ckpt_dir);
+      if (device == DeviceKind::Cpu) measure_host_before_ranks(c);
     }
     if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) return rc;
     const DistEnv env = DistEnv::from_environment();

@@ -67,6 +67,19 @@ double train_flops_per_token(const ModelSpec& m, int64_t seq, AttnFlops conv) {
   return 3.0 * (2.0 * c.matmul_active + attn);
 }
 
+double adapter_train_flops_per_token(const ModelSpec& m, int64_t seq, int64_t adapter_params, AttnFlops conv) {
+  const ParamCount c = count_params(m);
+  const double attn = (conv == AttnFlops::Full ? 4.0 : 2.0) * m.layers * seq * m.heads * m.head_dim();
+  return 4.0 * c.matmul_active + 6.0 * static_cast<double>(adapter_params) + 3.0 * attn;
+}
+
+std::string adapter_flops_formula(AttnFlops conv) {
+  return conv == AttnFlops::Full ? "4 x N_matmul (frozen: no weight gradients) + 6 x N_adapters + 12 x L x s x a x "
+                                   "d_head per token"
+                                 : "4 x N_matmul (frozen: no weight gradients) + 6 x N_adapters + 6 x L x s x a x "
+                                   "d_head per token (causal)";
+}
+
 std::string flops_formula(AttnFlops conv) {
   return conv == AttnFlops::Full
              ? "6 x N_matmul + 12 x L x s x a x d_head per token (attention square counted whole, as PaLM's MFU)"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,31 @@ int64_t lora_params(const ModelSpec& m, const LoraOptions& o) {
     throw std::invalid_argument(fmt::format("LoRA targets '{}': use qv or all", o.targets));
   }
   return m.layers * per_layer;
+}
+
+int64_t lora_params_matching(const ModelSpec& m, int64_t rank, const std::vector<std::string>& targets) {
+  if (rank < 1) throw std::invalid_argument(fmt::format("LoRA rank {} must be positive", rank));
+  const bool all = targets.empty() || targets == std::vector<std::string>{"all"};
+  const int64_t h = m.hidden, q = m.heads * m.head_dim(), kv = m.kv_heads * m.head_dim();
+  int64_t total = 0;
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const std::string p = fmt::format("layers.{}.", i);
+    const std::string ffn = p + (m.moe_layer(i) ? "moe.shared." : "mlp.");
+    const int64_t f = m.moe_layer(i) ? m.shared_experts * m.expert_width() : m.ffn;
+    std::vector<std::tuple<std::string, int64_t, int64_t>> linears{
+        {p + "attn.q", h, q}, {p + "attn.k", h, kv}, {p + "attn.v", h, kv}, {p + "attn.o", q, h}};
+    if (f > 0 && m.activation == Activation::SwiGLU) {
+      linears.insert(linears.end(), {{ffn + "gate", h, f}, {ffn + "up", h, f}, {ffn + "down", f, h}});
+    } else if (f > 0) {
+      linears.insert(linears.end(), {{ffn + "fc1", h, f}, {ffn + "fc2", f, h}});
+    }
+    for (const auto& [name, in, out] : linears) {
+      const bool hit = all || std::any_of(targets.begin(), targets.end(),
+                                          [&](const std::string& t) { return name.find(t) != std::string::npos; });
+      if (hit) total += rank * (in + out);
+    }
+  }
+  return total;
 }
 
 double qlora_bits_per_param(bool double_quant) { return 4.0 + (double_quant ? 8.0 / 64 + 32.0 / (64 * 256) : 32.0 / 64); }

@@ -25,6 +25,7 @@
 #include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/plan/memory.h"
+#include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/memory_estimate.h"
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/strategy.h"
@@ -192,6 +193,15 @@ BackendKind bind_run_device(const TrainConfig& c, int local_rank, int local_worl
       resolve_device(parse_device(c.device), cuda_device_count(), local_world_size, c.comm_backend == "gloo");
   bind_compute_device(device, local_rank);
   return device == DeviceKind::Cuda && c.comm_backend != "gloo" ? BackendKind::Nccl : BackendKind::Gloo;
+}
+
+void measure_host_before_ranks(const TrainConfig& c) {
+  if (c.peak_tflops > 0) return;
+  const std::string what = c.precision == "bf16" ? "gemm_bf16" : "gemm_fp32";
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const HostPeak p = measure_host_peak(what, cores);
+  for (const std::string& w : p.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);
+  hand_down_host_peak(what, p, cores);
 }
 
 DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool plan_check, bool warn_memory) {

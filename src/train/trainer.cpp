@@ -321,15 +321,38 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       check_choice_ids(tasks.back().second, c.model.vocab, t);
     }
   }
-  const double flops_per_token = plan::train_flops_per_token(c.model, c.seq);
-  // The MFU denominator: given, or rank 0 times GEMMs in the run's dtype on all of this host's cores (once per
-  // machine: cached) while the others wait.
+  // Model FLOPs per token: adapter runs compute no weight gradients of their frozen base (plan/count.h).
+  const double flops_per_token =
+      c.lora.rank > 0 ? plan::adapter_train_flops_per_token(
+                            c.model, c.seq, plan::lora_params_matching(c.model, c.lora.rank, c.lora.targets))
+                      : plan::train_flops_per_token(c.model, c.seq);
+  // The MFU denominator (train/gemm_peak.h): train.peak_tflops; on the CPU what the launching process
+  // measured on all of this host's cores before any rank started, else (ranks started by srun or another
+  // launcher) rank 0 measures now while the others wait; on CUDA rank 0's device, measured now. MFU is the
+  // run's FLOP/s over the sum of what its ranks compute on: every node's host (nodes alike) on the CPU,
+  // every rank's device on CUDA.
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::string gemm_dtype = c.precision == "bf16" ? "bf16" : "fp32";
-  const std::string gemm_what = (computes_on_cuda() ? "cuda_gemm_" : "gemm_") + gemm_dtype;
-  const MachinePeak peak = lead ? machine_peak(gemm_what, cores, c.peak_tflops * 1e12, "train.peak_tflops")
-                                : MachinePeak{};
-  const double peak_flops = peak.value;
+  const std::string gemm_what = "gemm_" + gemm_dtype;
+  HostPeak peak;
+  if (lead && c.peak_tflops > 0) {
+    peak.value = c.peak_tflops * 1e12;
+    peak.source = "train.peak_tflops";
+  } else if (lead && computes_on_cuda()) {
+    peak.value = measure_cuda_gemm_flops(c.precision == "bf16");
+    peak.source = fmt::format("{} GEMM rate of {}, measured now", gemm_dtype, compute_device_name());
+  } else if (lead) {
+    peak = host_peak_from_launcher(gemm_what);
+    if (peak.value <= 0) {
+      peak = measure_host_peak(gemm_what, cores);
+      for (const std::string& w : peak.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);
+      peak.source = fmt::format("{} GEMMs on all {} cores, measured by rank 0 while the others waited ({:.2f} s)",
+                                gemm_dtype, cores, peak.seconds);
+    }
+  }
+  const int nodes = std::max(1, mesh.world().size() / std::max(1, rt->env().local_world_size));
+  const int units = computes_on_cuda() ? mesh.world().size() : nodes;
+  const double peak_flops = peak.value * units;
   mesh.world().barrier();
   if (lead) {
     const plan::Strategy s = strategy_of(c, data.size());
@@ -344,13 +367,10 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                c.cp > 1 ? fmt::format("; each sequence over {} context-parallel ranks ({} attention, {} tokens each)",
                                       c.cp, c.cp_impl, c.seq / c.cp)
                         : "");
-    fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / {:.4g} GFLOP/s ({})\n", flops_per_token,
-               plan::flops_formula(plan::AttnFlops::Full), peak_flops / 1e9,
-               c.peak_tflops > 0 ? std::string("train.peak_tflops")
-                                 : computes_on_cuda()
-                                       ? fmt::format("{} GEMM rate of {}, {}", gemm_dtype, compute_device_name(), peak.source)
-                                       : fmt::format("{} GEMM rate of this host's {} cores, {}", gemm_dtype, cores,
-                                                     peak.source));
+    fmt::print("MFU = {:.4g} FLOPs/token ({}) x tokens/s / ({} {} x {:.4g} GFLOP/s: {})\n", flops_per_token,
+               c.lora.rank > 0 ? plan::adapter_flops_formula(plan::AttnFlops::Full)
+                               : plan::flops_formula(plan::AttnFlops::Full),
+               units, computes_on_cuda() ? "device(s)" : "host(s)", peak.value / 1e9, peak.source);
   }
   // The starting weights, then QLoRA's quantisation of them, then the
   // checkpoint (a QLoRA checkpoint holds no base linears: they are the [init]

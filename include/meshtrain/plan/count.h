@@ -61,4 +61,11 @@ double train_flops_per_token(const ModelSpec& m, int64_t seq, AttnFlops conv = A
 // The formula above in words, for printing beside every MFU.
 std::string flops_formula(AttnFlops conv);
 
+// Adapter training (LoRA, QLoRA) on a frozen base: the base's weight gradients are never
+// computed, so per token 2 x matmul_active (forward) + 2 x matmul_active (input gradients)
+// + 6 x adapter_params + the attention's 3 passes (its backward is all input gradients).
+double adapter_train_flops_per_token(const ModelSpec& m, int64_t seq, int64_t adapter_params,
+                                     AttnFlops conv = AttnFlops::Full);
+std::string adapter_flops_formula(AttnFlops conv);
+
 }  // namespace meshtrain::plan

@@ -29,6 +29,10 @@ struct LoraOptions {
 
 // Trainable adapter parameters for the whole model.
 int64_t lora_params(const ModelSpec& m, const LoraOptions& o);
+// The same for adapters on every block linear whose name ("layers.3.attn.q",
+// "layers.0.mlp.down", model/transformer.cpp's names) contains one of `targets`
+// (empty or "all": every block linear), as peft/lora.h matches them.
+int64_t lora_params_matching(const ModelSpec& m, int64_t rank, const std::vector<std::string>& targets);
 // Bits per base parameter under QLoRA: 4 + constants.
 double qlora_bits_per_param(bool double_quant);
 // The blocks' linear weights (q, k, v, o, the MLP's; no biases): what QLoRA

@@ -5,13 +5,17 @@
 // bf16 for bf16 runs): the kind of multiplication that dominates a step. The
 // copy bandwidth is a large buffer copied over and over.
 //
-// Each start measures again (0.3 s) and the best value is cached per machine
-// (hostname, CPU model, threads, what) in a JSON file, with its date: a run on
-// a busy host divides by the machine's best, not by what it got that moment.
-// Delete the file (or give train.peak_tflops) to change it.
+// A training run's MFU divides by measure_host_peak(): the launching process
+// measures the run's dtype on all of the host's cores before any rank starts
+// (nothing else of the run computing) and hands the value to its ranks through
+// the environment (kHostPeakEnv). The best value ever measured per machine
+// (hostname, CPU model, threads, what) is cached in a JSON file, with its date,
+// for the kernel-health check and the planner's `cpu` device, never as a run's
+// denominator: a best-ever depends on history.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace meshtrain {
 
@@ -37,5 +41,37 @@ std::string default_peak_cache();
 // (atomically; a cache that cannot be written is skipped).
 MachinePeak machine_peak(const std::string& what, int threads, double override_value = 0,
                          const std::string& override_name = "", const std::string& cache_file = default_peak_cache());
+
+// Kernel health (issue #44): what a pre-start measurement says about this host's GEMMs.
+struct GemmHealthInputs {
+  double fp32_flops = 0;  // measured now, all cores
+  double bf16_flops = 0;  // measured now (0: not measured)
+  int cores = 1;
+  double mhz = 0;            // /proc/cpuinfo's clock (0: unknown)
+  std::string capability;    // ATen's CPU capability: DEFAULT, AVX2, AVX512, ...
+  std::string blas;          // libtorch's BLAS (show_config's BLAS_INFO)
+  double best_flops = 0;     // this host's best in the run's dtype, cached (0: none)
+  std::string best_date;
+  bool bf16_run = false;
+};
+// One warning per finding, each with its cause and fix: fp32 below a quarter of what one FMA unit
+// of the capability allows per cycle (generic BLAS kernels); a bf16 run whose bf16 GEMMs are slower
+// than fp32 ones (no bf16 instructions); the rate now under 0.7x this host's best (busy cores).
+std::vector<std::string> gemm_health(const GemmHealthInputs& in);
+
+struct HostPeak {
+  double value = 0;      // FLOP/s, the run's dtype, all cores
+  double seconds = 0;    // the measurement's own time
+  std::string source;    // for the MFU line
+  std::vector<std::string> warnings;
+};
+// Measures `what` ("gemm_fp32" or "gemm_bf16"; a bf16 run measures fp32 too) on `cores` threads now,
+// checks its health, and records the best in the cache.
+HostPeak measure_host_peak(const std::string& what, int cores, const std::string& cache_file = default_peak_cache());
+// The launching process hands its measurement to the ranks it starts in the environment
+// variable MESHTRAIN_HOST_GEMM_PEAK ("<what> <FLOP/s> <seconds> <cores>").
+void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores);
+// What a launching process handed down for `what` (value 0: nothing, or another dtype's).
+HostPeak host_peak_from_launcher(const std::string& what);
 
 }  // namespace meshtrain

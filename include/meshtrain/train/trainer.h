@@ -62,6 +62,12 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp);
 // Returns the device the run computes on (runtime/device.h).
 DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool plan_check, bool warn_memory);
 
+// Kernel health at start (train/gemm_peak.h), in the launching process of a CPU run before any
+// rank starts: measures the run dtype's GEMM rate on all of this host's cores, prints each
+// warning gemm_health() finds (stderr), and hands the rate to the ranks as their MFU
+// denominator. Nothing where train.peak_tflops is given.
+void measure_host_before_ranks(const TrainConfig& c);
+
 // What a CUDA run computes today (one error naming the feature and the fix otherwise):
 // pretraining and SFT of dense models (naive or sdpa attention), data parallelism (DDP,
 // ZeRO-1/2/3, HSDP), tensor and sequence parallelism, fp32/bf16/fp16, recomputation,
