@@ -10,7 +10,7 @@ source "$(dirname "$0")/header.sh"
 BUILD=${1:-build}
 ROUNDS=${2:-9}
 OUT=docs/bench-fused-ops.md
-# The malloc tunables meshtrain gives its ranks (runtime/threads.h, PLATFORM.md): freed blocks are
+# The malloc tunables meshtrain gives its ranks (platform/threads.h, PLATFORM.md): freed blocks are
 # reused, so a round's fresh outputs do not page-fault (as in training).
 export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
 CMD="$BUILD/meshtrain bench fused-ops --model gpt2-124m --micro-batch 4 --seq 256 --rounds $ROUNDS"

@@ -60,7 +60,7 @@ done
   echo "(\`include/meshtrain/train/memory_estimate.h\`). *Growth*: the kernel's resident high-water mark above"
   echo "the start point, less the file pages the steps first touched (the libraries' code: clean pages the"
   echo "page cache shares between the ranks). *Tensors*: the counting allocator's peak"
-  echo "(\`runtime/tensor_memory.h\`). *Heap slack*: growth - tensors - shared-memory buffers - BLAS workspace,"
+  echo "(\`platform/tensor_memory.h\`). *Heap slack*: growth - tensors - shared-memory buffers - BLAS workspace,"
   echo "per byte of the ledger's transient tensors (activations, logits): the measurement behind the"
   echo "estimate's allocator line (0.6 x those tensors)."
   echo

@@ -28,7 +28,7 @@ BASELINE_BIN=${BASELINE_BIN:-}
 BASELINE_PY=${BASELINE_PY:-}
 OUT=docs/bench-train.md
 THREADS=$(nproc)
-# The environment meshtrain gives its ranks (runtime/threads.h), for every side: the malloc tunables
+# The environment meshtrain gives its ranks (platform/threads.h), for every side: the malloc tunables
 # (PLATFORM.md: a 2-4x effect on CPU training), passive OpenMP waiting, the thread counts.
 export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS

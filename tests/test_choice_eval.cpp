@@ -14,7 +14,7 @@
 #include "meshtrain/data/choice_task.h"
 #include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/platform/subprocess.h"
 #include "meshtrain/train/choice_eval.h"
 #include "tests/train_cli.h"
 

@@ -5,7 +5,7 @@
 #include <ATen/Functions.h>
 
 #include "meshtrain/comm/autograd.h"
-#include "meshtrain/comm/axis_bench.h"
+#include "meshtrain/runtime/axis_bench.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/comm/hang_report.h"
 #include "src/comm/local_reduce.h"

@@ -8,7 +8,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "meshtrain/nn/functional.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/train/precision.h"
 #include "src/comm/backend.h"
 #include "tests/run_command.h"

@@ -1,5 +1,5 @@
-// The device a run computes on (runtime/device.h) and the CUDA build itself: its CUDA half
-// loads on demand (runtime/cuda_loader.h), and a CUDA run that cannot be placed is one error
+// The device a run computes on (platform/device.h) and the CUDA build itself: its CUDA half
+// loads on demand (platform/cuda_loader.h), and a CUDA run that cannot be placed is one error
 // before any rank starts.
 #include <gtest/gtest.h>
 #include <link.h>
@@ -10,8 +10,8 @@
 
 #include <ATen/Context.h>
 
-#include "meshtrain/runtime/cuda_loader.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/cuda_loader.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/train/trainer.h"
 #include "src/comm/backend.h"
 #include "tests/train_cli.h"

@@ -1,7 +1,7 @@
 // The numerics and hardware layers of loss-spike troubleshooting through the
 // binary: `meshtrain diagnose step` (train/diagnose.h) replaying a step of a
 // 2-rank run, with and without a NaN injected into one layer
-// (runtime/fault.h), and the replica check (train/replica_check.h) finding a
+// (platform/fault.h), and the replica check (train/replica_check.h) finding a
 // weight changed on one of 4 data-parallel ranks.
 #include <fstream>
 #include <string>

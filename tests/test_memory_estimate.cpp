@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "meshtrain/data/shard.h"
-#include "meshtrain/runtime/tensor_memory.h"
+#include "meshtrain/platform/tensor_memory.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
 

@@ -114,9 +114,9 @@ TEST(Qlora, MatchesLoraOnTheDequantisedWeights) {
     auto ql = q.linears(), rl = ref.linears();
     for (size_t i = 0; i < ql.column.size(); ++i) {
       EXPECT_FALSE(ql.column[i].second->weight.defined());
-      rl.column[i].second->weight.copy_(nf4_dequantize(*ql.column[i].second->nf4, at::kFloat));
+      rl.column[i].second->weight.copy_(nf4_dequantize(dynamic_cast<const Nf4Weight&>(*ql.column[i].second->packed).tensor, at::kFloat));
     }
-    for (size_t i = 0; i < ql.row.size(); ++i) rl.row[i].second->weight.copy_(nf4_dequantize(*ql.row[i].second->nf4, at::kFloat));
+    for (size_t i = 0; i < ql.row.size(); ++i) rl.row[i].second->weight.copy_(nf4_dequantize(dynamic_cast<const Nf4Weight&>(*ql.row[i].second->packed).tensor, at::kFloat));
   }
   const at::Tensor tokens = at::randint(96, {2, 16}, gen, at::kLong), targets = at::randint(96, {2, 16}, gen, at::kLong);
   const at::Tensor lq = q.forward(tokens, targets).mean(), lr = ref.forward(tokens, targets).mean();

@@ -26,7 +26,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/rl/grpo.h"
 #include "meshtrain/rl/reward.h"
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/platform/subprocess.h"
 #include "meshtrain/rl/rollout.h"
 
 namespace meshtrain {

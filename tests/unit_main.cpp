@@ -2,14 +2,16 @@
 #include <gtest/gtest.h>
 
 #ifdef MESHTRAIN_LOADS_CUDA  // binaries that link libtorch (test_unit)
-#include "meshtrain/runtime/cuda_loader.h"
+#include "meshtrain/platform/cuda_loader.h"
+#include "meshtrain/rl/methods.h"
 #endif
 #include "tests/ledger.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
 #ifdef MESHTRAIN_LOADS_CUDA
-  meshtrain::load_cuda_where_a_driver_is();  // before any ATen call (runtime/cuda_loader.h)
+  meshtrain::load_cuda_where_a_driver_is();  // before any ATen call (platform/cuda_loader.h)
+  meshtrain::register_rl_methods();          // train.method = reward, grpo, ppo (train/method.h)
 #endif
   meshtrain::test::install_ledger();
   return RUN_ALL_TESTS();

@@ -40,7 +40,7 @@ constexpr bool kGlooHasBf16 = true;
 
 // Autocast's switch and dtype for one device type. libtorch >= 2.4 spells them
 // set_autocast_enabled(device_type, on) / set_autocast_dtype(device_type, dtype); the
-// CPU-only forms of 1.13 are deprecated. (Defined in src/runtime/compat.cpp.)
+// CPU-only forms of 1.13 are deprecated. (Defined in src/platform/compat.cpp.)
 struct AutocastSwitch {
   bool enabled = false;
   c10::ScalarType dtype = c10::ScalarType::BFloat16;

@@ -21,7 +21,7 @@
 #include "ckpt/files.h"
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/comm.h"
-#include "meshtrain/runtime/crash_point.h"
+#include "meshtrain/platform/crash_point.h"
 
 namespace fs = std::filesystem;
 

@@ -15,7 +15,7 @@
 #include "meshtrain/ckpt/safetensors.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/plan/count.h"
-#include "meshtrain/train/state.h"
+#include "meshtrain/plan/spec_json.h"
 
 namespace meshtrain::ckpt {
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/platform/subprocess.h"
 
 namespace meshtrain::ckpt {
 

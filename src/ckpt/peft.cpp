@@ -13,7 +13,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/hf.h"
 #include "meshtrain/ckpt/safetensors.h"
-#include "meshtrain/train/state.h"
+#include "meshtrain/plan/spec_json.h"
 
 namespace meshtrain::ckpt {
 

@@ -16,7 +16,7 @@
 #include "meshtrain/ckpt/pin.h"
 #include "meshtrain/peft/lora.h"
 #include "meshtrain/peft/nf4.h"
-#include "meshtrain/train/state.h"
+#include "meshtrain/plan/spec_json.h"
 #include "meshtrain/ckpt/safetensors.h"
 
 namespace fs = std::filesystem;

@@ -26,7 +26,7 @@
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/tiled_attention.h"
 #include "meshtrain/plan/memory.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 
 namespace meshtrain::cli {
 namespace {

@@ -17,7 +17,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data/ddp.h"
 #include "meshtrain/runtime/runtime.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 #include "meshtrain/train/step.h"
 
 namespace meshtrain::cli {

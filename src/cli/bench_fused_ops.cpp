@@ -14,7 +14,7 @@
 #include "cli/commands.h"
 #include "meshtrain/nn/fused_ops.h"
 #include "meshtrain/plan/spec.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 
 namespace meshtrain::cli {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "cli/commands.h"
 #include "meshtrain/plan/gemms.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 #include "meshtrain/train/precision.h"
 
 namespace meshtrain::cli {

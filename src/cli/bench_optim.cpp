@@ -12,7 +12,7 @@
 #include "cli/commands.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/plan/spec.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/model/transformer.h"
 

@@ -14,7 +14,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/plan/spec.h"
 #include "meshtrain/rl/rollout.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 
 namespace meshtrain::cli {
 

@@ -18,7 +18,7 @@
 #include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/runtime/runtime.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/step.h"
 

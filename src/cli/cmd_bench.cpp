@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "meshtrain/comm/axis_bench.h"
+#include "meshtrain/runtime/axis_bench.h"
 #include "meshtrain/comm/bench.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/comm/transport_env.h"

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "meshtrain/compat.h"
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/platform/subprocess.h"
 
 #include <cstdint>
 #include <functional>
@@ -59,7 +59,7 @@ const std::vector<std::string>& subcommand_names();
 // The original command line, for commands that re-launch themselves.
 void set_argv(int argc, char** argv);
 const std::vector<std::string>& original_argv();
-using meshtrain::self_exe;  // runtime/subprocess.h
+using meshtrain::self_exe;  // platform/subprocess.h
 
 // When this process was not started by a launcher and `nproc` > 1 (or
 // restarts are asked for), starts `nproc` copies of this very command line

@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "meshtrain/runtime/cuda_loader.h"
+#include "meshtrain/platform/cuda_loader.h"
+#include "meshtrain/rl/methods.h"
 #include "meshtrain/runtime/env.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 
 namespace {
 
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
       // a broken environment is reported by the command itself
     }
   }
-  meshtrain::load_cuda_where_a_driver_is();  // before any ATen call (runtime/cuda_loader.h)
+  meshtrain::load_cuda_where_a_driver_is();  // before any ATen call (platform/cuda_loader.h)
+  meshtrain::register_rl_methods();          // train.method = reward, grpo, ppo (train/method.h)
   CLI::App app{"meshtrain: distributed LLM training in C++ (launch, train, sample, ckpt, tokenize, plan, mesh, matrix, bench, lab)"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, meshtrain::cli::Run>> commands;

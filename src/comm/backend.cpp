@@ -9,8 +9,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 
-#include "meshtrain/runtime/cuda_loader.h"
-#include "runtime/cuda_api.h"
+#include "meshtrain/platform/cuda_loader.h"
+#include "platform/cuda_api.h"
 
 namespace meshtrain {
 
@@ -29,7 +29,7 @@ bool backend_available(BackendKind kind) {
 #ifdef USE_C10D_GLOO
   if (kind == BackendKind::Gloo) return true;
 #endif
-  // NCCL lives in the CUDA plugin (runtime/cuda_loader.h): loaded where a driver is.
+  // NCCL lives in the CUDA plugin (platform/cuda_loader.h): loaded where a driver is.
   if (kind == BackendKind::Nccl) return loaded_cuda_api() != nullptr;
   return false;
 }

@@ -14,7 +14,7 @@
 #include "comm/local_reduce.h"
 #include "comm/shm_group.h"
 #include "meshtrain/comm/flight_recorder.h"
-#include "meshtrain/runtime/crash_point.h"
+#include "meshtrain/platform/crash_point.h"
 
 namespace meshtrain {
 namespace {

@@ -10,7 +10,7 @@
 #include "comm/backend.h"
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/comm/flight_recorder.h"
-#include "meshtrain/runtime/crash_point.h"
+#include "meshtrain/platform/crash_point.h"
 
 namespace meshtrain {
 

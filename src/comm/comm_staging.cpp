@@ -3,7 +3,7 @@
 #include <ATen/Functions.h>
 
 #include "meshtrain/comm/comm.h"
-#include "runtime/cuda_api.h"
+#include "platform/cuda_api.h"
 
 namespace meshtrain {
 

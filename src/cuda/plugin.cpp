@@ -1,4 +1,4 @@
-// libmeshtrain_cuda.so: the CUDA half of meshtrain, loaded on demand (runtime/cuda_loader.h).
+// libmeshtrain_cuda.so: the CUDA half of meshtrain, loaded on demand (platform/cuda_loader.h).
 // Loading it loads libtorch_cuda (whose static initialisers register ATen's CUDA kernels and
 // hooks), c10_cuda, the CUDA runtime and NCCL.
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
-#include "runtime/cuda_api.h"
+#include "platform/cuda_api.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 
 namespace meshtrain {
 

@@ -18,9 +18,8 @@
 #include "meshtrain/nn/tiled_attention.h"
 #include "meshtrain/parallel/context/attention.h"
 #include "meshtrain/parallel/context/zigzag.h"
-#include "meshtrain/peft/adapter.h"
-#include "meshtrain/runtime/device.h"
-#include "meshtrain/runtime/fault.h"
+#include "meshtrain/platform/device.h"
+#include "meshtrain/platform/fault.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
 
@@ -380,7 +379,7 @@ at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, con
     } else {
       x = run_block(i, x, train, cache, docs);
     }
-    if (train && fault_nan_in_layer(unit - 1)) {  // a test's injected fault (runtime/fault.h)
+    if (train && fault_nan_in_layer(unit - 1)) {  // a test's injected fault (platform/fault.h)
       at::Tensor poison = at::zeros_like(x);
       poison.view({-1}).select(0, 0).fill_(std::numeric_limits<double>::quiet_NaN());
       x = x + poison;
@@ -475,7 +474,7 @@ at::Tensor Transformer::head(const at::Tensor& h) {
 }
 
 at::Tensor Transformer::head_loss(const at::Tensor& h, const at::Tensor& targets) {
-  const bool plain_head = spec_.tied || (!head_.lora && !head_.nf4 && !head_.bias.defined());
+  const bool plain_head = spec_.tied || (!head_.delta && !head_.packed && !head_.bias.defined());
   if (!fused_loss_ || !plain_head) {
     at::Tensor l = head(h);
     std::optional<SegmentProfiler::Scope> t;

@@ -7,7 +7,7 @@
 
 #include <stdexcept>
 
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 
 namespace meshtrain {
 

@@ -40,10 +40,10 @@ template <typename Fn>
 void for_each_adapter(Transformer& m, Fn fn) {
   auto lin = m.linears();
   for (auto& [name, l] : lin.column) {
-    if (l->lora) fn(*l->lora, l->weight);
+    if (auto* a = dynamic_cast<LoraAdapter*>(l->delta.get())) fn(*a, l->weight);
   }
   for (auto& [name, l] : lin.row) {
-    if (l->lora) fn(*l->lora, l->weight);
+    if (auto* a = dynamic_cast<LoraAdapter*>(l->delta.get())) fn(*a, l->weight);
   }
 }
 
@@ -107,11 +107,11 @@ std::vector<std::string> apply_lora(Transformer& m, const LoraOptions& o) {
   auto lin = m.linears();
   for (auto& [name, l] : lin.column) {
     if (!targeted(name, o.targets)) continue;
-    l->lora = make(name, l->weight.size(1), l->weight.size(0) * tp, -1, 0, 0);
+    l->delta = make(name, l->weight.size(1), l->weight.size(0) * tp, -1, 0, 0);
   }
   for (auto& [name, l] : lin.row) {
     if (!targeted(name, o.targets)) continue;
-    l->lora = make(name, l->weight.size(1) * tp, l->weight.size(0), 1, -1, store.tp_rank() * l->weight.size(1));
+    l->delta = make(name, l->weight.size(1) * tp, l->weight.size(0), 1, -1, store.tp_rank() * l->weight.size(1));
   }
   if (names.empty()) no_match(o.targets);
   store.freeze_first(base_params);

@@ -35,8 +35,8 @@ struct Nf4LinearFn : torch::autograd::Function<Nf4LinearFn> {
 template <typename F>
 void for_each_linear(Transformer& m, F f) {
   auto l = m.linears();
-  for (auto& [name, lin] : l.column) f(name, lin->weight, lin->nf4);
-  for (auto& [name, lin] : l.row) f(name, lin->weight, lin->nf4);
+  for (auto& [name, lin] : l.column) f(name, lin->weight, lin->packed);
+  for (auto& [name, lin] : l.row) f(name, lin->weight, lin->packed);
 }
 
 }  // namespace
@@ -53,10 +53,11 @@ int64_t quantize_base(Transformer& m, const QloraOptions& o) {
   if (!has_lora) throw std::invalid_argument("QLoRA quantises the base under LoRA adapters: apply LoRA first");
   std::vector<std::string> names;
   int64_t bytes = 0;
-  for_each_linear(m, [&](const std::string& name, at::Tensor& weight, std::shared_ptr<Nf4Tensor>& nf4) {
-    if (nf4) throw std::invalid_argument(fmt::format("{} is already quantised", name));
-    nf4 = std::make_shared<Nf4Tensor>(nf4_quantize(weight, o.block, o.double_quant));
-    bytes += nf4->bytes();
+  for_each_linear(m, [&](const std::string& name, at::Tensor& weight, std::shared_ptr<PackedWeight>& packed) {
+    if (packed) throw std::invalid_argument(fmt::format("{} is already quantised", name));
+    auto nf4 = std::make_shared<Nf4Weight>(nf4_quantize(weight, o.block, o.double_quant));
+    bytes += nf4->tensor.bytes();
+    packed = nf4;
     weight = at::Tensor();  // the fp32 copy goes with the store's entry below
     names.push_back(name + ".weight");
   });
@@ -70,8 +71,8 @@ int64_t quantize_base(Transformer& m, const QloraOptions& o) {
 
 int64_t quantized_bytes(Transformer& m) {
   int64_t bytes = 0;
-  for_each_linear(m, [&](const std::string&, at::Tensor&, std::shared_ptr<Nf4Tensor>& nf4) {
-    if (nf4) bytes += nf4->bytes();
+  for_each_linear(m, [&](const std::string&, at::Tensor&, std::shared_ptr<PackedWeight>& packed) {
+    if (const auto* nf4 = dynamic_cast<const Nf4Weight*>(packed.get())) bytes += nf4->tensor.bytes();
   });
   return bytes;
 }

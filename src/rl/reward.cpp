@@ -19,7 +19,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/platform/subprocess.h"
 
 namespace meshtrain {
 

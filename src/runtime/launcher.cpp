@@ -30,7 +30,7 @@
 #include "meshtrain/comm/hang_report.h"
 #include "runtime/flight_collect.h"
 #include "meshtrain/runtime/job_token.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 
 namespace meshtrain {
 namespace {

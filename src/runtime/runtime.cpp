@@ -17,9 +17,9 @@
 
 #include "comm/backend.h"
 #include "meshtrain/comm/flight_recorder.h"
-#include "meshtrain/runtime/cuda_loader.h"
+#include "meshtrain/platform/cuda_loader.h"
 #include "meshtrain/runtime/job_token.h"
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 
 namespace meshtrain {
 namespace {

@@ -31,7 +31,7 @@
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
 #include "meshtrain/comm/transport_env.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"

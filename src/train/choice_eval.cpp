@@ -10,7 +10,7 @@
 
 #include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/platform/subprocess.h"
 
 namespace meshtrain {
 

@@ -6,17 +6,15 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <toml.hpp>  // third_party/tomlplusplus (see its README.md)
 
 #include "meshtrain/plan/strategy.h"
-#include "meshtrain/rl/environment.h"
-#include "meshtrain/rl/grpo.h"
-#include "meshtrain/rl/ppo.h"
 #include "meshtrain/train/dpo.h"
-#include "meshtrain/runtime/device.h"
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/train/method.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/train/precision.h"
 #include "train/config_keys.h"
 
@@ -64,7 +62,6 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
   }
 }
 
-// train.method = "grpo" | "ppo": the [rl], [grpo] and [ppo] settings.
 // Mixture of experts and expert parallelism (moe/layer.h).
 void check_moe(const TrainConfig& c, const std::string& path) {
   const plan::ModelSpec& m = c.model;
@@ -99,75 +96,6 @@ void check_moe(const TrainConfig& c, const std::string& path) {
     throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with HSDP (parallel.dp_shard = {}): not supported; "
                                             "set parallel.dp_shard = 0",
                                             path, c.ep, c.dp_shard));
-  }
-  if (c.ep > 1 && (c.method == "grpo" || c.method == "ppo")) {
-    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with train.method = \"{}\": reinforcement learning "
-                                            "runs on tp x dp meshes; set parallel.ep = 1",
-                                            path, c.ep, c.method));
-  }
-}
-
-void check_rl(const TrainConfig& c, const std::string& path) {
-  const auto& r = c.rl;
-  const std::string& m = c.method;
-  if (r.prompts.empty()) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" needs rl.prompts", path, m));
-  if (m == "grpo" && r.group < 2) {
-    throw std::invalid_argument(fmt::format("{}: rl.group = {}: GRPO's baseline is the group's mean reward, so it "
-                                            "needs at least 2 completions per prompt (PPO's critic works with 1)",
-                                            path, r.group));
-  }
-  if (!r.reward_command.empty() && !r.reward_shell) {
-    try {
-      command_words(r.reward_command, "rl.reward_command");
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("{}: {} (or set rl.reward_shell = true)", path, e.what()));
-    }
-  }
-  if (!r.reward_command.empty() && !r.reward_model.empty()) {
-    throw std::invalid_argument(fmt::format("{}: rl.reward_command and rl.reward_model both set: the reward comes from "
-                                            "one of them (or, with neither, from the task)",
-                                            path));
-  }
-  if (r.max_turns < 1) throw std::invalid_argument(fmt::format("{}: rl.max_turns = {} must be >= 1", path, r.max_turns));
-  try {
-    make_environment(r.environment);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: rl.environment: {}", path, e.what()));
-  }
-  if (r.task != "arithmetic" && r.task != "reverse") {
-    throw std::invalid_argument(fmt::format("{}: rl.task = \"{}\": use \"arithmetic\" or \"reverse\" (the shipped "
-                                            "tasks; other rewards through rl.reward_command)",
-                                            path, r.task));
-  }
-  if (c.sp || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
-    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" runs on data and tensor parallelism (DDP, "
-                                            "no sequence parallelism) for now: parallel.sp must be false, pp and cp "
-                                            "1, zero 0, lora.quantize \"none\" (they are {}, {}, {}, {}, \"{}\")",
-                                            path, m, c.sp, c.pp, c.cp, c.zero, c.lora_quantize));
-  }
-  // The keys of training on data that an RL run has no use for: one error each, not silence.
-  const std::pair<bool, std::string> unused[] = {
-      {c.check_replicas_every > 0,
-       fmt::format("check.replicas_every = {}: the replica check runs in training on data; set it to 0",
-                   c.check_replicas_every)},
-      {!c.eval_tasks.empty(), "eval.tasks: an RL run scores its held-out prompts (rl.eval); drop eval.tasks"},
-      {!c.val_shards.empty(), "data.val: an RL run has no token data to validate on (its held-out set is rl.eval); "
-                              "drop data.val"},
-      {!c.train_shards.empty() || !c.sources.empty(),
-       "data.train / data.sources: an RL run trains on rl.prompts' rollouts; drop the token data"}};
-  for (const auto& [set, why] : unused) {
-    if (set) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" with {}", path, m, why));
-  }
-  try {
-    parse_grpo_loss(c.grpo.loss);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: grpo.loss: {}", path, e.what()));
-  }
-  const auto& p = c.ppo;
-  try {
-    parse_kl_estimator(p.kl_estimator);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(fmt::format("{}: ppo.kl_estimator: {}", path, e.what()));
   }
 }
 
@@ -215,8 +143,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: {}", path, e.what()));
   }
+  const Method* method = find_method(c.method);
+  if (!method) {
+    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use one of \"{}\"", path, c.method,
+                                            fmt::join(method_names(), "\", \"")));
+  }
   check_moe(c, path);
-  if (c.train_shards.empty() && c.sources.empty() && c.method != "grpo" && c.method != "ppo") {
+  if (c.train_shards.empty() && c.sources.empty() && method->token_data) {
     throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" (or sources = [...]) is required", path));
   }
   if (!c.train_shards.empty() && !c.sources.empty()) {
@@ -269,13 +202,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "checkpoint.dir and checkpoint.every (they are \"{}\" and {})",
                                             path, c.ckpt_dir, c.ckpt_every));
   }
-  if ((c.method == "grpo" || c.method == "ppo") &&
-      (c.spike.policy == SpikePolicy::Skip || c.spike.policy == SpikePolicy::Rollback)) {
-    throw std::invalid_argument(fmt::format("{}: spike.policy = \"{}\": skip and rollback act on training on data "
-                                            "(pretrain, sft, dpo, reward); train.method = \"{}\" logs spikes of the "
-                                            "actor's updates only: set spike.policy = \"log\" or \"off\"",
-                                            path, spike_policy_name(c.spike.policy), c.method));
-  }
   if (c.check_replicas_every > 0 && c.zero == 3) {
     throw std::invalid_argument(fmt::format("{}: check.replicas_every = {} compares data-parallel replicas of the "
                                             "parameters, and ZeRO-3 keeps none (each rank holds its own slice): set "
@@ -300,19 +226,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "model.dropout = 0 (it is {})",
                                             path, c.cp, c.model.dropout));
   }
-  if (c.method != "pretrain" && c.method != "sft" && c.method != "dpo" && c.method != "reward" && c.method != "grpo" &&
-      c.method != "ppo") {
-    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use \"pretrain\", \"sft\", \"dpo\", \"reward\", "
-                                            "\"grpo\" or \"ppo\"",
-                                            path, c.method));
-  }
-  if (c.method == "reward" && (c.pp > 1 || c.cp > 1 || c.sp)) {
-    // A sequence's score is one position's value: the sequence whole on one rank, its hidden states whole.
-    throw std::invalid_argument(fmt::format("{}: train.method = \"reward\" needs each sequence whole on one rank: "
-                                            "parallel.pp and cp must be 1 and sp false (they are {}, {}, {})",
-                                            path, c.pp, c.cp, c.sp));
-  }
-  if (c.method == "grpo" || c.method == "ppo") check_rl(c, path);
+  if (method->check) method->check(c, path);
   if (c.method == "dpo") {
     // A pair's loss needs each sequence's whole log-probability on one rank.
     if (c.pp > 1 || c.cp > 1) {

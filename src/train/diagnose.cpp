@@ -22,7 +22,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/data/loader.h"
 #include "meshtrain/model/transformer.h"
-#include "meshtrain/runtime/fault.h"
+#include "meshtrain/platform/fault.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"

@@ -8,15 +8,11 @@
 #include <stdexcept>
 
 #include "meshtrain/plan/strategy.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/peft/qlora.h"
-#include "meshtrain/data/tasks.h"
 #include "meshtrain/moe/layer.h"
-#include "meshtrain/rl/critic.h"
-#include "meshtrain/rl/grpo_objective.h"
-#include "meshtrain/rl/reward_model.h"
-#include "meshtrain/train/dpo.h"
+#include "meshtrain/train/method.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 
@@ -68,11 +64,11 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages, {},
                            plan::Balance::Parameters, &ep_);
   }
+  const Method& method = method_named(c.method);
   for (auto& m : chunks_) {
     if (c.lora.rank > 0) apply_lora(*m, c.lora);
     if (c.adapters.bottleneck > 0) apply_adapters(*m, c.adapters);
-    // A critic or a reward model: the trunk with a value head (after LoRA, which freezes what came before it).
-    if (role == EngineRole::Critic || c.method == "reward") add_value_head(*m);
+    if (method.prepare_model) method.prepare_model(c, role, *m);  // a critic's or reward model's value head
     m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
     m->set_recompute(plan::parse_recompute(c.recompute));
   }
@@ -103,35 +99,13 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   opt_ = std::make_unique<AdamW>(updated_, c.optim);
   // ZeRO's slices are disjoint across its shard group already (zero.h): only whole experts sum over ep.
   if (ep_.size() > 1 && zero_.empty()) opt_->set_expert_group(&ep_);
-  const bool copy_reference = role == EngineRole::Method &&
-                              ((c.method == "dpo" && c.dpo_reference == "copy") ||
-                               (c.method == "grpo" && c.grpo.beta > 0 && c.lora.rank == 0) ||
-                               (c.method == "ppo" && c.ppo.kl_coef > 0 && c.lora.rank == 0));
-  if (copy_reference) {
+  if (method.copy_reference && method.copy_reference(c, role)) {
     // The reference is the starting model: built from the same seed as the
     // policy, then given the same pinned [init] weights (load_reference), frozen.
     reference_ = std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed);
     for (auto& p : reference_->params().params()) p.tensor.requires_grad_(false);
   }
-  if (role == EngineRole::Critic) {
-    objective_ = std::make_unique<ValueObjective>(c.ppo.value_clip, c.ppo.vf_coef);
-  } else if (c.method == "reward") {
-    objective_ = std::make_unique<RewardModelObjective>();
-  } else if (c.method == "dpo") {
-    objective_ = std::make_unique<DpoObjective>(DpoOptions{c.dpo_beta, parse_dpo_loss(c.dpo_loss)}, reference_.get());
-  } else if (c.method == "grpo" || c.method == "ppo") {
-    // PPO's actor: GRPO's clipped surrogate over every policy token (dapo's
-    // token mean), per-token advantages, the KL in the reward instead (rl/ppo.h).
-    const bool ppo = c.method == "ppo";
-    GrpoOptions g;
-    g.epsilon_low = c.rl.epsilon, g.epsilon_high = c.rl.epsilon_high, g.beta = ppo ? 0.0 : c.grpo.beta;
-    g.loss = ppo ? GrpoLoss::Dapo : parse_grpo_loss(c.grpo.loss);
-    g.kl_ratio = !ppo && c.grpo.kl_ratio;
-    g.max_completion = c.rl.max_new;
-    objective_ = std::make_unique<GrpoObjective>(g, c.rl.temperature, CharVocab::size(), reference_.get());
-  } else {
-    objective_ = std::make_unique<NextTokenObjective>();
-  }
+  objective_ = method.objective ? method.objective(c, role, reference_.get()) : std::make_unique<NextTokenObjective>();
   if (precision_ == Precision::Fp16) scaler_ = std::make_unique<LossScaler>();
   std::vector<ShardedDataParallel*> zero_raw;
   for (auto& z : zero_) zero_raw.push_back(z.get());

@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 
 namespace meshtrain {
 namespace {
@@ -282,6 +282,28 @@ HostPeak measure_host_peak(const std::string& what, int cores, const std::string
 
 void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores) {
   ::setenv(kHostPeakEnv, fmt::format("{} {:.17g} {:.3f} {}", what, p.value, p.seconds, cores).c_str(), 1);
+}
+
+HostPeak mfu_peak(double peak_tflops, bool bf16) {
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string dtype = bf16 ? "bf16" : "fp32";
+  HostPeak peak;
+  if (peak_tflops > 0) {
+    peak.value = peak_tflops * 1e12;
+    peak.source = "train.peak_tflops";
+  } else if (computes_on_cuda()) {
+    peak.value = measure_cuda_gemm_flops(bf16);
+    peak.source = fmt::format("{} GEMM rate of {}, measured now", dtype, compute_device_name());
+  } else {
+    peak = host_peak_from_launcher("gemm_" + dtype);
+    if (peak.value <= 0) {
+      peak = measure_host_peak("gemm_" + dtype, cores);
+      for (const std::string& w : peak.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);
+      peak.source = fmt::format("{} GEMMs on all {} cores, measured by rank 0 while the others waited ({:.2f} s)",
+                                dtype, cores, peak.seconds);
+    }
+  }
+  return peak;
 }
 
 HostPeak host_peak_from_launcher(const std::string& what) {

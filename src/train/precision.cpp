@@ -1,5 +1,5 @@
 #include "meshtrain/train/precision.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>

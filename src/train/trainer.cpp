@@ -30,7 +30,7 @@
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/plan/strategy.h"
 #include "meshtrain/plan/traffic.h"
-#include "meshtrain/runtime/cuda_loader.h"
+#include "meshtrain/platform/cuda_loader.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
@@ -40,18 +40,18 @@
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/memory.h"
-#include "meshtrain/runtime/tensor_memory.h"
+#include "meshtrain/platform/tensor_memory.h"
 #include "meshtrain/train/memory_estimate.h"
+#include "meshtrain/train/method.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/trainer.h"
 
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/data/tasks.h"
-#include "meshtrain/rl/rl_trainer.h"
 #include "meshtrain/train/step.h"
 #include "meshtrain/train/replica_check.h"
-#include "meshtrain/runtime/fault.h"
+#include "meshtrain/platform/fault.h"
 #include "train/checks.h"
 #include "train/spike_defence.h"
 
@@ -282,7 +282,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
 
 
 int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
-  if (c.method == "grpo" || c.method == "ppo") return train_rl(c, runtime);
+  if (const Method& method = method_named(c.method); method.run) return method.run(c, runtime);
   tensor_memory::install();
   Runtime* rt = &runtime;
   // Also checked before launching (a foreign launcher skips that); one process warns here.
@@ -326,30 +326,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       c.lora.rank > 0 ? plan::adapter_train_flops_per_token(
                             c.model, c.seq, plan::lora_params_matching(c.model, c.lora.rank, c.lora.targets))
                       : plan::train_flops_per_token(c.model, c.seq);
-  // The MFU denominator (train/gemm_peak.h): train.peak_tflops; on the CPU what the launching process
-  // measured on all of this host's cores before any rank started, else (ranks started by srun or another
-  // launcher) rank 0 measures now while the others wait; on CUDA rank 0's device, measured now. MFU is the
-  // run's FLOP/s over the sum of what its ranks compute on: every node's host (nodes alike) on the CPU,
-  // every rank's device on CUDA.
-  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  const std::string gemm_dtype = c.precision == "bf16" ? "bf16" : "fp32";
-  const std::string gemm_what = "gemm_" + gemm_dtype;
-  HostPeak peak;
-  if (lead && c.peak_tflops > 0) {
-    peak.value = c.peak_tflops * 1e12;
-    peak.source = "train.peak_tflops";
-  } else if (lead && computes_on_cuda()) {
-    peak.value = measure_cuda_gemm_flops(c.precision == "bf16");
-    peak.source = fmt::format("{} GEMM rate of {}, measured now", gemm_dtype, compute_device_name());
-  } else if (lead) {
-    peak = host_peak_from_launcher(gemm_what);
-    if (peak.value <= 0) {
-      peak = measure_host_peak(gemm_what, cores);
-      for (const std::string& w : peak.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);
-      peak.source = fmt::format("{} GEMMs on all {} cores, measured by rank 0 while the others waited ({:.2f} s)",
-                                gemm_dtype, cores, peak.seconds);
-    }
-  }
+  const HostPeak peak = lead ? mfu_peak(c.peak_tflops, c.precision == "bf16") : HostPeak{};
   const int nodes = std::max(1, mesh.world().size() / std::max(1, rt->env().local_world_size));
   const int units = computes_on_cuda() ? mesh.world().size() : nodes;
   const double peak_flops = peak.value * units;
@@ -442,7 +419,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     const double a2a0 = all_to_all_rows_seconds();
     StepResult r = engine.step(s, micro, spike.gate());
     const double a2a = all_to_all_rows_seconds() - a2a0;  // this rank's MoE dispatch and combine
-    if (fault_perturb_after(s)) {  // a test's silent corruption (runtime/fault.h)
+    if (fault_perturb_after(s)) {  // a test's silent corruption (platform/fault.h)
       at::NoGradGuard no_grad;
       engine.model_params().at(0).tensor.view({-1})[0].add_(1e-3);
     }

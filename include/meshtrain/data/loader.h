@@ -74,7 +74,7 @@ struct Batch {
   int64_t first_row = 0;
 };
 
-// `b` on the device this process computes on (runtime/device.h): itself on cpu, else a copy
+// `b` on the device this process computes on (platform/device.h): itself on cpu, else a copy
 // of its tensors there. The loader reads on the host; steps and evaluations compute here.
 Batch on_compute_device(const Batch& b);
 

@@ -35,6 +35,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/model/output_adapter.h"
 #include "meshtrain/model/profiler.h"
 #include "meshtrain/nn/keyed_dropout.h"
 #include "meshtrain/nn/params.h"
@@ -47,7 +48,6 @@ namespace meshtrain {
 
 class Comm;
 class MoeLayer;
-struct BottleneckAdapter;
 
 struct Block {
   at::Tensor norm1_w, norm1_b, norm2_w, norm2_b;
@@ -60,7 +60,7 @@ struct Block {
   std::shared_ptr<MoeLayer> moe;
   bool dense_ffn = true;  // the linears above exist (a dense layer, or shared experts)
   // Bottleneck adapters (peft/adapter.h) on the attention and MLP outputs, when added.
-  std::shared_ptr<BottleneckAdapter> adapter_attn, adapter_mlp;
+  std::shared_ptr<OutputAdapter> adapter_attn, adapter_mlp;
 };
 
 // Keys and values of the positions seen so far, for generation one token at a

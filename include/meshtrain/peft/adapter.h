@@ -15,13 +15,15 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/model/output_adapter.h"
+
 namespace meshtrain {
 
 class Transformer;
 
-struct BottleneckAdapter {
+struct BottleneckAdapter final : OutputAdapter {
   at::Tensor down_w, down_b, up_w, up_b;
-  at::Tensor forward(const at::Tensor& a) const;  // a + up(gelu(down(a)))
+  at::Tensor forward(const at::Tensor& a) const override;  // a + up(gelu(down(a)))
 };
 
 struct AdapterOptions {

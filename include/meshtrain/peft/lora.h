@@ -25,6 +25,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/parallel/tensor/linear_addons.h"
 #include "meshtrain/plan/spec.h"
 
 namespace meshtrain {
@@ -40,7 +41,7 @@ struct LoraOptions {
   std::vector<std::string> targets{"attn.q", "attn.v"};
 };
 
-struct LoraAdapter {
+struct LoraAdapter final : LinearDelta {
   at::Tensor a, b;  // this rank's shards
   double scale = 1;  // α / r
   double dropout = 0;
@@ -51,9 +52,9 @@ struct LoraAdapter {
   int64_t feature_offset = 0;
   bool enabled = true;           // false: the base alone (a DPO reference without a second copy)
   bool merged = false;           // (α / r) B A is in W (merge_lora): not added again
-  bool active() const { return enabled && !merged; }
+  bool active() const override { return enabled && !merged; }
   // (α / r) · dropout(x) Aᵀ Bᵀ; dropout only when `train`.
-  at::Tensor delta(const at::Tensor& x, bool train) const;
+  at::Tensor delta(const at::Tensor& x, bool train) const override;
 };
 
 // The names of a model's block linears, as Transformer::linears() gives them

@@ -13,9 +13,11 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/parallel/tensor/linear_addons.h"
 #include "meshtrain/peft/nf4.h"
 
 namespace meshtrain {
@@ -29,6 +31,13 @@ struct QloraOptions {
 
 // x [.., in] · dequant(w)ᵀ: [.., out]; differentiable in x only.
 at::Tensor nf4_linear(const at::Tensor& x, const Nf4Tensor& w);
+
+// A block linear's weight in NF4, as the layer holds it (parallel/tensor/layers.h).
+struct Nf4Weight final : PackedWeight {
+  explicit Nf4Weight(Nf4Tensor t) : tensor(std::move(t)) {}
+  at::Tensor linear(const at::Tensor& x) const override { return nf4_linear(x, tensor); }
+  Nf4Tensor tensor;
+};
 
 // Quantises every block linear of `m`; returns the bytes the NF4 weights hold.
 // Throws std::invalid_argument when the model has no LoRA adapters (its base

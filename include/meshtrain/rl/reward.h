@@ -25,7 +25,7 @@ using RewardFn = std::function<double(const TaskExample& example, const std::vec
 RewardFn task_reward_fn();
 
 // How the command runs ([rl] reward_command, reward_shell, reward_timeout). Without `shell`
-// the command is split into words (command_words, runtime/subprocess.h) and started with
+// the command is split into words (command_words, platform/subprocess.h) and started with
 // posix_spawn: no shell sees it. With `shell`, /bin/sh -c runs it.
 struct RewardCommand {
   std::string command;

@@ -2,7 +2,7 @@
 //
 // Each child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR, MASTER_PORT, MESHTRAIN_RESTART_COUNT, and the load-time variables
-// of runtime/threads.h. Every line a child prints is prefixed with "[rank N] ".
+// of platform/threads.h. Every line a child prints is prefixed with "[rank N] ".
 //
 // Failure rule: when a child exits non-zero or is killed, the launcher sends
 // SIGTERM to the others, SIGKILL after `grace_seconds`, then either restarts the

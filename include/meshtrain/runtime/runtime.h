@@ -25,7 +25,7 @@ struct RuntimeOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // The Gloo agreement check's period (comm.h): every n-th collective of a group.
   int check_every = 64;
-  bool configure_threads = true;  // apply per-rank thread counts (runtime/threads.h)
+  bool configure_threads = true;  // apply per-rank thread counts (platform/threads.h)
 };
 
 class Runtime {

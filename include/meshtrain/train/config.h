@@ -61,7 +61,7 @@ struct TrainConfig {
   bool offload = false;
   std::string recompute = "none";  // [train] recompute: none | selective | full
   std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
-  std::string device = "auto";     // [train] device: cpu | cuda | auto (runtime/device.h)
+  std::string device = "auto";     // [train] device: cpu | cuda | auto (platform/device.h)
   // [train] peak_tflops: the MFU's denominator (TFLOP/s); 0: this host's GEMM rate in the run's dtype,
   // measured once and cached per machine (train/gemm_peak.h).
   double peak_tflops = 0;

@@ -68,7 +68,7 @@ class TrainEngine {
   // One batch forward only, on every rank: each row's per-token loss summed
   // [b] (double). With context parallelism each cp rank's covers its chunks.
   at::Tensor row_losses(const Batch& b);
-  // The method's objective (train/objective.h): next-token or DPO.
+  // The method's objective (train/objective.h, from its train/method.h entry).
   Objective& objective() { return *objective_; }
 
   // `trained_only`: frozen parameters left out (adapter checkpoints, trainer.h).

@@ -74,4 +74,12 @@ void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores);
 // What a launching process handed down for `what` (value 0: nothing, or another dtype's).
 HostPeak host_peak_from_launcher(const std::string& what);
 
+// The MFU denominator of one compute unit, on the rank that prints MFU: `peak_tflops` when given
+// (train.peak_tflops); on the CPU what the launching process measured on all of this host's cores
+// before any rank started, else (ranks started by srun or another launcher) a measurement now, the
+// other ranks waiting; on CUDA this rank's device, measured now. MFU is the run's FLOP/s over the
+// sum of what its ranks compute on: every node's host (nodes alike) on the CPU, every rank's device
+// on CUDA. Measurement warnings go to stderr.
+HostPeak mfu_peak(double peak_tflops, bool bf16);
+
 }  // namespace meshtrain

@@ -12,10 +12,10 @@
 //
 // The allocator line: libtorch's CPU allocator takes its storage from glibc's
 // malloc, and each rank runs with glibc's mmap off and its trimming at 64 GiB
-// (runtime/threads.h: freed buffers stay in the heap, 1.5-4x faster steps,
+// (platform/threads.h: freed buffers stay in the heap, 1.5-4x faster steps,
 // PLATFORM.md), so every tensor comes from the heap and the heap keeps freed
 // blocks that later requests of other sizes cannot reuse. Measured with the
-// counting allocator (runtime/tensor_memory.h): the heap holds about 0.6x the
+// counting allocator (platform/tensor_memory.h): the heap holds about 0.6x the
 // step's transient tensors (activations, logits) beyond the live ones
 // (bench/memory.sh, docs/bench-memory.md: 0.46-0.73 on one rank over seq
 // 32-256 and micro-batch 1-32; less under ZeRO, more under recomputation,

@@ -39,7 +39,7 @@ void check_precision_supported(Precision p, const std::string& device);
 // fp32), then restores the previous state and drops autocast's cache of cast weights.
 class AutocastGuard {
  public:
-  // On the device this process computes on (runtime/device.h).
+  // On the device this process computes on (platform/device.h).
   explicit AutocastGuard(Precision p);
   AutocastGuard(Precision p, c10::DeviceType device);
   ~AutocastGuard();

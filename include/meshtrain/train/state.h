@@ -23,15 +23,12 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/parallel/data/owned_range.h"
 #include "meshtrain/plan/spec.h"
+#include "meshtrain/plan/spec_json.h"
 
 namespace meshtrain {
 
 class AdamW;
 class Transformer;
-
-nlohmann::json spec_to_json(const plan::ModelSpec& m);
-// Throws std::invalid_argument naming a missing or wrong field.
-plan::ModelSpec spec_from_json(const nlohmann::json& j);
 
 // This rank's pieces of the model and optimizer state.
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank);

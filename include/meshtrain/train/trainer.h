@@ -15,7 +15,7 @@
 #include "meshtrain/compat.h"
 
 #include "meshtrain/plan/strategy.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
@@ -59,7 +59,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp);
 // `warn_memory`, also prints a warning when the planner's per-rank estimate
 // times the ranks on this host exceeds its free memory.
 // `ranks_per_node`: the ranks started on each node (train.device = cuda needs a device each).
-// Returns the device the run computes on (runtime/device.h).
+// Returns the device the run computes on (platform/device.h).
 DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool plan_check, bool warn_memory);
 
 // Kernel health at start (train/gemm_peak.h), in the launching process of a CPU run before any
@@ -75,7 +75,7 @@ void measure_host_before_ranks(const TrainConfig& c);
 // adapters and the other methods run on cpu only for now.
 void check_cuda_run(const TrainConfig& c);
 
-// Binds this rank to the run's device (cuda:LOCAL_RANK, runtime/device.h) and returns the
+// Binds this rank to the run's device (cuda:LOCAL_RANK, platform/device.h) and returns the
 // backend of its collectives (comm.backend; auto: NCCL on cuda, Gloo on cpu). Call before
 // the runtime starts: NCCL binds its communicators to the current device.
 BackendKind bind_run_device(const TrainConfig& c, int local_rank, int local_world_size);

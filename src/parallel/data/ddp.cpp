@@ -7,13 +7,13 @@
 #include <stdexcept>
 
 #include "meshtrain/comm/comm.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 #include "parallel/data/grad_ready.h"
 
 namespace meshtrain {
 namespace {
 
-// Buckets and flats live on the device the parameters do (runtime/device.h).
+// Buckets and flats live on the device the parameters do (platform/device.h).
 at::TensorOptions on_device(at::ScalarType t) { return at::TensorOptions(compute_device()).dtype(t); }
 
 struct Bucket {

@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "meshtrain/comm/comm.h"
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/runtime/runtime.h"
 #include "parallel/data/grad_ready.h"
@@ -20,7 +20,7 @@
 namespace meshtrain {
 namespace {
 
-// Buckets and flats live on the device the parameters do (runtime/device.h).
+// Buckets and flats live on the device the parameters do (platform/device.h).
 at::TensorOptions on_device(at::ScalarType t) { return at::TensorOptions(compute_device()).dtype(t); }
 
 // Stage 3 frees and reallocates a flat's storage in place: every tensor that

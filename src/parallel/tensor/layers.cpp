@@ -8,8 +8,6 @@
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/comm/comm.h"
-#include "meshtrain/peft/lora.h"
-#include "meshtrain/peft/qlora.h"
 
 namespace meshtrain {
 
@@ -37,9 +35,9 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
 // LoRA's term trains only under autograd (GradMode on): evaluation and decoding run without its dropout.
 at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x, bool add_bias) const {
   const at::Tensor b = add_bias ? bias : at::Tensor();
-  at::Tensor y = nf4 ? nf4_linear(x, *nf4) : nn::linear(x, weight, b);
-  if (nf4 && b.defined()) y = y + b;
-  return lora && lora->active() ? y + lora->delta(x, at::GradMode::is_enabled()) : y;
+  at::Tensor y = packed ? packed->linear(x) : nn::linear(x, weight, b);
+  if (packed && b.defined()) y = y + b;
+  return delta && delta->active() ? y + delta->delta(x, at::GradMode::is_enabled()) : y;
 }
 
 RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name, int64_t in, int64_t out, bool bias,
@@ -53,8 +51,8 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x, bool add_bias) const {
-  at::Tensor partial = nf4 ? nf4_linear(x, *nf4) : nn::linear(x, weight);
-  if (lora && lora->active()) partial = partial + lora->delta(x, at::GradMode::is_enabled());
+  at::Tensor partial = packed ? packed->linear(x) : nn::linear(x, weight);
+  if (delta && delta->active()) partial = partial + delta->delta(x, at::GradMode::is_enabled());
   at::Tensor y = tp_.leave(partial);
   return add_bias && bias.defined() ? y + bias : y;
 }

@@ -18,12 +18,11 @@
 #include <ATen/core/Tensor.h>
 
 #include "meshtrain/nn/params.h"
+#include "meshtrain/parallel/tensor/linear_addons.h"
 
 namespace meshtrain {
 
 class Comm;
-struct LoraAdapter;
-struct Nf4Tensor;
 
 struct TensorParallel {
   Comm* comm = nullptr;  // the tp group
@@ -47,8 +46,8 @@ class ColumnParallelLinear {
   // Enters the region itself.
   at::Tensor forward(const at::Tensor& x) const { return forward_entered(tp_.enter(x)); }
   at::Tensor weight, bias;
-  std::shared_ptr<LoraAdapter> lora;  // peft/lora.h: added to the output when set and enabled
-  std::shared_ptr<Nf4Tensor> nf4;     // peft/qlora.h: the weight in NF4 (then `weight` is undefined)
+  std::shared_ptr<LinearDelta> delta;    // LoRA: added to the output when set and active
+  std::shared_ptr<PackedWeight> packed;  // QLoRA: the weight in NF4 (then `weight` is undefined)
 
  private:
   TensorParallel tp_;
@@ -63,8 +62,8 @@ class RowParallelLinear {
   // (add_bias false: by the caller, fused into the residual add, nn/fused_ops.h).
   at::Tensor forward(const at::Tensor& x, bool add_bias = true) const;
   at::Tensor weight, bias;
-  std::shared_ptr<LoraAdapter> lora;  // peft/lora.h: added to the partial product before the reduction
-  std::shared_ptr<Nf4Tensor> nf4;     // peft/qlora.h: the weight in NF4 (then `weight` is undefined)
+  std::shared_ptr<LinearDelta> delta;    // LoRA: added to the partial product before the reduction
+  std::shared_ptr<PackedWeight> packed;  // QLoRA: the weight in NF4 (then `weight` is undefined)
 
  private:
   TensorParallel tp_;

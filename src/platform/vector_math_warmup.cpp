@@ -1,4 +1,4 @@
-#include "meshtrain/runtime/vector_math_warmup.h"
+#include "meshtrain/platform/vector_math_warmup.h"
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>

@@ -1,4 +1,4 @@
-#include "meshtrain/runtime/fault.h"
+#include "meshtrain/platform/fault.h"
 
 #include <atomic>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "meshtrain/runtime/crash_point.h"
+#include "meshtrain/platform/crash_point.h"
 
 #include <signal.h>
 

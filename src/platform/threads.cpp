@@ -1,4 +1,4 @@
-#include "meshtrain/runtime/threads.h"
+#include "meshtrain/platform/threads.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 
 #include <ATen/Parallel.h>
 
-#include "meshtrain/runtime/vector_math_warmup.h"
+#include "meshtrain/platform/vector_math_warmup.h"
 
 namespace meshtrain {
 namespace {

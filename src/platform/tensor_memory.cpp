@@ -1,4 +1,4 @@
-#include "meshtrain/runtime/tensor_memory.h"
+#include "meshtrain/platform/tensor_memory.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "meshtrain/runtime/cuda_loader.h"
+#include "meshtrain/platform/cuda_loader.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "runtime/cuda_api.h"
+#include "platform/cuda_api.h"
 
 namespace meshtrain {
 namespace {
@@ -52,7 +52,7 @@ bool load_locked() {
   if (!at::detail::getCUDAHooks().hasCUDART()) {
     throw std::logic_error(
         "libtorch's CUDA hooks were looked up before libmeshtrain_cuda.so loaded, so ATen stays CPU-only in "
-        "this process: call load_cuda_where_a_driver_is() first in main() (runtime/cuda_loader.h)");
+        "this process: call load_cuda_where_a_driver_is() first in main() (platform/cuda_loader.h)");
   }
   g_api = api;
   g_why.clear();

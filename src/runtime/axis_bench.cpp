@@ -1,4 +1,4 @@
-#include "meshtrain/comm/axis_bench.h"
+#include "meshtrain/runtime/axis_bench.h"
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>

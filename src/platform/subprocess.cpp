@@ -1,4 +1,4 @@
-#include "meshtrain/runtime/subprocess.h"
+#include "meshtrain/platform/subprocess.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

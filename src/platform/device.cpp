@@ -1,12 +1,12 @@
-#include "meshtrain/runtime/device.h"
+#include "meshtrain/platform/device.h"
 
 #include <c10/core/DeviceType.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
 
-#include "meshtrain/runtime/cuda_loader.h"
-#include "runtime/cuda_api.h"
+#include "meshtrain/platform/cuda_loader.h"
+#include "platform/cuda_api.h"
 
 namespace meshtrain {
 
@@ -19,7 +19,7 @@ DeviceRequest parse_device(const std::string& s) {
 
 const char* to_string(DeviceKind d) { return d == DeviceKind::Cuda ? "cuda" : "cpu"; }
 
-// 0 where the CUDA plugin is not loaded (no driver: runtime/cuda_loader.h).
+// 0 where the CUDA plugin is not loaded (no driver: platform/cuda_loader.h).
 int cuda_device_count() {
   const CudaApi* cuda = loaded_cuda_api();
   return cuda ? cuda->device_count() : 0;

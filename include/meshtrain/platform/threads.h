@@ -18,7 +18,7 @@ int threads_per_rank(int local_world_size);
 
 // at::set_num_threads, one inter-op thread, OpenBLAS's own pool (which
 // ignores at::set_num_threads), and MKL's vector math set up on every thread
-// (runtime/vector_math_warmup.h).
+// (platform/vector_math_warmup.h).
 void configure_threads(int local_world_size);
 
 // The variables a rank needs at load time and does not have yet:

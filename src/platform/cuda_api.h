@@ -1,5 +1,5 @@
 // The table of CUDA entry points that libmeshtrain_cuda.so (src/cuda/plugin.cpp) hands to
-// the core (runtime/cuda_loader.h). The core links libtorch_cpu only; everything that needs
+// the core (platform/cuda_loader.h). The core links libtorch_cpu only; everything that needs
 // libtorch_cuda, c10_cuda, the CUDA runtime or NCCL lives behind this table, so a process
 // that never computes on a GPU never loads them (on this wheel: ~235 MiB resident per
 // process, and their start-up time).
@@ -39,6 +39,6 @@ struct CudaApi {
 extern "C" const meshtrain::CudaApi* meshtrain_cuda_api();
 
 namespace meshtrain {
-// The loaded plugin's table, or nullptr where none is loaded (runtime/cuda_loader.h says when).
+// The loaded plugin's table, or nullptr where none is loaded (platform/cuda_loader.h says when).
 const CudaApi* loaded_cuda_api();
 }  // namespace meshtrain

@@ -1,0 +1,54 @@
+// Training methods as plug-ins (torchtitan's train specs): what the trainer
+// core asks of a method, and the table it finds them in.
+//
+// The core (train/) names no method it does not own: it looks the run's
+// train.method up here and calls the hooks a method gives. train/ registers
+// the methods it holds (pretrain, sft, dpo); a method in a folder above
+// registers itself through one call (rl/methods.h: grpo, ppo, reward), so a
+// new method touches its own folder and one registration line. A hook left
+// empty means the core's default, written beside it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+class Objective;
+class Runtime;
+class Transformer;
+struct TrainConfig;
+enum class EngineRole;
+
+struct Method {
+  std::string name;     // train.method's value
+  std::string summary;  // one line, for the list of methods
+  // Trains on [data] token shards (data.train or data.sources), which must then be given.
+  // false: the method brings its own data (RL's prompts) and refuses them.
+  bool token_data = true;
+  // Settings checks in the launching process, after the core's (std::invalid_argument naming the
+  // key, prefixed with `path`). Empty: none.
+  std::function<void(const TrainConfig&, const std::string& path)> check;
+  // What a role's model needs on the trunk, after adapters (a value head). Empty: nothing.
+  std::function<void(const TrainConfig&, EngineRole, Transformer&)> prepare_model;
+  // Whether a role keeps a frozen copy of the starting model as its reference. Empty: no.
+  std::function<bool(const TrainConfig&, EngineRole)> copy_reference;
+  // A role's objective; `reference`: the frozen copy, or null. Empty: next-token loss.
+  std::function<std::unique_ptr<Objective>(const TrainConfig&, EngineRole, Transformer* reference)> objective;
+  // A method with a loop of its own (rollouts, then updates) runs the whole
+  // training here and returns the exit code. Empty: the trainer's loop over data.
+  std::function<int(const TrainConfig&, Runtime&)> run;
+};
+
+// Adds `m`; std::logic_error when its name is taken.
+void register_method(Method m);
+// The method of that name, or null.
+const Method* find_method(const std::string& name);
+// The method of that name; std::invalid_argument listing the registered ones otherwise.
+const Method& method_named(const std::string& name);
+// Registered names, in registration order.
+std::vector<std::string> method_names();
+
+}  // namespace meshtrain

@@ -1,0 +1,180 @@
+#include "meshtrain/rl/methods.h"
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "meshtrain/data/tasks.h"
+#include "meshtrain/platform/subprocess.h"
+#include "meshtrain/rl/critic.h"
+#include "meshtrain/rl/environment.h"
+#include "meshtrain/rl/grpo.h"
+#include "meshtrain/rl/grpo_objective.h"
+#include "meshtrain/rl/ppo.h"
+#include "meshtrain/rl/reward_model.h"
+#include "meshtrain/rl/rl_trainer.h"
+#include "meshtrain/train/config.h"
+#include "meshtrain/train/engine.h"
+#include "meshtrain/train/method.h"
+
+namespace meshtrain {
+namespace {
+
+// train.method = "grpo" | "ppo": the [rl], [grpo] and [ppo] settings.
+void check_rl(const TrainConfig& c, const std::string& path) {
+  const auto& r = c.rl;
+  const std::string& m = c.method;
+  if (r.prompts.empty()) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" needs rl.prompts", path, m));
+  if (m == "grpo" && r.group < 2) {
+    throw std::invalid_argument(fmt::format("{}: rl.group = {}: GRPO's baseline is the group's mean reward, so it "
+                                            "needs at least 2 completions per prompt (PPO's critic works with 1)",
+                                            path, r.group));
+  }
+  if (!r.reward_command.empty() && !r.reward_shell) {
+    try {
+      command_words(r.reward_command, "rl.reward_command");
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: {} (or set rl.reward_shell = true)", path, e.what()));
+    }
+  }
+  if (!r.reward_command.empty() && !r.reward_model.empty()) {
+    throw std::invalid_argument(fmt::format("{}: rl.reward_command and rl.reward_model both set: the reward comes from "
+                                            "one of them (or, with neither, from the task)",
+                                            path));
+  }
+  if (r.max_turns < 1) throw std::invalid_argument(fmt::format("{}: rl.max_turns = {} must be >= 1", path, r.max_turns));
+  try {
+    make_environment(r.environment);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: rl.environment: {}", path, e.what()));
+  }
+  if (r.task != "arithmetic" && r.task != "reverse") {
+    throw std::invalid_argument(fmt::format("{}: rl.task = \"{}\": use \"arithmetic\" or \"reverse\" (the shipped "
+                                            "tasks; other rewards through rl.reward_command)",
+                                            path, r.task));
+  }
+  if (c.ep > 1) {
+    throw std::invalid_argument(fmt::format("{}: parallel.ep = {} with train.method = \"{}\": reinforcement learning "
+                                            "runs on tp x dp meshes; set parallel.ep = 1",
+                                            path, c.ep, c.method));
+  }
+  if (c.spike.policy == SpikePolicy::Skip || c.spike.policy == SpikePolicy::Rollback) {
+    throw std::invalid_argument(fmt::format("{}: spike.policy = \"{}\": skip and rollback act on training on data "
+                                            "(pretrain, sft, dpo, reward); train.method = \"{}\" logs spikes of the "
+                                            "actor's updates only: set spike.policy = \"log\" or \"off\"",
+                                            path, spike_policy_name(c.spike.policy), c.method));
+  }
+  if (c.sp || c.pp > 1 || c.cp > 1 || c.zero > 0 || c.lora_quantize != "none") {
+    throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" runs on data and tensor parallelism (DDP, "
+                                            "no sequence parallelism) for now: parallel.sp must be false, pp and cp "
+                                            "1, zero 0, lora.quantize \"none\" (they are {}, {}, {}, {}, \"{}\")",
+                                            path, m, c.sp, c.pp, c.cp, c.zero, c.lora_quantize));
+  }
+  // The keys of training on data that an RL run has no use for: one error each, not silence.
+  const std::pair<bool, std::string> unused[] = {
+      {c.check_replicas_every > 0,
+       fmt::format("check.replicas_every = {}: the replica check runs in training on data; set it to 0",
+                   c.check_replicas_every)},
+      {!c.eval_tasks.empty(), "eval.tasks: an RL run scores its held-out prompts (rl.eval); drop eval.tasks"},
+      {!c.val_shards.empty(), "data.val: an RL run has no token data to validate on (its held-out set is rl.eval); "
+                              "drop data.val"},
+      {!c.train_shards.empty() || !c.sources.empty(),
+       "data.train / data.sources: an RL run trains on rl.prompts' rollouts; drop the token data"}};
+  for (const auto& [set, why] : unused) {
+    if (set) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" with {}", path, m, why));
+  }
+  try {
+    parse_grpo_loss(c.grpo.loss);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: grpo.loss: {}", path, e.what()));
+  }
+  const auto& p = c.ppo;
+  try {
+    parse_kl_estimator(p.kl_estimator);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(fmt::format("{}: ppo.kl_estimator: {}", path, e.what()));
+  }
+}
+
+// The policy's objective: GRPO's clipped surrogate; PPO's actor the same over every policy token
+// (dapo's token mean) with per-token advantages and the KL in the reward instead (rl/ppo.h).
+std::unique_ptr<Objective> policy_objective(const TrainConfig& c, Transformer* reference) {
+  const bool ppo = c.method == "ppo";
+  GrpoOptions g;
+  g.epsilon_low = c.rl.epsilon, g.epsilon_high = c.rl.epsilon_high, g.beta = ppo ? 0.0 : c.grpo.beta;
+  g.loss = ppo ? GrpoLoss::Dapo : parse_grpo_loss(c.grpo.loss);
+  g.kl_ratio = !ppo && c.grpo.kl_ratio;
+  g.max_completion = c.rl.max_new;
+  return std::make_unique<GrpoObjective>(g, c.rl.temperature, CharVocab::size(), reference);
+}
+
+Method grpo() {
+  Method m;
+  m.name = "grpo";
+  m.summary = "group relative policy optimisation on rl.prompts (rl/grpo.h)";
+  m.token_data = false;  // rl.prompts, not token shards
+  m.check = check_rl;
+  // A frozen copy for the KL unless LoRA's adapters can be switched off instead.
+  m.copy_reference = [](const TrainConfig& c, EngineRole role) {
+    return role == EngineRole::Method && c.grpo.beta > 0 && c.lora.rank == 0;
+  };
+  m.objective = [](const TrainConfig& c, EngineRole, Transformer* reference) { return policy_objective(c, reference); };
+  m.run = [](const TrainConfig& c, Runtime& rt) { return train_rl(c, rt); };
+  return m;
+}
+
+Method ppo() {
+  Method m;
+  m.name = "ppo";
+  m.summary = "proximal policy optimisation with a critic on rl.prompts (rl/ppo.h)";
+  m.token_data = false;  // rl.prompts, not token shards
+  m.check = check_rl;
+  m.prepare_model = [](const TrainConfig&, EngineRole role, Transformer& model) {
+    if (role == EngineRole::Critic) add_value_head(model);  // after LoRA, which freezes what came before it
+  };
+  m.copy_reference = [](const TrainConfig& c, EngineRole role) {
+    return role == EngineRole::Method && c.ppo.kl_coef > 0 && c.lora.rank == 0;
+  };
+  m.objective = [](const TrainConfig& c, EngineRole role, Transformer* reference) -> std::unique_ptr<Objective> {
+    if (role == EngineRole::Critic) return std::make_unique<ValueObjective>(c.ppo.value_clip, c.ppo.vf_coef);
+    return policy_objective(c, reference);
+  };
+  m.run = [](const TrainConfig& c, Runtime& rt) { return train_rl(c, rt); };
+  return m;
+}
+
+Method reward() {
+  Method m;
+  m.name = "reward";
+  m.summary = "a Bradley-Terry reward model on preference pairs (rl/reward_model.h)";
+  m.check = [](const TrainConfig& c, const std::string& path) {
+    if (c.pp > 1 || c.cp > 1 || c.sp) {
+      // A sequence's score is one position's value: the sequence whole on one rank, its hidden states whole.
+      throw std::invalid_argument(fmt::format("{}: train.method = \"reward\" needs each sequence whole on one rank: "
+                                              "parallel.pp and cp must be 1 and sp false (they are {}, {}, {})",
+                                              path, c.pp, c.cp, c.sp));
+    }
+  };
+  m.prepare_model = [](const TrainConfig&, EngineRole, Transformer& model) { add_value_head(model); };
+  m.objective = [](const TrainConfig&, EngineRole, Transformer*) -> std::unique_ptr<Objective> {
+    return std::make_unique<RewardModelObjective>();
+  };
+  return m;
+}
+
+}  // namespace
+
+void register_rl_methods() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_method(reward());
+    register_method(grpo());
+    register_method(ppo());
+  });
+}
+
+}  // namespace meshtrain
