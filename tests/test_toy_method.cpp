@@ -55,6 +55,11 @@ TEST(ToyMethod, TheTableNamesWhatIsRegistered) {
   EXPECT_THROW(register_method(twice), std::logic_error);
   EXPECT_THROW(method_named("kto"), std::invalid_argument);
   EXPECT_EQ(method_named("grpo").token_data, false);
+  // meshtrain train --help-config: the methods with their lines, then every key at its default.
+  const std::string help = help_config();
+  for (const char* line : {"#   pretrain ", "#   grpo ", "method = \"pretrain\"", "[rl]", "lr = "}) {
+    EXPECT_NE(help.find(line), std::string::npos) << line << " in:\n" << help;
+  }
 }
 
 }  // namespace

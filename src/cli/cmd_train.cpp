@@ -22,10 +22,11 @@ Run add_train(CLI::App& app) {
     int max_restarts = 0;
     bool check_plan = false;
     bool print_config = false;
+    bool help_config = false;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("train", "train a model from a TOML config (see configs/)");
-  cmd->add_option("config", o->config, "CONFIG.toml")->required();
+  cmd->add_option("config", o->config, "CONFIG.toml");
   cmd->add_option("--set", o->sets, "override: section.key=value (repeatable)");
   cmd->add_option("--nproc", o->nproc, "ranks to start on this machine (default: [parallel] nproc)");
   cmd->add_option("--max-restarts", o->max_restarts,
@@ -33,10 +34,18 @@ Run add_train(CLI::App& app) {
                   "(needs checkpoint.dir; resume \"auto\")");
   cmd->add_flag("--print-config", o->print_config,
                 "print every config key with its value, type, allowed range and help (TOML), and exit");
+  cmd->add_flag("--help-config", o->help_config,
+                "print the training methods and every config key at its default (TOML, with type, range and help), "
+                "and exit");
   cmd->add_flag("--check-plan", o->check_plan,
                 "after the first step, compare the planner's per-rank bytes (states, traffic per axis) with the "
                 "runtime's; fail beyond 5%");
   return [o]() {
+    if (o->help_config) {
+      fmt::print("{}", help_config());
+      return 0;
+    }
+    if (o->config.empty()) throw std::invalid_argument("meshtrain train CONFIG.toml: the config is missing (--help-config lists every key)");
     if (o->nproc < 0) throw std::invalid_argument(fmt::format("--nproc {} must be at least 1", o->nproc));
     TrainConfig c = load_train_config(o->config, o->sets);
     if (o->print_config) {

@@ -402,17 +402,10 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     if (lead && metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
     if (saver) saver->poll();  // an async save completes (or fails, on every rank) here
     if (saver && ((c.ckpt_every > 0 && s % c.ckpt_every == 0) || s == last)) {
-      const nlohmann::json fields{
-          {"config", {{"model", spec_to_json(c.model)}, {"train", {{"seed", c.seed}, {"method", c.method}}}}},
-          {"config_toml", print_config(c)},
-          {"spike", spike.state()},
-          {"mesh", {{"tp", c.tp}, {"pp", 1}, {"dp", dp.size()}, {"cp", 1}}},
-          {"optimizer", {{"steps", engine.optimizer().steps()}}},
-          {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
-                                                    {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
-                                   : nlohmann::json(nullptr)},
-          {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
-          {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)}};
+      nlohmann::json fields = common_checkpoint_fields(c, init ? &*init : nullptr);
+      fields.update({{"spike", spike.state()},
+                     {"mesh", {{"tp", c.tp}, {"pp", 1}, {"dp", dp.size()}, {"cp", 1}}},
+                     {"optimizer", {{"steps", engine.optimizer().steps()}}}});
       std::vector<ckpt::Piece> pieces = engine.pieces(dp.rank(), adapter_checkpoints(c));
       if (critic) {
         for (auto& p : critic->pieces(dp.rank(), adapter_checkpoints(c))) {

@@ -14,6 +14,7 @@
 
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/plan/spec.h"
+#include "meshtrain/train/method.h"
 
 namespace meshtrain {
 namespace {
@@ -401,6 +402,14 @@ std::string print_config(const TrainConfig& c) {
     out += fmt::format("{:<32} # {}{}: {}\n", line, k.type, k.range.empty() ? "" : ", " + k.range, k.help);
   }
   return out;
+}
+
+std::string help_config() {
+  std::string out = "# train.method: one of\n";
+  for (const auto& name : method_names()) out += fmt::format("#   {:<10} {}\n", name, method_named(name).summary);
+  TrainConfig defaults;
+  defaults.model = plan::preset("gpt-tiny");  // as load_train_config starts
+  return out + "\n" + print_config(defaults);
 }
 
 }  // namespace meshtrain

@@ -117,6 +117,23 @@ std::string metrics_text(const std::vector<std::string>& names, const std::vecto
 
 
 
+}  // namespace
+
+nlohmann::json common_checkpoint_fields(const TrainConfig& c, const ckpt::Pin* init) {
+  return {// The whole config, as `--print-config` writes it: what `meshtrain diagnose step` replays with.
+          {"config_toml", print_config(c)},
+          {"config", {{"model", spec_to_json(c.model)}, {"train", {{"seed", c.seed}, {"method", c.method}}}}},
+          {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
+                                                    {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
+                                   : nlohmann::json(nullptr)},
+          // The pinned starting weights (ckpt/pin.h). Adapters on a frozen base: the checkpoint
+          // holds what trains, and the base is that pinned step (ckpt::model_weights, load_model); QLoRA's in NF4.
+          {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
+          {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)}};
+}
+
+namespace {
+
 // Manifest fields besides the tensors (train/state.h).
 nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int dp,
                                  const LossScaler* scaler, const SpikeDefence& spike, const ckpt::Pin* init) {
@@ -126,28 +143,19 @@ nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const T
     scaler_state = {{"scale", scaler->state().scale}, {"good_steps", scaler->state().good_steps},
                     {"skipped", scaler->state().skipped}};
   }
-  return {{"scaler", scaler_state},
-          {"spike", spike.state()},
-          // The whole config, as `--print-config` writes it: what `meshtrain diagnose step` replays with.
-          {"config_toml", print_config(c)},
-          {"precision", c.precision},
-          {"config",
-           {{"model", spec_to_json(c.model)},
-            {"train", {{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
-                       {"seed", c.seed}, {"steps", c.steps}, {"data", train_shards_of(c)}, {"method", c.method}}}}},
-          {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
-                    {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}, {"ep", c.ep}}},
-          {"optimizer", {{"steps", opt.steps()}}},
-          {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
-                                                    {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
-                                   : nlohmann::json(nullptr)},
-          // The pinned starting weights (ckpt/pin.h). Adapters on a frozen base: the checkpoint
-          // holds what trains, and the base is that pinned step (ckpt::model_weights, load_model); QLoRA's in NF4.
-          {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
-          {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
-          {"qlora", c.lora_quantize != "none" ? nlohmann::json{{"block", 64}, {"double_quant", c.lora_double_quant}}
-                                              : nlohmann::json(nullptr)},
-          {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}};
+  nlohmann::json f = common_checkpoint_fields(c, init);
+  f["config"]["train"].update({{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
+                               {"steps", c.steps}, {"data", train_shards_of(c)}});
+  f.update({{"scaler", scaler_state},
+            {"spike", spike.state()},
+            {"precision", c.precision},
+            {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
+                      {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}, {"ep", c.ep}}},
+            {"optimizer", {{"steps", opt.steps()}}},
+            {"qlora", c.lora_quantize != "none" ? nlohmann::json{{"block", 64}, {"double_quant", c.lora_double_quant}}
+                                                : nlohmann::json(nullptr)},
+            {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}});
+  return f;
 }
 
 

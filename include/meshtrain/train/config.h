@@ -166,6 +166,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 // load_train_config reads back to the same config, each line commented with
 // the key's type, allowed range and help.
 std::string print_config(const TrainConfig& c);
+// `meshtrain train --help-config`: the registered methods (train/method.h), each with its line,
+// then every key at its default (the gpt-tiny preset), as print_config writes them.
+std::string help_config();
 
 // The shards a run trains on: data.train, or every source's.
 std::vector<std::string> train_shards_of(const TrainConfig& c);

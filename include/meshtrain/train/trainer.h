@@ -42,6 +42,10 @@ std::string resume_path(const TrainConfig& c, Comm& world, int restart);
 // resumed run's are its checkpoint's pin, checked against the disk (a base
 // that moved or changed is one error naming both); a new run pins init.from now.
 ckpt::Pin starting_weights(const TrainConfig& c, const std::string& resumed);
+// The manifest fields every training checkpoint holds, whatever its method (train/state.h):
+// the config (its TOML, the model, seed and method), LoRA's settings, the pinned starting
+// weights and, for adapters on a frozen base, that base. Each trainer adds its own.
+nlohmann::json common_checkpoint_fields(const TrainConfig& c, const ckpt::Pin* init);
 
 // The run's checkpoint saver (null without checkpoint.dir), over a group of
 // all ranks of its own whose collectives wait checkpoint.timeout seconds.
