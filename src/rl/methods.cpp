@@ -112,27 +112,29 @@ std::unique_ptr<Objective> policy_objective(const TrainConfig& c, Transformer* r
   return std::make_unique<GrpoObjective>(g, c.rl.temperature, CharVocab::size(), reference);
 }
 
-Method grpo() {
+// What GRPO and PPO share: rl.prompts instead of token shards, the [rl] checks, the rollout loop.
+Method rl_method(const char* name, const char* summary) {
   Method m;
-  m.name = "grpo";
-  m.summary = "group relative policy optimisation on rl.prompts (rl/grpo.h)";
-  m.token_data = false;  // rl.prompts, not token shards
+  m.name = name;
+  m.summary = summary;
+  m.token_data = false;
   m.check = check_rl;
+  m.run = [](const TrainConfig& c, Runtime& rt) { return train_rl(c, rt); };
+  return m;
+}
+
+Method grpo() {
+  Method m = rl_method("grpo", "group relative policy optimisation on rl.prompts (rl/grpo.h)");
   // A frozen copy for the KL unless LoRA's adapters can be switched off instead.
   m.copy_reference = [](const TrainConfig& c, EngineRole role) {
     return role == EngineRole::Method && c.grpo.beta > 0 && c.lora.rank == 0;
   };
   m.objective = [](const TrainConfig& c, EngineRole, Transformer* reference) { return policy_objective(c, reference); };
-  m.run = [](const TrainConfig& c, Runtime& rt) { return train_rl(c, rt); };
   return m;
 }
 
 Method ppo() {
-  Method m;
-  m.name = "ppo";
-  m.summary = "proximal policy optimisation with a critic on rl.prompts (rl/ppo.h)";
-  m.token_data = false;  // rl.prompts, not token shards
-  m.check = check_rl;
+  Method m = rl_method("ppo", "proximal policy optimisation with a critic on rl.prompts (rl/ppo.h)");
   m.prepare_model = [](const TrainConfig&, EngineRole role, Transformer& model) {
     if (role == EngineRole::Critic) add_value_head(model);  // after LoRA, which freezes what came before it
   };
@@ -143,7 +145,6 @@ Method ppo() {
     if (role == EngineRole::Critic) return std::make_unique<ValueObjective>(c.ppo.value_clip, c.ppo.vf_coef);
     return policy_objective(c, reference);
   };
-  m.run = [](const TrainConfig& c, Runtime& rt) { return train_rl(c, rt); };
   return m;
 }
 
