@@ -44,12 +44,14 @@ PAIRS = [
     ("ZeRO-3", "zero = 3", "pytorch_peer.py", "fsdp2"),
     ("tp 2", "tp = 2", "pytorch_peer.py", "tp"),
     ("tp 2 + SP", "tp = 2\nsp = true", "pytorch_peer.py", "sp"),
-    ("pp 2 1F1B", "pp = 2\nschedule = \"1f1b\"", "pytorch_peer.py", "1f1b"),
+    ("pp 2 1F1B", "pp = 2\nschedule = \"1f1b\"\npp_balance = \"compute\"", "pytorch_peer.py", "1f1b"),
+    ("pp 2 1F1B", "pp = 2\nschedule = \"1f1b\"\npp_balance = \"compute\"", "pytorch_peer.py", "1f1b_even"),
 ]
 PEER_NAMES = {"ddp": "PyTorch DDP", "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2",
               "zero3": "DeepSpeed ZeRO-3", "fsdp2": "PyTorch FSDP2 (fully_shard)",
               "tp": "DTensor tp (Colwise/Rowwise)", "sp": "DTensor tp + SequenceParallel, loss_parallel",
-              "1f1b": "torch.distributed.pipelining Schedule1F1B"}
+              "1f1b": "torch.distributed.pipelining Schedule1F1B, the same cut",
+              "1f1b_even": "torch.distributed.pipelining Schedule1F1B, cut in half"}
 
 
 def write_shard(path, tokens):
@@ -121,6 +123,29 @@ def import_hwm_mib(modules):
     return int(out.split()[-1]) / 1024
 
 
+def compute_balanced_split(a):
+    """Layers of the first of 2 pipeline stages when the stages balance matmul work per token, as
+    meshtrain's pp_balance = "compute" does (src/plan/partition.cpp: a layer's weights each, the
+    head's V x h on the last stage, the embedding lookup free); both sides of the pp pair cut the
+    model there (the peer's stages are the script's to choose, and an even cut leaves the head's
+    stage with about twice the work at this vocabulary). meshtrain's log states its cut, checked
+    against this one."""
+    layer = a.hidden * a.hidden * 2 + 2 * a.hidden * (a.hidden * a.kv_heads // a.heads) + 3 * a.hidden * a.ffn \
+        + 2 * a.hidden
+    head = a.vocab * a.hidden
+    return min(range(1, a.layers), key=lambda k: (max(k * layer, (a.layers - k) * layer + head), -k))
+
+
+def peer_args(mode, split):
+    """The peer script's mode and optional arguments for a PAIRS mode: both 1F1B rows run the
+    script's 1f1b, one at meshtrain's cut, one at its own default (half the layers a stage)."""
+    if mode == "1f1b":
+        return "1f1b", [str(split)]
+    if mode == "1f1b_even":
+        return "1f1b", []
+    return mode, []
+
+
 def median_tail(xs):
     return statistics.median(xs[2:]) if len(xs) > 2 else statistics.median(xs)
 
@@ -147,6 +172,7 @@ def main():
     if min(a.rounds, a.steps - 2, a.micro, a.seq) < 1:
         sys.exit("--rounds, --micro and --seq must be at least 1, --steps at least 3 (the median starts at step 3)")
     pairs = [p for p in PAIRS if not a.only or p[3] in a.only.split(",")]
+    split = compute_balanced_split(a)
     batch = 2 * a.micro  # the global batch: one micro-batch per data-parallel rank
     d = tempfile.mkdtemp(prefix="meshtrain_peers_")
     g = torch.Generator().manual_seed(0)
@@ -187,7 +213,12 @@ def main():
                 tag = f"ours_{mode}_{r}"
                 cfg = config(tag, f'steps = {a.steps}\nlr = 1e-3\n[init]\nfrom = "{base}"\n[parallel]\nnproc = 2\n{mesh}\n')
                 peaks = run([bin_, "train", cfg], os.path.join(d, tag + ".log"), lambda c: "meshtrain" in c)
-                start = re.search(r"([0-9.]+) MiB resident at start", open(os.path.join(d, tag + ".log")).read())
+                log = open(os.path.join(d, tag + ".log")).read()
+                cut = re.search(r"layers per stage \[(\d+), \d+\]", log)
+                if "pp = 2" in mesh and (not cut or int(cut.group(1)) != split):
+                    sys.exit(f"meshtrain's pipeline cut ({cut.group(0) if cut else 'not in its log'}) is not the "
+                             f"peer's: {split} layers on the first stage")
+                start = re.search(r"([0-9.]+) MiB resident at start", log)
                 if start:
                     idle.setdefault("meshtrain rank", float(start.group(1)))
                 rows = [json.loads(line) for line in open(os.path.join(d, tag + ".metrics"))]
@@ -198,8 +229,9 @@ def main():
 
             def theirs():
                 out = os.path.join(d, f"peer_{mode}_{r}.json")
-                peaks = run([sys.executable, os.path.join(PEERS, script), mode, base + "_hf",
-                             os.path.join(d, "windows.safetensors"), str(a.steps), "1e-3", out],
+                peer_mode, extra = peer_args(mode, split)
+                peaks = run([sys.executable, os.path.join(PEERS, script), peer_mode, base + "_hf",
+                             os.path.join(d, "windows.safetensors"), str(a.steps), "1e-3", out] + extra,
                             os.path.join(d, f"peer_{mode}_{r}.log"), lambda c: "spawn_main" in c)
                 j = json.load(open(out))
                 j["tokens_per_s"] = batch * a.seq / median_tail(j["step_s"])
@@ -221,7 +253,11 @@ def emit(a, results, idle):
           f"({2 * a.micro * a.seq} tokens a step); AdamW (0.9, 0.95, 1e-8, no weight decay) at a constant 1e-3, no "
           f"clipping, no dropout; {a.steps} steps from the same weights (meshtrain's one-step base, exported with "
           f"`ckpt export --format hf`, loaded by the peer with transformers, eager attention); 2 ranks, Gloo, "
-          f"OMP_NUM_THREADS=1 each; {a.rounds} interleaved rounds.")
+          f"OMP_NUM_THREADS=1 each; {a.rounds} interleaved rounds. pp 2: meshtrain cuts the model after layer "
+          f"{compute_balanced_split(a)} of {a.layers}, where the stages' matmul work per token balances "
+          f"(`parallel.pp_balance = \"compute\"`; the head's multiply is about "
+          f"{a.vocab / (2 * a.hidden + 2 * a.hidden * a.kv_heads / a.heads + 3 * a.ffn):.1f} layers' worth); the peer "
+          f"runs at the same cut and at its script's default, half the layers a stage.")
     print()
     print("## Agreement (round 1)")
     print()

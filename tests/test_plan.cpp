@@ -524,6 +524,38 @@ TEST(Partition, BalancesParametersAndChecksLists) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("12 layers, too few for 16 pipeline stages"), std::string::npos) << e.what();
   }
+  // The ledger counts each rank's own layers: an even split by default, the strategy's cut when it has one
+  // (a training run's: the engine's), checked like a user list.
+  Strategy st = strategy(1, 2, 1, 8, false, Recompute::None);
+  EXPECT_EQ(memory_ledger(g, st).first.layers, 6);
+  st.pp_layers = {9, 3};
+  const MemoryPlan cut = memory_ledger(g, st);
+  EXPECT_EQ(cut.first.layers, 9);
+  EXPECT_EQ(cut.last.layers, 3);
+  EXPECT_DOUBLE_EQ(cut.first.line("activations").bytes / memory_ledger(g, strategy(1, 2, 1, 8, false, Recompute::None))
+                                                             .first.line("activations").bytes,
+                   1.5);
+  st.pp_layers = {9, 4};
+  EXPECT_THROW(memory_ledger(g, st), std::invalid_argument);
+}
+
+// ZeRO-3's gathered units (parallel/data/zero.h): two adjacent units' parameters (the embedding,
+// the layers, the head, in forward order) and the largest unit's gradients; a tied model holds unit
+// 0 (embedding, positions, final norm) throughout, plus two layers.
+TEST(Partition, Zero3GathersTwoAdjacentUnits) {
+  for (bool tied : {true, false}) {
+    ModelSpec m = preset("gpt2-124m");
+    m.tied = tied;
+    Strategy s = strategy(1, 1, 1, 8, false, Recompute::None);
+    s.zero = 3;
+    s.dp = 8;
+    s.precision = Precision::Fp32;
+    const ParamCount c = count_params(m, 128);
+    const double layer = c.layer.total(), embedding = c.embedding + c.positions, head = c.final_norm + c.head;
+    const double expect = tied ? (embedding + head + 2 * layer) * 4 + (embedding + head) * 4
+                               : std::max(embedding + layer, layer + head) * 4 + std::max(embedding, head) * 4;
+    EXPECT_DOUBLE_EQ(memory_ledger(m, s).first.line("ZeRO-3 gathered units").bytes, expect) << "tied " << tied;
+  }
 }
 
 }  // namespace

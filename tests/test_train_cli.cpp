@@ -218,6 +218,51 @@ TEST(TrainCli, ParityHoldsAcrossAnEpochBoundary) {
   test::expect_same_losses(one, run(" --nproc 1" + ck, "resumed"), 25, 3);
 }
 
+// parallel.pp_layers and pp_balance: each bad value is one error naming it before a rank starts;
+// the cut the engine builds is the config's, and a pipeline cut unevenly (3 + 1 of 4 layers) trains
+// as one process does (loss and gradient norm within 1e-5, 6 steps). A vocabulary-heavy model
+// balanced by compute moves layers off the head's stage; by parameters it stays even.
+TEST(TrainCli, PipelineStagesAreCutWhereTheConfigSays) {
+  Dir d;
+  const std::string base = "[data]\ntrain = \"x.bin\"\n[model]\nlayers = 4\n";
+  EXPECT_NE(error_of(d.write("a.toml", base), {"parallel.pp_layers=[3, 1]"}).find("needs parallel.pp > 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("b.toml", base), {"parallel.pp=2", "parallel.pp_layers=[3, 3]"})
+                .find("parallel.pp_layers = [3, 3]: layers per stage [3, 3] must be >= 1 each and add up to the "
+                      "model's 4 layers (they add up to 6)"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("c.toml", base), {"parallel.pp=2", "parallel.pp_layers=[4]"})
+                .find("lists 1 stages, the pipeline has 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("e.toml", base), {"parallel.pp=2", "parallel.pp_layers=[0, 4]"})
+                .find("parallel.pp_layers = 0 must be each at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("f.toml", base), {"parallel.pp_layers=3"}).find("must be a list of integers"),
+            std::string::npos);
+  EXPECT_NE(error_of(d.write("g.toml", base), {"parallel.pp_balance=\"flops\""})
+                .find("parallel.pp_balance = \"flops\": 'flops' is not a stage balance"),
+            std::string::npos);
+  TrainConfig c = load_train_config(d.write("h.toml", base), {"parallel.pp=2", "parallel.pp_layers=[3, 1]"});
+  EXPECT_EQ(stage_layer_counts(c), (std::vector<int64_t>{3, 1}));
+  c = load_train_config(d.write("i.toml", base), {"model.vocab=50000", "model.tied=false", "parallel.pp=2"});
+  EXPECT_EQ(stage_layer_counts(c), (std::vector<int64_t>{2, 2}));
+  c = load_train_config(d.write("j.toml", base),
+                        {"model.vocab=50000", "model.tied=false", "parallel.pp=2", "parallel.pp_balance=\"compute\""});
+  EXPECT_EQ(stage_layer_counts(c), (std::vector<int64_t>{3, 1}));
+
+  const std::string cfg = tiny_config(d, "p.toml", "") + " --set model.layers=4 --set model.dropout=0.0";
+  const auto run = [&](const std::string& mesh, const std::string& tag) {
+    const auto r = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + mesh + " --set train.metrics='\"" +
+                                     (d.path / tag).string() + "\"'");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return std::make_pair((d.path / tag).string(), r.output);
+  };
+  const auto one = run(" --nproc 1", "one");
+  const auto cut = run(" --set parallel.pp=2 --set 'parallel.pp_layers=[3, 1]'", "pp_3_1");
+  EXPECT_NE(cut.second.find("layers per stage [3, 1] (parallel.pp_layers)"), std::string::npos) << cut.second;
+  test::expect_same_losses(one.first, cut.first, 0, 6);
+}
+
 TEST(TrainConfig, ProgressShowsElapsedAndTheTimeLeft) {
   EXPECT_EQ(duration_text(44.6), "45s");
   EXPECT_EQ(duration_text(184), "3m04s");
@@ -391,6 +436,7 @@ TEST(TrainCli, CheckPlanAgreesWithTheRuntime) {
   const std::string bin = MESHTRAIN_BIN;
   const std::string cfg = tiny_config(d, "c.toml", "") + " --check-plan --set train.stop_after=1";
   for (const std::string mesh : {" --set parallel.zero=3", " --set parallel.pp=2 --set model.tied=true",
+                                 " --set parallel.pp=2 --set model.layers=4 --set 'parallel.pp_layers=[3, 1]'",
                                  " --set parallel.tp=2 --set parallel.sp=true"}) {
     const auto run = test::run_command(bin + " train " + cfg + mesh);
     ASSERT_EQ(run.code, 0) << run.output;

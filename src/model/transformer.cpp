@@ -320,7 +320,7 @@ std::vector<MoeLayer*> Transformer::moe_layers() {
   return out;
 }
 
-at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
+at::Tensor Transformer::trunk(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
   if (!part_.embedding || !part_.head) throw std::logic_error("a pipeline stage runs stage_forward, not the whole model");
   if (docs.defined()) {
     if (spec_.attention == plan::AttentionImpl::Naive || spec_.attention == plan::AttentionImpl::Sdpa || cp_size() > 1 ||
@@ -329,10 +329,19 @@ at::Tensor Transformer::hidden_states(const at::Tensor& tokens, bool train, KVCa
     }
     if (docs.sizes() != tokens.sizes()) throw std::invalid_argument("doc_ids must have the shape of tokens");
   }
-  at::Tensor x = run_blocks(embed_tokens(tokens, train, cache, docs), train, cache, docs);
-  std::optional<SegmentProfiler::Scope> rest;
-  if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
-  return norm(x, final_w_, final_b_);
+  return run_blocks(embed_tokens(tokens, train, cache, docs), train, cache, docs);
+}
+
+at::Tensor Transformer::through_head(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  const int64_t unit = head_unit(spec_.layers);
+  unit_begin(unit);
+  at::Tensor h;
+  {
+    std::optional<SegmentProfiler::Scope> rest;
+    if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
+    h = norm(x, final_w_, final_b_);
+  }
+  return unit_end(unit, f(h));
 }
 
 at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs) {
@@ -347,6 +356,7 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
     throw std::invalid_argument(
         fmt::format("sequence parallelism splits the sequence: {} is not divisible by tp {}", s, tp_.size()));
   }
+  unit_begin(0);
   std::optional<SegmentProfiler::Scope> rest;
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
   at::Tensor x = embed_.forward(tokens, sparse_embedding_grad_);  // [s(/tp), b, h]
@@ -362,14 +372,14 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
     }
   }
   if (train && spec_.dropout > 0) x = residual_dropout(x, spec_.dropout, -1, kEmbedding);
-  return x;
+  return unit_end(0, x);
 }
 
 at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, const at::Tensor& docs) {
   const int64_t s = x.size(0) * (tp_.sequence_parallel ? tp_.size() : 1);
   for (int64_t i = 0; i < static_cast<int64_t>(blocks_.size()); ++i) {
     const int64_t unit = part_.first + i + 1;
-    if (hooks_) hooks_->before_unit(unit);
+    unit_begin(unit);
     if (recompute_ == nn::Recompute::Full && train && !cache) {
       auto blk = [this, i, docs, keys = keys_](const std::vector<at::Tensor>& in) {
         ScopedKeys scoped(keys_, keys);  // the backward's re-run drops what the forward dropped
@@ -384,7 +394,7 @@ at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, con
       poison.view({-1}).select(0, 0).fill_(std::numeric_limits<double>::quiet_NaN());
       x = x + poison;
     }
-    if (hooks_) x = hooks_->after_unit(unit, x);
+    x = unit_end(unit, x);
   }
   if (cache) cache->length += s;
   return x;
@@ -403,13 +413,12 @@ struct ScopedFlag {
 }  // namespace
 
 at::Tensor Transformer::stage_forward(const at::Tensor& x, const at::Tensor& targets, bool train) {
-  enter_root();
   ScopedFlag sparse(sparse_embedding_grad_, tied_loss_forward());
   at::Tensor h = part_.embedding ? embed_tokens(x, train, nullptr) : x;
   h = run_blocks(h, train, nullptr);
-  if (!part_.head) return leave_root(h);
+  if (!part_.head) return h;
   if (targets.dim() != 2) throw std::invalid_argument("targets must be [batch, seq]");
-  return leave_root(head_loss(norm(h, final_w_, final_b_), targets));
+  return through_head(h, [&](const at::Tensor& n) { return head_loss(n, targets); });
 }
 
 at::Tensor Transformer::block_forward(int64_t i, const at::Tensor& input, bool train) {
@@ -491,14 +500,12 @@ at::Tensor Transformer::head_loss(const at::Tensor& h, const at::Tensor& targets
 }
 
 at::Tensor Transformer::logits(const at::Tensor& tokens, bool train, const at::Tensor& doc_ids) {
-  enter_root();
-  return leave_root(head(hidden_states(tokens, train, nullptr, doc_ids)));
+  return through_head(trunk(tokens, train, nullptr, doc_ids), [&](const at::Tensor& n) { return head(n); });
 }
 
 at::Tensor Transformer::final_hidden(const at::Tensor& tokens, bool train) {
   if (tp_.sequence_parallel) throw std::invalid_argument("a value head needs sequence parallelism off");
-  enter_root();
-  return leave_root(hidden_states(tokens, train));
+  return through_head(trunk(tokens, train), [](const at::Tensor& n) { return n; });
 }
 
 at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
@@ -509,15 +516,14 @@ at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
     cache.k.resize(blocks_.size());
     cache.v.resize(blocks_.size());
   }
-  return head(hidden_states(tokens, false, &cache));
+  return through_head(trunk(tokens, false, &cache), [&](const at::Tensor& n) { return head(n); });
 }
 
 at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train,
                                 const at::Tensor& doc_ids) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
-  enter_root();
   ScopedFlag sparse(sparse_embedding_grad_, tied_loss_forward());
-  return leave_root(head_loss(hidden_states(tokens, train, nullptr, doc_ids), targets));
+  return through_head(trunk(tokens, train, nullptr, doc_ids), [&](const at::Tensor& n) { return head_loss(n, targets); });
 }
 
 void Transformer::finalize_grads() {

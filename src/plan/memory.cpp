@@ -1,6 +1,7 @@
 #include "meshtrain/plan/memory.h"
 
 #include <algorithm>
+#include <vector>
 #include <sstream>
 #include <stdexcept>
 
@@ -104,14 +105,28 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
   auto stage_ledger = [&](int stage) {
     StageLedger L;
     L.stage = stage;
-    L.layers = m.layers / s.pp + (stage < m.layers % s.pp ? 1 : 0);
-    int64_t from = 0;  // the stage's first layer (stages split the layers evenly, the first ones taking the rest)
-    for (int p = 0; p < stage; ++p) from += m.layers / s.pp + (p < m.layers % s.pp ? 1 : 0);
+    // The rank's layers: its stage's (the even split), or its chunks' of s.pp_layers (chunk k is stage k pp + rank).
+    std::vector<int64_t> layers;
+    if (s.pp_layers.empty()) {
+      int64_t from = 0;
+      for (int p = 0; p < stage; ++p) from += m.layers / s.pp + (p < m.layers % s.pp ? 1 : 0);
+      const int64_t n = m.layers / s.pp + (stage < m.layers % s.pp ? 1 : 0);
+      for (int64_t i = from; i < from + n; ++i) layers.push_back(i);
+    } else {
+      int64_t at = 0;
+      for (size_t k = 0; k < s.pp_layers.size(); ++k) {
+        if (static_cast<int>(k) % s.pp == stage) {
+          for (int64_t i = at; i < at + s.pp_layers[k]; ++i) layers.push_back(i);
+        }
+        at += s.pp_layers[k];
+      }
+    }
+    L.layers = static_cast<int64_t>(layers.size());
     const bool first = stage == 0, last = stage == s.pp - 1;
     // Parameters on one rank of this stage, split by how they are sharded:
     // dense ones (ZeRO over dp x cp x ep) and routed experts (over dp x cp).
     double dense = 0, expert = 0;
-    for (int64_t i = from; i < from + L.layers; ++i) {
+    for (int64_t i : layers) {
       const LayerParams& lp = c.of(m, i);
       dense += static_cast<double>(lp.tp_sharded) / t + static_cast<double>(lp.tp_replicated);
       expert += static_cast<double>(lp.expert) / s.ep;
@@ -152,7 +167,7 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     }
     // Activations.
     double per_layer = 0;  // the stage's mean
-    for (int64_t i = from; i < from + L.layers; ++i) per_layer += layer_activation_bytes(m, s, i) / L.layers;
+    for (int64_t i : layers) per_layer += layer_activation_bytes(m, s, i) / L.layers;
     const double flight = in_flight(s, stage);
     L.lines.push_back({"activations", per_layer * L.layers * flight,
                        fmt::format("{} per layer x {} layers x {:.3g} micro-batches in flight ({}, {} recompute{})",
@@ -176,10 +191,26 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                                      c.vocab_padded)});
     }
     if (s.zero >= 3) {
-      double unit = 0;  // the stage's largest layer, whole on this rank (its tp and ep share)
-      for (int64_t i = from; i < from + L.layers; ++i) unit = std::max(unit, c.of(m, i).per_rank(s.tp, s.ep));
-      L.lines.push_back({"ZeRO-3 gathered units", 2 * unit * param_bytes(prec) + unit * grad_bytes(prec),
-                         "current + prefetched layer's full params, one layer's full grads"});
+      // The stage's units in forward order, whole on this rank (its tp and ep share): the embedding and
+      // positions (first stage), the layers, the final norm and head (last stage; with a tied embedding the
+      // head reads it, and on one stage unit 0 is gathered from the embedding to the end of backward).
+      // Gathered at once: two adjacent units (the current and the prefetched one) plus a held unit 0;
+      // gradients: the largest unit's, whole until reduce-scattered (parallel/data/zero.h).
+      std::vector<double> units;
+      if (first) units.push_back(c.embedding / t + c.positions);
+      for (int64_t i : layers) units.push_back(c.of(m, i).per_rank(s.tp, s.ep));
+      if (last) units.push_back(c.final_norm + (m.tied ? (first ? 0 : c.embedding / t) : c.head / t));
+      const bool held = m.tied && first && last;
+      const double root = held ? units.front() + units.back() : 0;
+      if (held) units = std::vector<double>(units.begin() + 1, units.end() - 1);
+      double pair = units.size() == 1 ? units[0] : 0, grads = root;
+      for (size_t i = 0; i + 1 < units.size(); ++i) pair = std::max(pair, units[i] + units[i + 1]);
+      for (double u : units) grads = std::max(grads, u);
+      L.lines.push_back({"ZeRO-3 gathered units", (root + pair) * param_bytes(prec) + grads * grad_bytes(prec),
+                         held ? "unit 0 (tied embedding, final norm) + two adjacent layers' full params, the largest "
+                                "unit's full grads"
+                              : "two adjacent units' full params (embedding, layers, head), the largest unit's full "
+                                "grads"});
     }
     const double used = L.device_total();
     L.lines.push_back({"reserve", o.reserve_fixed + o.reserve_fraction * used,

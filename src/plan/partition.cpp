@@ -12,6 +12,17 @@
 
 namespace meshtrain::plan {
 
+Balance parse_balance(const std::string& s) {
+  if (s == "parameters") return Balance::Parameters;
+  if (s == "compute") return Balance::Compute;
+  throw std::invalid_argument(fmt::format("'{}' is not a stage balance: use \"parameters\" (every stage's parameter "
+                                          "count: memory) or \"compute\" (matmul work per token: the head counted, "
+                                          "the embedding lookup free)",
+                                          s));
+}
+
+const char* balance_name(Balance b) { return b == Balance::Compute ? "compute" : "parameters"; }
+
 std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const std::vector<int64_t>& per_stage,
                                          Balance balance) {
   const int64_t L = m.layers;

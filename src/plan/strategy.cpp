@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "meshtrain/plan/partition.h"
+
 namespace meshtrain::plan {
 
 const char* to_string(Recompute r) {
@@ -122,6 +124,7 @@ void validate(const Strategy& s, const ModelSpec& m) {
     fail(fmt::format("virtual stages need the interleaved schedule and layers ({}) divisible by pp x v = {}",
                      m.layers, s.pp * s.vpp));
   }
+  if (!s.pp_layers.empty()) partition_layers(m, s.pp * s.vpp, s.pp_layers);  // throws naming the list
   validate_context_parallel(m, seq, s.cp, s.tp, s.sp, s.cp_impl);
   if (s.ep > 1 && (!m.moe() || m.experts % s.ep != 0)) {
     fail(fmt::format("ep {} needs a MoE model whose experts ({}) it divides", s.ep, m.experts));

@@ -20,6 +20,14 @@
 
 namespace meshtrain {
 
+std::vector<int64_t> stage_layer_counts(const TrainConfig& c) {
+  std::vector<int64_t> out;
+  for (const auto& r : plan::partition_layers(c.model, c.pp * c.virtual_stages, c.pp_layers, c.pp_balance)) {
+    out.push_back(r.last - r.first);
+  }
+  return out;
+}
+
 std::vector<std::string> train_shards_of(const TrainConfig& c) {
   if (c.sources.empty()) return c.train_shards;
   std::vector<std::string> out;
@@ -184,6 +192,19 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "parallel.tp, cp and ep to 1 (they are {}, {}, {}) or zero.param_dtype = "
                                             "\"fp32\"",
                                             path, c.tp, c.cp, c.ep));
+  }
+  if (!c.pp_layers.empty()) {
+    if (c.pp == 1) {
+      throw std::invalid_argument(fmt::format("{}: parallel.pp_layers lists layers per pipeline stage: it needs "
+                                              "parallel.pp > 1 (remove it, or set pp)",
+                                              path));
+    }
+    try {
+      plan::partition_layers(c.model, c.pp * c.virtual_stages, c.pp_layers);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("{}: parallel.pp_layers = [{}]: {}", path, fmt::join(c.pp_layers, ", "),
+                                              e.what()));
+    }
   }
   if (c.pp > 1 && c.zero >= 2) {
     throw std::invalid_argument(fmt::format("{}: parallel.zero = {} with parallel.pp = {}: stage 2 would reduce-scatter, "

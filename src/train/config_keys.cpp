@@ -125,6 +125,25 @@ ConfigKey texts(const char* name, F field, const char* help) {
   return k;
 }
 
+// A list of integers, each at least `lo`.
+template <class F>
+ConfigKey integers(const char* name, F field, int64_t lo, const char* help) {
+  ConfigKey k{name, "integers", fmt::format("each at least {}", lo), help, {}, {}};
+  k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
+    const toml::array* arr = n.as_array();
+    if (!arr) wrong_type(name, "a list of integers");
+    std::vector<int64_t> out;
+    for (const auto& e : *arr) {
+      const int64_t v = as_int(e, name);
+      if (v < lo) out_of_range(name, std::to_string(v), range);
+      out.push_back(v);
+    }
+    field(c) = std::move(out);
+  };
+  k.show = [=](const TrainConfig& c) { return fmt::format("[{}]", fmt::join(field(const_cast<TrainConfig&>(c)), ", ")); };
+  return k;
+}
+
 // [data] sources: a list of tables {name, path, weight, val} (data/mixture.h).
 ConfigKey sources_key() {
   const char* name = "data.sources";
@@ -279,6 +298,11 @@ std::vector<ConfigKey> make_keys() {
       integer("parallel.pp", FIELD(pp), 1, kMaxInt, "pipeline stages"),
       integer("parallel.virtual", FIELD(virtual_stages), 1, kMaxInt, "model chunks per pipeline rank (interleaved)"),
       text("parallel.schedule", FIELD(schedule), "gpipe | 1f1b | interleaved | zb-h1", "pipeline schedule"),
+      integers("parallel.pp_layers", FIELD(pp_layers), 1,
+               "layers of each pipeline stage in order, pp x virtual of them ([]: balanced by pp_balance)"),
+      choice("parallel.pp_balance", FIELD(pp_balance), plan::parse_balance, plan::balance_name, "parameters | compute",
+             "what the stages' layers balance: parameters (memory) or compute (matmul work per token: the head's "
+             "multiply counted, the embedding lookup free)"),
       integer("parallel.zero", FIELD(zero), 0, 3,
               "0 DDP, 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP)"),
       integer("parallel.dp_shard", FIELD(dp_shard), 0, kMaxInt, "HSDP: shard within groups of this many dp ranks (0: all)"),

@@ -54,8 +54,8 @@ class LayerProbe : public UnitHooks {
  public:
   void before_unit(int64_t) override {}
   at::Tensor after_unit(int64_t unit, const at::Tensor& out) override {
-    if (unit == 0) return out;  // the model's output (the loss)
     const int64_t layer = unit - 1;
+    if (layer < 0 || layer >= layers) return out;  // the embedding's or the head's output
     if (layer == 0) ++micro_seen;
     if (!fwd[layer].add(out.detach()) && first_fwd.empty()) {
       first_fwd = fmt::format("layers.{} output (forward, micro-batch {})", layer, micro_seen - 1);
@@ -70,6 +70,8 @@ class LayerProbe : public UnitHooks {
     }
     return out;
   }
+  explicit LayerProbe(int64_t l) : layers(l) {}
+  const int64_t layers;
   std::map<int64_t, SquareSum> fwd, bwd;
   std::string first_fwd, first_bwd;
   int64_t micro_seen = 0;
@@ -135,7 +137,7 @@ Replay replay(const TrainConfig& c, const std::string& path, int64_t step, Runti
                   m.at("loader").at("windows").get<uint64_t>() / static_cast<uint64_t>(c.micro_batch)});
   SpikeDefence dropped(c.spike, accumulation, static_cast<uint64_t>(c.micro_batch));
   dropped.restore(m.value("spike", nlohmann::json()), false);
-  LayerProbe probe;
+  LayerProbe probe(c.model.layers);
   std::vector<Param> params = engine.model_params();
   std::vector<at::Tensor> before;
   for (int64_t s = out.from_step + 1; s <= step; ++s) {

@@ -3,6 +3,7 @@
 #include <ATen/Functions.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -61,8 +62,8 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   if (c.pp == 1) {
     chunks_.push_back(std::make_unique<Transformer>(c.model, tp_, c.sp, c.seed, StagePart{}, &ep_));
   } else {
-    chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages, {},
-                           plan::Balance::Parameters, &ep_);
+    chunks_ = build_stages(c.model, tp_, c.sp, c.seed, pp_.rank(), c.pp, c.virtual_stages, c.pp_layers, c.pp_balance,
+                           &ep_);
   }
   const Method& method = method_named(c.method);
   for (auto& m : chunks_) {
@@ -140,8 +141,11 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   if (!lead) return;
   if (c.pp > 1) {
     fmt::print("pipeline over {} ranks: {} schedule, {} chunk(s) per rank, {} micro-batches per step, predicted "
-               "bubble {:.1f}%\n",
-               c.pp, c.schedule, c.virtual_stages, accumulation, 100 * predicted_bubble_);
+               "bubble {:.1f}%; layers per stage [{}] ({})\n",
+               c.pp, c.schedule, c.virtual_stages, accumulation, 100 * predicted_bubble_,
+               fmt::join(stage_layer_counts(c), ", "),
+               c.pp_layers.empty() ? fmt::format("balanced by {}", plan::balance_name(c.pp_balance))
+                                   : std::string("parallel.pp_layers"));
   }
   if (!zero_.empty()) {
     const int replicas = shard_groups_.replicate->size();

@@ -70,10 +70,11 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int dp, double at_start, do
   const double tensors = ledger.device_total();
   const double e_bytes = 4;
   // This rank's parameters: routed experts (reduced over dp) and the rest (over dp x ep), and the largest
-  // ZeRO unit (a layer, or unit 0: embedding, positions, final norm, head).
+  // ZeRO unit (a layer, the embedding with the positions, or the final norm with the head; tied, one unit).
   const plan::ParamCount pc = plan::count_params(c.model, 128 * c.tp);
-  double experts = 0, unit = static_cast<double>(pc.embedding) / s.tp + static_cast<double>(pc.positions + pc.final_norm) +
-                                 static_cast<double>(pc.head) / s.tp;
+  const double embedding = static_cast<double>(pc.embedding) / s.tp + static_cast<double>(pc.positions),
+               head = static_cast<double>(pc.final_norm) + static_cast<double>(pc.head) / s.tp;
+  double experts = 0, unit = c.model.tied ? embedding + head : std::max(embedding, head);
   for (int64_t i = 0; i < c.model.layers; ++i) {
     experts += static_cast<double>(pc.of(c.model, i).expert) / s.ep / s.pp;
     unit = std::max(unit, pc.of(c.model, i).per_rank(s.tp, s.ep));

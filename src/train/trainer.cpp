@@ -271,6 +271,7 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   s.tp = c.tp;
   s.pp = c.pp;
   s.vpp = c.virtual_stages;
+  if (c.pp > 1) s.pp_layers = stage_layer_counts(c);  // the engine's split: the ledger counts each rank's layers
   s.schedule = plan::parse_schedule(c.schedule);
   s.dp = dp / c.ep;  // `dp`: the data-parallel replicas, dp x ep
   s.ep = c.ep;

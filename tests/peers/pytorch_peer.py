@@ -1,13 +1,14 @@
 """PyTorch's own data parallelism as a peer of meshtrain's (issue 42): the same model, weights,
 tokens and optimizer, trained by torch.distributed on CPU (Gloo), per-step loss and gradient norm.
 
-  pytorch_peer.py MODE HF_DIR WINDOWS STEPS LR OUT
+  pytorch_peer.py MODE HF_DIR WINDOWS STEPS LR OUT [FIRST_STAGE_LAYERS]
       MODE: ddp (DistributedDataParallel), fsdp2 (fully_shard on every decoder layer, then the
       model), tp (DTensor tensor parallelism, parallelize_module with Colwise/RowwiseParallel:
       every rank trains the whole batch), sp (tp with sequence parallelism: SequenceParallel
       norms, the residual stream split by positions, the head's logits split by vocabulary into
       loss_parallel's cross-entropy), or gpipe / 1f1b (torch.distributed.pipelining: the model
-      cut into 2 stages, one per rank, the batch in 2 micro-batches). HF_DIR: the starting
+      cut into 2 stages, one per rank, the batch in 2 micro-batches; the first stage holds
+      FIRST_STAGE_LAYERS decoder layers, half of them by default). HF_DIR: the starting
       weights (`meshtrain ckpt export --format hf`), loaded with
       AutoModelForCausalLM (fp32, eager attention). WINDOWS: safetensors with "windows" (int64
       [global batch, seq + 1]), each step's global batch; rank r trains rows r x B/2 .. of it.
@@ -34,16 +35,15 @@ WORLD = 2
 
 
 class Stage(torch.nn.Module):
-    """Pipeline stage `index` of 2 of transformers' Llama: the embedding and the first half of the
-    decoder layers, or the second half, the final norm and the head. Rotary embeddings and the
-    causal mask are made here (transformers' LlamaModel.forward makes them for its layers)."""
+    """Pipeline stage `index` of 2 of transformers' Llama: the embedding and the first `split`
+    decoder layers, or the rest, the final norm and the head. Rotary embeddings and the causal
+    mask are made here (transformers' LlamaModel.forward makes them for its layers)."""
 
-    def __init__(self, model, index):
+    def __init__(self, model, index, split):
         super().__init__()
-        n = len(model.model.layers)
         self.index = index
         self.embed = model.model.embed_tokens if index == 0 else None
-        self.layers = torch.nn.ModuleList(model.model.layers[: n // 2] if index == 0 else model.model.layers[n // 2:])
+        self.layers = torch.nn.ModuleList(model.model.layers[:split] if index == 0 else model.model.layers[split:])
         self.rotary = model.model.rotary_emb
         self.norm = model.model.norm if index == 1 else None
         self.head = model.lm_head if index == 1 else None
@@ -98,10 +98,14 @@ def sequence_parallel(model, mesh):
     return forward
 
 
-def pipeline_worker(rank, mode, model, w, steps, lr):
+def pipeline_worker(rank, mode, model, w, steps, lr, split):
     """torch.distributed.pipelining: 2 stages, one per rank, the global batch in 2 micro-batches."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-    stage_module = Stage(model, rank)
+    n = len(model.model.layers)
+    split = n // 2 if split is None else split
+    if not 1 <= split < n:
+        sys.exit(f"FIRST_STAGE_LAYERS = {split}: each of the 2 stages needs a layer of the model's {n}")
+    stage_module = Stage(model, rank, split)
     stage = PipelineStage(stage_module, rank, WORLD, torch.device("cpu"))
     micro = 2
 
@@ -159,14 +163,14 @@ def finish(rank, out, losses, norms, extra):
     os._exit(0)
 
 
-def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
+def worker(rank, mode, hf_dir, windows, steps, lr, out, store, split):
     faulthandler.enable()  # a native abort prints every thread's Python stack
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, local_files_only=True, dtype=torch.float32,
                                                  attn_implementation="eager").train()
     if mode in ("gpipe", "1f1b"):
-        finish(rank, out, *pipeline_worker(rank, mode, model, load_file(windows)["windows"], steps, lr))
+        finish(rank, out, *pipeline_worker(rank, mode, model, load_file(windows)["windows"], steps, lr, split))
     if mode == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
     elif mode == "fsdp2":
@@ -234,9 +238,10 @@ def worker(rank, mode, hf_dir, windows, steps, lr, out, store):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 7:
+    if len(sys.argv) not in (7, 8):
         sys.exit(__doc__)
-    mode, hf_dir, windows, steps, lr, out = sys.argv[1:]
+    mode, hf_dir, windows, steps, lr, out = sys.argv[1:7]
+    split = int(sys.argv[7]) if len(sys.argv) == 8 else None
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(worker, args=(mode, hf_dir, windows, int(steps), float(lr), out, os.path.join(d, "store")),
+        mp.spawn(worker, args=(mode, hf_dir, windows, int(steps), float(lr), out, os.path.join(d, "store"), split),
                  nprocs=WORLD, join=True)

@@ -30,6 +30,7 @@
 // its first row (set_dropout_rows, from Batch::first_row).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -84,16 +85,21 @@ struct StagePart {
 };
 
 // Calls around the parts of the model that ZeRO-3 gathers and frees
-// (parallel/data/zero.h): unit 0 is everything outside the layers (embedding,
-// positions, final norm, head), unit i + 1 is layer i. before_unit(u) runs
-// before the unit's forward; after_unit(u, out) after it, on its output (for
-// unit 0: the model's output), and returns the tensor to continue with.
+// (parallel/data/zero.h): unit 0 is the embedding (and learned positions),
+// unit i + 1 is layer i, unit L + 1 (head_unit) the final norm and the head
+// (the loss, or the logits, or the normed hidden states). before_unit(u) runs
+// before the unit's forward; after_unit(u, out) after it, on its output, and
+// returns the tensor to continue with. A tied model's head reads unit 0's
+// weight: the hooks decide what that means for them.
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
   virtual void before_unit(int64_t unit) = 0;
   virtual at::Tensor after_unit(int64_t unit, const at::Tensor& out) = 0;
 };
+
+// The head's unit number for a model of `layers` layers (UnitHooks).
+inline int64_t head_unit(int64_t layers) { return layers + 1; }
 
 class Transformer {
  public:
@@ -209,8 +215,11 @@ class Transformer {
   at::Tensor run_block_fused(const Block& blk, int64_t i, const at::Tensor& x, double p, bool train, KVCache* cache,
                              const at::Tensor& docs);
   at::Tensor mlp(const Block& blk, const at::Tensor& x, bool train, at::Tensor* deferred_bias = nullptr) const;
-  at::Tensor hidden_states(const at::Tensor& tokens, bool train, KVCache* cache = nullptr,
-                           const at::Tensor& docs = {});
+  // The embedding and the layers: the last layer's output (before the final norm).
+  at::Tensor trunk(const at::Tensor& tokens, bool train, KVCache* cache = nullptr, const at::Tensor& docs = {});
+  // The head unit on the last layer's output `x`: the final norm, then `f` on its output (the head, the
+  // loss, or nothing), between the unit hooks of head_unit.
+  at::Tensor through_head(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f);
   at::Tensor embed_tokens(const at::Tensor& tokens, bool train, KVCache* cache, const at::Tensor& docs = {});
   at::Tensor run_blocks(at::Tensor x, bool train, KVCache* cache, const at::Tensor& docs = {});
   at::Tensor head(const at::Tensor& h);
@@ -236,10 +245,10 @@ class Transformer {
   ColumnParallelLinear head_;
   SegmentProfiler* profiler_ = nullptr;
   UnitHooks* hooks_ = nullptr;
-  void enter_root() {
-    if (hooks_) hooks_->before_unit(0);
+  void unit_begin(int64_t unit) {
+    if (hooks_) hooks_->before_unit(unit);
   }
-  at::Tensor leave_root(const at::Tensor& out) { return hooks_ ? hooks_->after_unit(0, out) : out; }
+  at::Tensor unit_end(int64_t unit, const at::Tensor& out) { return hooks_ ? hooks_->after_unit(unit, out) : out; }
   nn::DropoutKeys keys_;
   // The residual stream's dropout over x [s(/tp), b, h] at (layer, site).
   at::Tensor residual_dropout(const at::Tensor& x, double p, int64_t layer, uint64_t site) const;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "meshtrain/plan/spec.h"
@@ -21,6 +22,9 @@ namespace meshtrain::plan {
 // costs its V x h multiply — measured on gpt2-124m pp=2, parameter balance
 // leaves stage 0 light and the last stage heavy (docs/bench-pipeline.md).
 enum class Balance { Parameters, Compute };
+// "parameters" | "compute"; throws std::invalid_argument naming the value.
+Balance parse_balance(const std::string& s);
+const char* balance_name(Balance b);
 
 struct StageRange {
   int64_t first = 0, last = 0;  // layers [first, last)

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "meshtrain/plan/hardware.h"
 #include "meshtrain/plan/spec.h"
@@ -35,6 +36,9 @@ CpImpl parse_cp_impl(const std::string& s);
 struct Strategy {
   int tp = 1, cp = 1, ep = 1, dp = 1, pp = 1;
   int vpp = 1;          // virtual stages per pipeline rank (interleaved schedule)
+  // Layers of each of the pp x vpp stages in order (plan/partition.h); empty: an even split, the first
+  // stages taking the rest (Megatron-LM's default).
+  std::vector<int64_t> pp_layers;
   CpImpl cp_impl = CpImpl::Ring;
   bool sp = false;      // sequence parallel (with tp > 1)
   int zero = 0;         // 0: DDP; 1, 2; 3 = FSDP full shard

@@ -19,8 +19,9 @@
 // dp x cp, and n is all of it without HSDP):
 //   dp   DDP 2 ring(dp) 4P;  ZeRO-1 ring(n) 4P (reduce-scatter) + ring(n) 4P
 //        (all-gather); ZeRO-2 the reduce-scatter once per micro-batch;
-//        ZeRO-3 per micro-batch ring(n) pb (2P - U0) of gathers (unit 0 stays
-//        gathered through backward; pb = 2 in bf16, else 4) + ring(n) 4P;
+//        ZeRO-3 per micro-batch ring(n) pb (2P - U0) of gathers (backward
+//        gathers the layers again, not the embedding or the head; pb = 2 in
+//        bf16, else 4) + ring(n) 4P;
 //        HSDP + 2 ring(R) 4P/n per reduction; + the step's scalars.
 //   embedding (tied, pp > 1, first and last stage): 2 ring(2) 4 E/tp.
 // This is meshtrain's own accounting (fp32 master parameters gathered in

@@ -12,6 +12,7 @@
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/peft/adapter.h"
 #include "meshtrain/peft/lora.h"
+#include "meshtrain/plan/partition.h"
 #include "meshtrain/plan/spec.h"
 #include "meshtrain/train/spike.h"
 
@@ -57,6 +58,10 @@ struct TrainConfig {
   int pp = 1;
   int virtual_stages = 1;
   std::string schedule = "1f1b";
+  // [parallel] pp_layers: layers of each of the pp x virtual stages (empty: balanced by pp_balance,
+  // plan/partition.h: parameters (memory) or compute (the head's multiply counted)).
+  std::vector<int64_t> pp_layers;
+  plan::Balance pp_balance = plan::Balance::Parameters;
   int dp_shard = 0;
   bool offload = false;
   std::string recompute = "none";  // [train] recompute: none | selective | full
@@ -169,6 +174,10 @@ std::string print_config(const TrainConfig& c);
 // `meshtrain train --help-config`: the registered methods (train/method.h), each with its line,
 // then every key at its default (the gpt-tiny preset), as print_config writes them.
 std::string help_config();
+
+// Layers of each of the pp x virtual pipeline stages, in order: parallel.pp_layers, or the split
+// balanced by parallel.pp_balance (plan/partition.h); {layers} without pipeline parallelism.
+std::vector<int64_t> stage_layer_counts(const TrainConfig& c);
 
 // The shards a run trains on: data.train, or every source's.
 std::vector<std::string> train_shards_of(const TrainConfig& c);

@@ -38,9 +38,14 @@ void allocate_storage(const at::Tensor& t, int64_t numel) {
   s->set_nbytes(bytes);
 }
 
-// "layers.{i}.…" -> i + 1; everything else -> 0.
-int64_t unit_of(const std::string& name) {
+// The units of model/transformer.h's UnitHooks: "layers.{i}.…" -> i + 1; the
+// final norm, head and value head -> `head` (L + 1, or 0 when the head reads the
+// tied embedding); the rest (embedding, positions) -> 0.
+int64_t unit_of(const std::string& name, int64_t head) {
   const std::string prefix = "layers.";
+  for (const char* h : {"final_norm.", "head.", "value_head."}) {
+    if (name.rfind(h, 0) == 0) return head;
+  }
   if (name.rfind(prefix, 0) != 0) return 0;
   const size_t end = name.find('.', prefix.size());
   return std::stoll(name.substr(prefix.size(), end - prefix.size())) + 1;
@@ -106,8 +111,15 @@ struct ShardedDataParallel::State {
   int64_t next_launch = -1, last_launched = -1;  // stage 2/3: flats reduce in descending index
   bool saw_backward = false;
   int64_t gathered_bytes = 0, peak_gathered = 0;
+  // The head's unit (UnitHooks), and whether the head reads unit 0's tied embedding: then the
+  // head's calls go to unit 0, and on a model with both ends unit 0 stays gathered from the
+  // embedding to the head's backward.
+  const int64_t head;
+  const bool tied, shared_root;
 
-  State(Transformer& m, Comm& s, Comm& r, Comm& t, ZeroOptions opt) : model(m), shard(s), replicate(r), tp(t), o(opt) {
+  State(Transformer& m, Comm& s, Comm& r, Comm& t, ZeroOptions opt)
+      : model(m), shard(s), replicate(r), tp(t), o(opt), head(head_unit(m.spec().layers)), tied(m.spec().tied),
+        shared_root(tied && m.part().embedding && m.part().head) {
     const auto& all = m.params().params();
     for (size_t k = 0; k < all.size(); ++k) {
       if (all[k].frozen) continue;
@@ -176,6 +188,9 @@ struct ShardedDataParallel::State {
       f.gathered = Gathered::No;
     }
   }
+
+  // Where a unit's calls go: the tied head's to unit 0.
+  int64_t home(int64_t unit) const { return tied && unit == head ? 0 : unit; }
 
   // The unit after (forward) or before (backward) `unit` that has flats.
   int64_t neighbour(int64_t unit, int step) const {
@@ -259,7 +274,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
       throw std::invalid_argument(fmt::format("zero: parameter {} is {}, expected fp32 (master weights)", p.name,
                                               c10::toString(p.tensor.scalar_type())));
     }
-    const auto key = std::make_tuple(unit_of(p.name), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial,
+    const auto key = std::make_tuple(unit_of(p.name, s.tied ? 0 : s.head), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial,
                                      p.replica, p.expert && o.expert_shard);
     auto [it, fresh] = index.emplace(key, s.flats.size());
     if (fresh) {
@@ -502,9 +517,9 @@ int64_t ShardedDataParallel::padded_numel() const {
   return n;
 }
 
-int64_t ShardedDataParallel::padded_numel_unit0() const {
+int64_t ShardedDataParallel::padded_numel(int64_t unit) const {
   int64_t n = 0;
-  for (const auto& f : s_->flats) n += f.unit == 0 ? f.padded : 0;
+  for (const auto& f : s_->flats) n += f.unit == s_->home(unit) ? f.padded : 0;
   return n;
 }
 
@@ -512,17 +527,23 @@ int64_t ShardedDataParallel::peak_gathered_bytes() const { return s_->peak_gathe
 
 void ShardedDataParallel::before_unit(int64_t unit) {
   State& s = *s_;
-  s.ensure_unit(unit);
-  const int64_t next = s.neighbour(unit, +1);
+  s.ensure_unit(s.home(unit));
+  const int64_t next = s.neighbour(unit, +1);  // none after the head
   if (s.o.prefetch && next >= 0) s.start_gather_unit(next, true);
 }
 
 at::Tensor ShardedDataParallel::after_unit(int64_t unit, const at::Tensor& out) {
   State& s = *s_;
   if (unit == 0) {
-    // Unit 0 (embedding and head) is used at both ends of backward: it stays
-    // gathered until its gradients are reduced, or goes now without backward.
-    if (!out.requires_grad()) s.free_unit(0);
+    // The embedding: a lookup's (and the positions') backward reads no weight, so it goes now,
+    // unless the tied head reads it still.
+    if (!s.shared_root) s.free_unit(0);
+    return out;
+  }
+  if (unit == s.head) {
+    // The head's backward comes first: it stays gathered until its gradients are reduced
+    // (launch()), or goes now without backward.
+    if (!out.requires_grad()) s.free_unit(s.home(unit));
     return out;
   }
   if (out.requires_grad()) {

@@ -3,8 +3,9 @@
 // group, replicate across groups).
 //
 // The parameters are packed into flat fp32 buffers ("flats"): one per unit and
-// per optimizer class, where a unit is a layer (unit i + 1 for layer i) or the
-// rest of the model (unit 0: embedding, positions, final norm, head), and the
+// per optimizer class, where a unit is a layer (unit i + 1 for layer i), the
+// embedding with the positions (unit 0) or the final norm with the head (unit
+// L + 1; with tied embeddings they join unit 0: the head reads its weight), the
 // class is (weight decay?, tensor-parallel split?, sequence-partial gradient?),
 // so that every flat updates under one rule. A flat of `numel` elements is
 // padded to `padded` = a multiple of N (the shard group's size); rank r owns
@@ -25,8 +26,12 @@
 //            output gradient) and freed once its gradients are reduced. The
 //            next unit's gather is started (prefetched) while the current one
 //            computes: the following layer in forward, the preceding one in
-//            backward. Unit 0 stays gathered from the start of forward to the
-//            end of backward.
+//            backward. The embedding is freed after its forward (a lookup's
+//            backward reads no weight) and not gathered again; the head stays
+//            gathered from its forward until its gradients are reduced, at the
+//            start of backward. So the most gathered at once is two adjacent
+//            units (measured by peak_gathered_bytes). A tied model's unit 0
+//            stays gathered from the embedding to the end of backward.
 //
 // Invariants:
 // - Every rank issues the same collectives in the same order on the shard
@@ -147,7 +152,7 @@ class ShardedDataParallel : public UnitHooks {
   // Flats (for tests and the log): units' padded sizes and names.
   size_t flats() const;
   int64_t padded_numel() const;       // Σ padded over flats
-  int64_t padded_numel_unit0() const; // Σ padded over unit 0's flats
+  int64_t padded_numel(int64_t unit) const;  // Σ padded over a unit's flats (the tied head's: unit 0's)
   int64_t peak_gathered_bytes() const;  // stage 3: most gathered bytes allocated at once
 
   // UnitHooks (stage 3).
