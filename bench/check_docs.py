@@ -4,16 +4,17 @@
 1. Every docs/*.md ends with the footer bench/header.sh's `seal` writes, naming
    an existing bench/ script, and the sha256 of the lines above it matches:
    a page edited by hand fails (rerun its script instead).
-2. Every quote in README.md, VALUE<!--q PAGE:KEY-->, names a key that PAGE
+2. Every quote in the hand-written pages (README.md, the guides in
+   docs/guide/ and the design pages in docs/design/), VALUE<!--q PAGE:KEY-->, names a key that PAGE
    (docs/PAGE.md) lists under "Numbers quoted in README.md", with that value.
-3. README.md's prose (outside code) has no measurement-looking number that is
+3. Their prose (outside code) has no measurement-looking number that is
    not such a quote: ratios (1.8x), decimals (4.7), percentages, and numbers
    with a unit of time or rate (2 minutes, 35 ms, 1.0 GB/s, 300 tokens/s).
    Constants of the code (a tolerance, a default) are written as inline code,
    which this check skips, like code blocks.
 
   check_docs.py [--write] [--root DIR]
-    --write: set every quoted value in README.md from docs/ instead of comparing
+    --write: set every quoted value in the hand-written pages from docs/ instead of comparing
     --root:  the tree to check (default: this script's repository)
 """
 import hashlib
@@ -69,7 +70,7 @@ def check_pages(docs, errors):
 
 
 def prose_lines(text):
-    """(line number, line) of README.md outside fenced code, with inline code blanked."""
+    """(line number, line) of a hand-written page outside fenced code, with inline code blanked."""
     fenced = False
     for n, line in enumerate(text.split("\n"), 1):
         if line.lstrip().startswith("```"):
@@ -79,16 +80,26 @@ def prose_lines(text):
             yield n, re.sub(r"`[^`]*`", "``", line)
 
 
-def check_readme(text, quotes, errors, write):
+def hand_written():
+    """README.md, the guides and the design pages: the pages people write, which quote the scripts' numbers."""
+    out = ["README.md"]
+    for sub in ("guide", "design"):
+        d = os.path.join(ROOT, "docs", sub)
+        if os.path.isdir(d):
+            out += ["docs/%s/%s" % (sub, n) for n in sorted(os.listdir(d)) if n.endswith(".md")]
+    return out
+
+
+def check_readme(text, quotes, errors, write, name="README.md"):
     def replace(m):
         value, page, key = m.groups()
         if (page, key) not in quotes:
-            errors.append("README.md quotes %s:%s, which docs/%s.md does not list" % (page, key, page))
+            errors.append("%s quotes %s:%s, which docs/%s.md does not list" % (name, page, key, page))
             return m.group(0)
         if value != quotes[(page, key)]:
             if not write:
-                errors.append("README.md says %s for %s:%s, docs/%s.md says %s" %
-                              (value or "(nothing)", page, key, page, quotes[(page, key)]))
+                errors.append("%s says %s for %s:%s, docs/%s.md says %s" %
+                              (name, value or "(nothing)", page, key, page, quotes[(page, key)]))
                 return m.group(0)
         return "%s<!--q %s:%s-->" % (quotes[(page, key)], page, key)
 
@@ -107,8 +118,8 @@ def check_readme(text, quotes, errors, write):
         for m in MEASURE.finditer(bare):
             if VERSION.search(bare[:m.start()]):
                 continue
-            errors.append("README.md:%d: '%s' reads as a measurement but quotes no docs/ page: cite it as "
-                          "VALUE<!--q PAGE:KEY--> from a page a bench/ script writes" % (n, m.group(1)))
+            errors.append("%s:%d: '%s' reads as a measurement but quotes no docs/ page: cite it as "
+                          "VALUE<!--q PAGE:KEY--> from a page a bench/ script writes" % (name, n, m.group(1)))
     return new
 
 
@@ -116,22 +127,24 @@ def main():
     write = "--write" in sys.argv[1:]
     errors = []
     quotes = check_pages(pages(), errors)
-    readme_path = os.path.join(ROOT, "README.md")
-    with open(readme_path, encoding="utf-8") as f:
-        text = f.read()
-    new = check_readme(text, quotes, errors, write)
-    if write and new != text:
-        with open(readme_path, "w", encoding="utf-8") as f:
-            f.write(new)
-        print("README.md: quoted values set from docs/")
+    quoted = 0
+    for name in hand_written():
+        path = os.path.join(ROOT, name)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        new = check_readme(text, quotes, errors, write, name)
+        if write and new != text:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+            print("%s: quoted values set from docs/" % name)
+        quoted += sum(len(MARKER.findall(line)) for _, line in prose_lines(new))
     for e in errors:
         print("check-docs: " + e)
     if errors:
         print("check-docs: %d problem(s)" % len(errors))
         return 1
-    quoted = sum(len(MARKER.findall(line)) for _, line in prose_lines(new))
-    print("check-docs: %d pages sealed by their scripts, %d quoted numbers, README.md quotes match" %
-          (len(pages()), quoted))
+    print("check-docs: %d pages sealed by their scripts, %d quoted numbers in %d hand-written pages (README.md, "
+          "docs/guide/, docs/design/), all match" % (len(pages()), quoted, len(hand_written())))
     return 0
 
 

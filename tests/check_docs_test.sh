@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/check_docs.py must fail on each hand edit a person could make: a quoted
 # README number changed, a docs/ page changed after its script wrote it, a new
-# README measurement quoted from nothing. Runs on a copy of README.md, docs/, bench/.
+# README or guide measurement quoted from nothing. Runs on a copy of README.md, docs/, bench/.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
@@ -33,4 +33,8 @@ expect_failure "docs/$(basename "$page") edited by hand"
 fresh
 sed -i '0,/^## /s//The trainer runs 3.5x faster than PyTorch.\n\n## /' "$tmp/t/README.md"
 expect_failure "an unquoted measurement added to README.md"
+# 4. The same in a guide (docs/guide/: hand-written pages, held to the README's rule).
+fresh
+sed -i '0,/^## /s//ZeRO-3 trains 40% faster here.\n\n## /' "$tmp/t/docs/guide/quickstart.md"
+expect_failure "an unquoted measurement added to a guide"
 exit $fail

@@ -523,7 +523,8 @@ at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targ
                                 const at::Tensor& doc_ids) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
   ScopedFlag sparse(sparse_embedding_grad_, tied_loss_forward());
-  return through_head(trunk(tokens, train, nullptr, doc_ids), [&](const at::Tensor& n) { return head_loss(n, targets); });
+  return through_head(trunk(tokens, train, nullptr, doc_ids),
+                      [&](const at::Tensor& n) { return head_loss(n, targets); });
 }
 
 void Transformer::finalize_grads() {

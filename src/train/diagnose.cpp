@@ -104,7 +104,7 @@ TrainConfig replay_config(const ckpt::Reader& r) {
   std::ofstream(tmp) << r.manifest()["config_toml"].get<std::string>();
   const std::vector<std::string> one_process = {
       "parallel.tp=1",    "parallel.sp=false",     "parallel.cp=1",         "parallel.pp=1",  "parallel.ep=1",
-      "parallel.virtual=1", "parallel.nproc=1",    "parallel.zero=0",       "parallel.dp_shard=0",
+      "parallel.virtual=1", "parallel.nproc=1",    "parallel.zero=0",       "parallel.dp_shard=0", "parallel.pp_layers=[]",
       "train.metrics=\"\"", "checkpoint.dir=\"\"", "spike.policy=\"off\"", "check.replicas_every=0"};
   try {
     TrainConfig c = load_train_config(tmp.string(), one_process);

@@ -274,8 +274,8 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
       throw std::invalid_argument(fmt::format("zero: parameter {} is {}, expected fp32 (master weights)", p.name,
                                               c10::toString(p.tensor.scalar_type())));
     }
-    const auto key = std::make_tuple(unit_of(p.name, s.tied ? 0 : s.head), decays(p, decay) ? 1 : 0, p.tp_dim >= 0, p.sequence_partial,
-                                     p.replica, p.expert && o.expert_shard);
+    const auto key = std::make_tuple(unit_of(p.name, s.tied ? 0 : s.head), decays(p, decay) ? 1 : 0, p.tp_dim >= 0,
+                                     p.sequence_partial, p.replica, p.expert && o.expert_shard);
     auto [it, fresh] = index.emplace(key, s.flats.size());
     if (fresh) {
       s.flats.emplace_back();
