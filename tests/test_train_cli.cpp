@@ -220,7 +220,9 @@ TEST(TrainCli, ParityHoldsAcrossAnEpochBoundary) {
 
 // parallel.pp_layers and pp_balance: each bad value is one error naming it before a rank starts;
 // the cut the engine builds is the config's, and a pipeline cut unevenly (3 + 1 of 4 layers) trains
-// as one process does (loss and gradient norm within 1e-5, 6 steps). A vocabulary-heavy model
+// as one process does (loss and gradient norm within 1e-5, 26 steps: past the epoch's 23 global
+// batches; at the parity matrix's lr 1e-3: at tiny_config's 1e-2 Adam grows pp's reduction-order
+// rounding to 4.2e-5 in the gradient norm, measured the same for the even cut and this one). Interleaved chunks keep the parameter balance (refused otherwise). A vocabulary-heavy model
 // balanced by compute moves layers off the head's stage; by parameters it stays even.
 TEST(TrainCli, PipelineStagesAreCutWhereTheConfigSays) {
   Dir d;
@@ -239,6 +241,10 @@ TEST(TrainCli, PipelineStagesAreCutWhereTheConfigSays) {
             std::string::npos);
   EXPECT_NE(error_of(d.write("f.toml", base), {"parallel.pp_layers=3"}).find("must be a list of integers"),
             std::string::npos);
+  EXPECT_NE(error_of(d.write("v.toml", base), {"parallel.pp=2", "parallel.virtual=2", "parallel.schedule=\"interleaved\"",
+                                              "parallel.pp_balance=\"compute\""})
+                .find("not with parallel.virtual = 2"),
+            std::string::npos);
   EXPECT_NE(error_of(d.write("g.toml", base), {"parallel.pp_balance=\"flops\""})
                 .find("parallel.pp_balance = \"flops\": 'flops' is not a stage balance"),
             std::string::npos);
@@ -250,7 +256,8 @@ TEST(TrainCli, PipelineStagesAreCutWhereTheConfigSays) {
                         {"model.vocab=50000", "model.tied=false", "parallel.pp=2", "parallel.pp_balance=\"compute\""});
   EXPECT_EQ(stage_layer_counts(c), (std::vector<int64_t>{3, 1}));
 
-  const std::string cfg = tiny_config(d, "p.toml", "") + " --set model.layers=4 --set model.dropout=0.0";
+  const std::string cfg =
+      tiny_config(d, "p.toml", "") + " --set model.layers=4 --set model.dropout=0.0 --set train.steps=26 --set train.lr=1e-3";
   const auto run = [&](const std::string& mesh, const std::string& tag) {
     const auto r = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + mesh + " --set train.metrics='\"" +
                                      (d.path / tag).string() + "\"'");
@@ -260,7 +267,7 @@ TEST(TrainCli, PipelineStagesAreCutWhereTheConfigSays) {
   const auto one = run(" --nproc 1", "one");
   const auto cut = run(" --set parallel.pp=2 --set 'parallel.pp_layers=[3, 1]'", "pp_3_1");
   EXPECT_NE(cut.second.find("layers per stage [3, 1] (parallel.pp_layers)"), std::string::npos) << cut.second;
-  test::expect_same_losses(one.first, cut.first, 0, 6);
+  test::expect_same_losses(one.first, cut.first, 0, 26);
 }
 
 TEST(TrainConfig, ProgressShowsElapsedAndTheTimeLeft) {

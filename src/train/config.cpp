@@ -206,6 +206,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                               e.what()));
     }
   }
+  if (c.virtual_stages > 1 && (!c.pp_layers.empty() || c.pp_balance != plan::Balance::Parameters)) {
+    throw std::invalid_argument(fmt::format("{}: parallel.pp_layers and parallel.pp_balance = \"compute\" are tested "
+                                            "with one chunk per pipeline rank, not with parallel.virtual = {}: leave "
+                                            "the interleaved schedule's cut to parameter balance",
+                                            path, c.virtual_stages));
+  }
   if (c.pp > 1 && c.zero >= 2) {
     throw std::invalid_argument(fmt::format("{}: parallel.zero = {} with parallel.pp = {}: stage 2 would reduce-scatter, "
                                             "and stage 3 re-gather, once per micro-batch on every stage; use "
