@@ -24,8 +24,9 @@ gpt2_args="--seqs 256,512,768,1024,2048 --batch 4 --heads 12 --head-dim 64 --ite
   "$BUILD/meshtrain" bench attention $args | tee /tmp/meshtrain_bench_attention.txt
   echo '```'
   echo
-  echo "At GPT-2 124M's shape (12 heads of 64, micro-batch 4): \`model.attention = \"auto\"\` (the default) computes"
-  echo "tiled from 2048 keys (four 512-token tiles) on, the materialised scores below; \`sdpa\` is chosen by name."
+  echo "At GPT-2 124M's shape (12 heads of 64, micro-batch 4). \`model.attention = \"auto\"\` (the default) computes"
+  echo "sdpa where it can (no attention dropout, no document mask, cp 1 on the CPU); otherwise tiled from 2048 keys"
+  echo "(four 512-token tiles) on and the materialised scores below."
   echo "The speedups are the naive time over each one's."
   echo
   echo "\`$BUILD/meshtrain bench attention $gpt2_args\`"

@@ -6,13 +6,15 @@ k, v and o projections, naive causal attention with an fp32 softmax, GELU-tanh
 or SwiGLU MLP, final norm, the head tied or not, the vocabulary padded as
 meshtrain pads it), written the way a PyTorch user writes it (nn.Module,
 F.cross_entropy, torch.optim.AdamW, torch.autocast for bf16). Random tokens,
-dropout 0. Prints one line: "RESULT <median seconds per step> <peak RSS bytes>".
+dropout 0. Prints "RESULT <median seconds per step> <peak RSS bytes>".
 
   torch_gpt.py --layers 12 --hidden 768 --heads 12 --kv-heads 12 --ffn 3072
                --vocab 50304 --norm layernorm --norm-eps 1e-05 --activation gelu
                --position learned --rope-theta 10000 --tied 1 --bias 1
                --micro-batch 4 --seq 256 --precision fp32 --steps 3 --warmup 1 --threads 2
                [--attention naive|sdpa]   (sdpa: F.scaled_dot_product_attention, PyTorch >= 2.0)
+               [--compile]                (torch.compile(model), inductor: its compilation happens in the
+                                           warm-up steps, printed on a line "WARMUP <seconds>")
                [--device cpu|cuda]        (cuda: the model on cuda:0, fused AdamW, timed after a synchronize;
                                            the peak is torch.cuda.max_memory_allocated)
 """
@@ -124,6 +126,7 @@ def main():
         p.add_argument("--" + name, required=True)
     p.add_argument("--attention", choices=("naive", "sdpa"), default="naive")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--compile", action="store_true")
     for name in ("norm-eps", "rope-theta"):
         p.add_argument("--" + name, type=float, required=True)
     a = p.parse_args()
@@ -136,24 +139,28 @@ def main():
             nn.init.normal_(m.weight, std=0.02)
     cuda = a.device == "cuda"
     model.to(a.device)
+    step_model = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                             fused=True if cuda else None)
     data = torch.randint(0, a.vocab, (64 * a.micro_batch * a.seq + 1,)).to(a.device)
     n = a.micro_batch * a.seq
     times = []
+    warmup_start = time.perf_counter()
     for i in range(a.warmup + a.steps):
         w = data[(i % 64) * n: (i % 64) * n + n + 1]
         tokens, targets = w[:-1].view(a.micro_batch, a.seq), w[1:].view(a.micro_batch, a.seq)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
-            loss = model(tokens, targets)
+            loss = step_model(tokens, targets)
         loss.backward()
         opt.step()
         if cuda:
             torch.cuda.synchronize()
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
+        elif i == a.warmup - 1:
+            print("WARMUP %.3f" % (time.perf_counter() - warmup_start))
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print("RESULT %.6f %d" % (statistics.median(times), peak))
 

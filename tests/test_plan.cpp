@@ -624,6 +624,16 @@ TEST(Plan, AttentionAutoIsTiledFromFourTiles) {
   EXPECT_TRUE(attention_tiled(AttentionImpl::Auto, 16, /*documents=*/true));
   EXPECT_FALSE(attention_tiled(AttentionImpl::Naive, 1 << 20));
   EXPECT_TRUE(attention_tiled(AttentionImpl::Tiled, 16));
+  // Auto is sdpa wherever sdpa computes the case; on the CPU with cp 1 only (a chunk of queries that sees
+  // earlier chunks is not sdpa's top-left causal mask, and the CPU's cp paths keep their tested kernels).
+  EXPECT_TRUE(attention_sdpa(AttentionImpl::Auto, 0.0, false, 1, false));
+  EXPECT_FALSE(attention_sdpa(AttentionImpl::Auto, 0.1, false, 1, false));
+  EXPECT_FALSE(attention_sdpa(AttentionImpl::Auto, 0.0, true, 1, true));
+  EXPECT_FALSE(attention_sdpa(AttentionImpl::Auto, 0.0, false, 2, false));
+  EXPECT_TRUE(attention_sdpa(AttentionImpl::Auto, 0.0, false, 2, true));
+  EXPECT_TRUE(attention_sdpa(AttentionImpl::Sdpa, 0.0, false, 1, false));
+  EXPECT_FALSE(attention_sdpa(AttentionImpl::Naive, 0.0, false, 1, true));
+  EXPECT_FALSE(attention_sdpa(AttentionImpl::Tiled, 0.0, false, 1, false));
   for (auto a : {AttentionImpl::Naive, AttentionImpl::Tiled, AttentionImpl::Auto}) {
     EXPECT_EQ(parse_attention(attention_name(a)), a);
   }

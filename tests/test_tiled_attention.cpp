@@ -15,6 +15,8 @@
 // output not rescaled when the row maximum grows (alpha = 1).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <map>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -279,25 +281,42 @@ TEST(TiledAttention, ModelDropoutIsReplayedByRecomputation) {
 // model.attention = "auto" (the default): the materialised scores below four
 // tiles of keys, the tiled kernel from there (bitwise the explicit choice's
 // per-token losses each side, which differ from each other by rounding).
-TEST(TiledAttention, AutoIsNaiveBelowFourTilesAndTiledFromThere) {
+// Auto (plan/spec.h): sdpa without dropout at any length; with attention dropout (which sdpa
+// does not take) naive below four tiles of keys and tiled from there.
+TEST(TiledAttention, AutoIsSdpaWithoutDropoutElseNaiveBelowFourTilesAndTiledFromThere) {
   plan::ModelSpec spec = plan::preset("gpt-tiny");
   ASSERT_EQ(spec.attention, plan::AttentionImpl::Auto);
-  spec.layers = 1, spec.vocab = 64, spec.dropout = 0;
+  spec.layers = 1, spec.vocab = 64;
   Comm solo("solo", 0);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
-  for (int64_t seq : {plan::kAutoTiledKeys - 8, plan::kAutoTiledKeys}) {
-    spec.seq = seq;
-    const at::Tensor tokens = at::randint(spec.vocab, {1, seq}, gen, at::kLong);
-    std::map<plan::AttentionImpl, at::Tensor> loss;  // per token
-    for (auto a : {plan::AttentionImpl::Auto, plan::AttentionImpl::Naive, plan::AttentionImpl::Tiled}) {
-      spec.attention = a;
-      Transformer m(spec, solo, false, 4);
-      loss[a] = m.forward(tokens, tokens).detach();
+  for (double dropout : {0.0, 0.1}) {
+    for (int64_t seq : {plan::kAutoTiledKeys - 8, plan::kAutoTiledKeys}) {
+      spec.seq = seq;
+      spec.dropout = dropout;
+      const at::Tensor tokens = at::randint(spec.vocab, {1, seq}, gen, at::kLong);
+      std::map<plan::AttentionImpl, at::Tensor> loss;  // per token
+      auto kernels = {plan::AttentionImpl::Auto, plan::AttentionImpl::Naive, plan::AttentionImpl::Tiled};
+      for (auto a : kernels) {
+        spec.attention = a;
+        Transformer m(spec, solo, false, 4);
+        loss[a] = m.forward(tokens, tokens, /*train=*/true).detach();
+      }
+      if (dropout == 0) {
+        spec.attention = plan::AttentionImpl::Sdpa;
+        Transformer m(spec, solo, false, 4);
+        loss[spec.attention] = m.forward(tokens, tokens, true).detach();
+      }
+      const auto want = dropout == 0                  ? plan::AttentionImpl::Sdpa
+                        : seq >= plan::kAutoTiledKeys ? plan::AttentionImpl::Tiled
+                                                      : plan::AttentionImpl::Naive;
+      const std::string what = fmt::format("seq {}, dropout {}", seq, dropout);
+      EXPECT_TRUE(at::equal(loss[plan::AttentionImpl::Auto], loss[want])) << what;
+      for (auto other : kernels) {
+        if (other == want || other == plan::AttentionImpl::Auto) continue;
+        EXPECT_FALSE(at::equal(loss[other], loss[want]))
+            << what << ": two kernels round alike, the test cannot tell which one auto took";
+      }
     }
-    const auto want = seq >= plan::kAutoTiledKeys ? plan::AttentionImpl::Tiled : plan::AttentionImpl::Naive;
-    EXPECT_TRUE(at::equal(loss[plan::AttentionImpl::Auto], loss[want])) << "seq " << seq;
-    EXPECT_FALSE(at::equal(loss[plan::AttentionImpl::Naive], loss[plan::AttentionImpl::Tiled]))
-        << "seq " << seq << ": the two kernels round alike, the test cannot tell which one auto took";
   }
 }
 

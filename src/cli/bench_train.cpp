@@ -68,6 +68,15 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     check_precision_supported(precision, o->device);
     if (precision == Precision::Fp16) throw std::invalid_argument("bench train runs fp32 or bf16 (fp16 needs a loss scaler)");
     configure_threads(1);
+    // The MFU denominator as `meshtrain train` takes it: the run dtype's GEMM rate measured before the
+    // model exists, on all cores (train/gemm_peak.h); on CUDA the device's, after the timed steps.
+    const bool bf16 = precision == Precision::Bf16;
+    const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+    HostPeak host;
+    if (device == DeviceKind::Cpu) {
+      host = measure_host_peak(bf16 ? "gemm_bf16" : "gemm_fp32", cores);
+      for (const std::string& w : host.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);
+    }
     plan::ModelSpec spec = plan::preset(o->model);
     if (!o->attention.empty()) spec.attention = plan::parse_attention(o->attention);
     spec.dropout = 0;
@@ -155,10 +164,13 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     // MFU: the planner's FLOPs per token (6N + attention) over this device's GEMM rate, measured now
     // (after the timed steps, on the same threads), never a best-ever (train/gemm_peak.h).
     const double flops_per_token = plan::train_flops_per_token(spec, o->seq);
-    const bool bf16 = precision == Precision::Bf16;
     const std::string gemm = std::string(cuda ? "cuda_gemm_" : "gemm_") + (bf16 ? "bf16" : "fp32");
-    MachinePeak peak;
-    peak.value = cuda ? measure_cuda_gemm_flops(bf16) : measure_gemm_flops(threads_per_rank(1), 0.3, 512, bf16);
+    HostPeak peak = host;
+    peak.source = fmt::format("measured before the model was built on all {} cores in {:.2f} s", cores, host.seconds);
+    if (cuda) {
+      peak.value = measure_cuda_gemm_flops(bf16);
+      peak.source = "this device's, measured after the timed steps";
+    }
     auto mfu = [&](double s_per_step) { return flops_per_token * tokens / s_per_step / peak.value; };
     fmt::print("shape: {}\n", torch_gpt_shape(spec));
     if (o->loop != "both") {
@@ -167,7 +179,8 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
                  "memory {:.0f} MiB\n",
                  spec.name, o->loop, compute_device_name(), t, tokens / t, 100 * mfu(t), peak.value / 1e12, gemm,
                  peak.source, cuda ? "device" : "resident", peak_mem / (1 << 20));
-      fmt::print("RESULT {:.6f} {:.0f} {:.6f} {:.6g}\n", t, peak_mem, mfu(t), peak.value);
+      // seconds per step, peak bytes, MFU, the GEMM peak (FLOP/s), the pre-start measurement's seconds
+      fmt::print("RESULT {:.6f} {:.0f} {:.6f} {:.6g} {:.3f}\n", t, peak_mem, mfu(t), peak.value, peak.seconds);
       return 0;
     }
     const double a = median(t_trainer), b = median(t_bare);

@@ -245,11 +245,10 @@ at::Tensor Transformer::attention(const Block& blk, const at::Tensor& x, bool tr
   const uint64_t key = keys_.key(static_cast<uint64_t>(part_.first + layer), kAttentionProbs);
   const nn::Coords rows = keys_.rows(b);
   const int64_t head_offset = tp_.rank() * hq;
-  // On CUDA "auto" is sdpa (the tiled kernel is the CPU's); sdpa is causal from the first key,
-  // so a KV cache's later tokens (queries after `past` keys) take the naive path.
+  // sdpa is causal from the first key, so a KV cache's later tokens (queries after `past` keys)
+  // take another path, as do a chunk's queries that see earlier chunks (context parallelism).
   const bool cuda = q.is_cuda();
-  const bool sdpa = (spec_.attention == plan::AttentionImpl::Sdpa ||
-                     (cuda && spec_.attention == plan::AttentionImpl::Auto)) && past == 0 && p == 0;
+  const bool sdpa = past == 0 && plan::attention_sdpa(spec_.attention, p, docs.defined(), cp_size(), cuda);
   const bool tiled = !cuda && plan::attention_tiled(spec_.attention, past + s * cp_size(), docs.defined());
   // The masks' key and coordinates are captured by value: a recomputation replays them.
   auto local = [p, key, rows, head_offset, tiled, sdpa, docs](const at::Tensor& q, const at::Tensor& k,

@@ -186,9 +186,20 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     if (last) {
       const double logits = 4 * sq * b * c.vocab_padded / t;
       const double e = prec == Precision::Fp32 ? 4 : 2;  // bytes per activation element
-      L.lines.push_back({"logits and head input", e * sq * b * h / rep + e * sq * b * h / rep + logits,
-                         fmt::format("final norm and head inputs 4sbh/t + fp32 logits 4sbV/t (V = {})",
-                                     c.vocab_padded)});
+      if (s.fused_loss) {
+        // One chunk's fp32 logits at a time; the forward keeps dX (the head input's shape) and the
+        // head's dW (fp32, [V/t, h]) for the backward.
+        const double chunk = std::min(logits, static_cast<double>(kFusedLossChunkBytes));
+        L.lines.push_back({"logits and head input",
+                           e * sq * b * h / rep + 2 * e * sq * b * h + chunk + 4 * c.vocab_padded * h / t,
+                           fmt::format("final norm input 4sbh/t, head input and its dX 2 x 4sbh, a chunk of fp32 "
+                                       "logits (at most {} of 4sbV/t, V = {}), the head's dW 4Vh/t (fused loss)",
+                                       human_bytes(kFusedLossChunkBytes), c.vocab_padded)});
+      } else {
+        L.lines.push_back({"logits and head input", e * sq * b * h / rep + e * sq * b * h / rep + logits,
+                           fmt::format("final norm and head inputs 4sbh/t + fp32 logits 4sbV/t (V = {})",
+                                       c.vocab_padded)});
+      }
     }
     if (s.zero >= 3) {
       // The stage's units in forward order, whole on this rank (its tp and ep share): the embedding and

@@ -184,4 +184,9 @@ bool attention_tiled(AttentionImpl a, int64_t keys, bool documents) {
   return a == AttentionImpl::Tiled;
 }
 
+bool attention_sdpa(AttentionImpl a, double dropout, bool documents, int cp, bool cuda) {
+  if (dropout > 0 || documents) return false;
+  return a == AttentionImpl::Sdpa || (a == AttentionImpl::Auto && (cuda || cp == 1));
+}
+
 }  // namespace meshtrain::plan

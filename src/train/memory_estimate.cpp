@@ -16,10 +16,14 @@
 namespace meshtrain {
 namespace {
 
-// What glibc's heap holds beyond the live tensors, per byte of the step's transient tensors: measured
-// 0.46-0.73 (gpt-tiny on one rank, seq 32-256, micro-batch 1-32; bench/memory.sh, docs/bench-memory.md).
-// A property of the allocator and of libtorch's allocation order, not of the machine.
-constexpr double kHeapSlack = 0.6;
+// What glibc's heap holds beyond the live tensors, per byte of the step's transient tensors.
+// A property of the allocator and of libtorch's allocation order, not of the machine. Fitted:
+// - scores materialised (naive attention): 0.46-0.73 (gpt-tiny on one rank, seq 32-256, micro-batch
+//   1-32; bench/memory.sh, docs/bench-memory.md), 0.82 at seq 128 x micro-batch 64;
+// - no scores (sdpa, tiled): 0.28-0.40 (gpt-tiny, 4 layers, hidden 128, seq 128, micro-batch 32 and 64;
+//   2026-12-06, AMD EPYC): the [b, heads, s, s] blocks that fragment the heap are never allocated.
+constexpr double kHeapSlackScores = 0.6;
+constexpr double kHeapSlackNoScores = 0.35;
 constexpr double kShmPieceBytes = 32.0 * (1 << 20);  // comm_shm.cpp: the largest piece a collective stages at once
 
 // The ledger's lines that hold a step's transient tensors (the rest is state that lives from step to step).
@@ -90,7 +94,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int dp, double at_start, do
   auto add = [&e](std::string item, double bytes) { e.lines.push_back({std::move(item), bytes}); };
   add("tensors (plan ledger)", tensors);
   add("autocast's 16-bit weight copies", casts);
-  add("allocator (glibc's heap: 0.6 x the step's transient tensors)", kHeapSlack * transient_bytes(ledger));
+  const double slack = s.flash ? kHeapSlackNoScores : kHeapSlackScores;
+  add(fmt::format("allocator (glibc's heap: {} x the step's transient tensors)", slack), slack * transient_bytes(ledger));
   // Shared-memory segments: each rank maps every rank's two buffers and a collective touches its message's
   // pages in each (comm/shm_group.h): size x 2 x the group's largest message.
   double shm = 0;

@@ -278,7 +278,9 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   s.cp = c.cp;
   s.cp_impl = plan::parse_cp_impl(c.cp_impl);
   s.sp = c.sp && c.tp > 1;
-  s.flash = plan::attention_tiled(c.model.attention, c.seq, c.document_mask);
+  s.flash = plan::attention_tiled(c.model.attention, c.seq, c.document_mask) ||
+            plan::attention_sdpa(c.model.attention, c.model.dropout, c.document_mask, c.cp, c.device == "cuda");
+  s.fused_loss = true;  // the head never carries an adapter (Transformer::linears): its loss is always fused
   s.zero = c.zero;
   s.dp_shard = c.dp_shard;
   s.micro_batch = c.micro_batch;

@@ -20,6 +20,9 @@
 
 namespace meshtrain::plan {
 
+// The fused loss's logits per chunk of rows, at most (parallel/tensor/fused_cross_entropy.h).
+constexpr int64_t kFusedLossChunkBytes = int64_t{64} << 20;
+
 struct LedgerLine {
   std::string item;
   double bytes = 0;

@@ -11,19 +11,19 @@ namespace meshtrain::plan {
 enum class Norm { LayerNorm, RMSNorm };
 enum class Position { Learned, RoPE };
 enum class Activation { GELU, SwiGLU };
-// How attention is computed (the same function either way): the s x t scores
-// materialised, tiled without them (nn/tiled_attention.h), or Auto, the
-// default: tiled from four tiles of keys on (kAutoTiledKeys) or where packed
-// documents are masked, materialised below. The tiled kernel skips the tiles
-// above the causal diagonal and keeps memory linear in the sequence, but pays
-// per tile: on this project's 2-core CPU it ran 1.5-2.3x the materialised
-// scores' speed at 2048 keys, at 4 heads and at GPT-2's 12 heads x batch 4,
-// and 0.8-1.04x (run to run) at GPT-2's shape up to 1024
-// (docs/bench-attention.md).
-// Naive: scores materialised (ATen ops); Tiled: meshtrain's CPU kernel (nn/tiled_attention.h);
-// Sdpa: at::scaled_dot_product_attention (flash / memory-efficient / cuDNN on CUDA; causal,
-// no dropout, no document masks); Auto: on CPU tiled for documents or >= kAutoTiledKeys keys,
-// else naive; on CUDA sdpa.
+// How attention is computed (the same function either way):
+//   Naive: the s x t scores materialised (ATen ops);
+//   Tiled: meshtrain's CPU kernel (nn/tiled_attention.h): no scores, the tiles above the
+//          causal diagonal skipped, packed-document masks and keyed dropout;
+//   Sdpa:  at::scaled_dot_product_attention (the CPU flash kernel; flash / memory-efficient /
+//          cuDNN on CUDA): causal, no dropout, no document masks, memory linear in the sequence;
+//   Auto (the default): sdpa wherever it computes the case (no dropout, no document mask, and
+//          on CPU cp = 1), else tiled for documents or from four tiles of keys on
+//          (kAutoTiledKeys), else naive.
+// On this project's 2-core CPUs (docs/bench-attention.md) sdpa ran 1.0-1.5x naive's speed at GPT-2's
+// shape (12 heads, batch 4) up to 512 keys and 2.5-9x from 1024 on, faster than the tiled kernel at
+// every length, and memory linear in the sequence like it; a GPT-2 124M training step at seq 64 went
+// from 1.7-1.9 s to 1.5 s (2026-12-06, AMD EPYC, bench/train.sh).
 enum class AttentionImpl { Naive, Tiled, Auto, Sdpa };
 // The tiled kernel's default tile (nn::TiledAttentionOptions' block_q and block_k).
 constexpr int64_t kAttentionTile = 512;
@@ -32,6 +32,9 @@ AttentionImpl parse_attention(const std::string& s);  // "naive" | "tiled" | "sd
 const char* attention_name(AttentionImpl a);
 // Whether `a` computes tiled over `keys` keys; `documents`: a packed-document mask (tiled only).
 bool attention_tiled(AttentionImpl a, int64_t keys, bool documents = false);
+// Whether `a` computes through sdpa: attention dropout `dropout`, a document mask, cp ranks, on CUDA.
+// (Decoding after cached keys takes another path: sdpa's causal mask starts at the first key.)
+bool attention_sdpa(AttentionImpl a, double dropout, bool documents, int cp, bool cuda);
 
 struct ModelSpec {
   std::string name;

@@ -45,6 +45,9 @@ struct Strategy {
   int dp_shard = 0;     // HSDP: shard within groups of this many dp ranks (0 = all of dp)
   bool offload = false;  // optimizer states (and master weights) in host memory
   bool flash = false;    // attention core never materialised (flash-style kernels)
+  // The output layer and cross-entropy fused a chunk of rows at a time (meshtrain's loss,
+  // parallel/tensor/fused_cross_entropy.h): the logits never whole; false: Megatron's fp32 logits.
+  bool fused_loss = false;
   bool fp8_transpose = false;  // Hopper: fp8 weight copies kept in both layouts
   Recompute recompute = Recompute::None;
   Schedule schedule = Schedule::OneFOneB;

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/plan/memory.h"
 #include "meshtrain/nn/linear.h"
 
 namespace meshtrain {
@@ -19,7 +20,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr int64_t kChunkBytes = int64_t{64} << 20;
+constexpr int64_t kChunkBytes = plan::kFusedLossChunkBytes;
 
 // The rows [begin, begin + r) of one chunk, and what the chunk's targets mean on this rank.
 struct Chunk {
