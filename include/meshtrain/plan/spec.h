@@ -21,8 +21,8 @@ enum class Activation { GELU, SwiGLU };
 //          on CPU cp = 1), else tiled for documents or from four tiles of keys on
 //          (kAutoTiledKeys), else naive.
 // On this project's 2-core CPUs (docs/bench-attention.md) sdpa ran 1.0-1.5x naive's speed at GPT-2's
-// shape (12 heads, batch 4) up to 512 keys and 2.5-9x from 1024 on, faster than the tiled kernel at
-// every length, and memory linear in the sequence like it; a GPT-2 124M training step at seq 64 went
+// shape (12 heads, batch 4) up to 512 keys and 1.8-6.4x at 1024 (run to run), faster than the tiled
+// kernel at every length, and memory linear in the sequence like it; a GPT-2 124M training step at seq 64 went
 // from 1.7-1.9 s to 1.5 s (2026-12-06, AMD EPYC, bench/train.sh).
 enum class AttentionImpl { Naive, Tiled, Auto, Sdpa };
 // The tiled kernel's default tile (nn::TiledAttentionOptions' block_q and block_k).
