@@ -40,6 +40,7 @@
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
+#include "meshtrain/train/run_strategy.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/data/tasks.h"
 #include "meshtrain/train/step.h"

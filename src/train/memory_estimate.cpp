@@ -11,6 +11,7 @@
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/memory.h"
+#include "meshtrain/train/run_strategy.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {

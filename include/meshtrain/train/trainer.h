@@ -52,9 +52,6 @@ nlohmann::json common_checkpoint_fields(const TrainConfig& c, const ckpt::Pin* i
 // Collective.
 std::unique_ptr<ckpt::Checkpointer> checkpoint_saver(const TrainConfig& c, Runtime& rt);
 
-// The planner's description of the run, with `dp` data-parallel replicas.
-plan::Strategy strategy_of(const TrainConfig& c, int dp);
-
 // What can be checked from the config and the data before any rank starts
 // work, for a job of `world` ranks: the mesh fits the world, the batch divides
 // over data-parallel ranks, token ids fit the vocabulary, the training and
