@@ -21,6 +21,7 @@
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/plan/posttrain.h"
+#include "meshtrain/plan/posttrain_search.h"
 #include "meshtrain/plan/deepspeed_estimate.h"
 #include "meshtrain/plan/explain.h"
 #include "meshtrain/plan/hf_config.h"
@@ -157,7 +158,7 @@ Run add_plan(CLI::App& app) {
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_flag("--typical", o->typical, "the course's typical runs (7B, 70B, 1024 GPUs): plan, ledger, traffic, step");
   cmd->add_flag("--explain", o->explain, "also list every rule the search applied and what each rejected");
-  cmd->add_option("--method", o->method, "pretrain (search), or a post-training ledger: lora qlora ppo grpo");
+  cmd->add_option("--method", o->method, "pretrain, or post-training: sft dpo lora qlora ppo grpo (each searched)");
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank");
   cmd->add_option("--lora-targets", o->lora_targets, "qv or all");
   return [o, so, sched, validate]() {
@@ -288,44 +289,30 @@ Run add_plan(CLI::App& app) {
       return 0;
     }
     if (o->method != "pretrain") {
-      // Post-training: the ledger of one fixed strategy (unset degrees are 1, dp takes the rest).
-      plan::Strategy s;
-      s.tp = in.fixed.tp.value_or(1);
-      s.pp = in.fixed.pp.value_or(1);
-      if (in.gpus % (s.tp * s.pp) != 0) {
-        throw std::invalid_argument(fmt::format("--gpus {} is not divisible by tp x pp = {}", in.gpus, s.tp * s.pp));
+      // Post-training: the method's ledger and step time over the searched layouts (plan/posttrain_search.h).
+      plan::PostTrainInput pin;
+      pin.search = in;
+      pin.method = plan::post_train_method(o->method);
+      pin.lora.rank = o->lora_rank;
+      pin.lora.targets = o->lora_targets;
+      const plan::PostTrainResult r = plan::search_post_training(pin);
+      for (const std::string& line : r.explanation) fmt::print("{}\n", line);
+      if (r.ranked.empty()) return 3;
+      const plan::PostTrainCandidate& best = r.ranked.front();
+      if (plan::lora_method(pin.method)) {
+        fmt::print("{} trainable adapter parameters (rank {}, {})\n", plan::lora_params(in.model, pin.lora),
+                   pin.lora.rank, pin.lora.targets);
       }
-      s.dp = in.gpus / (s.tp * s.pp);
-      s.sp = s.tp > 1;
-      s.zero = in.fixed.zero.value_or(0);
-      s.micro_batch = in.fixed.micro_batch.value_or(1);
-      s.recompute = in.fixed.recompute.value_or(plan::Recompute::Selective);
-      s.seq = in.seq;
-      s.precision = in.precision;
-      s.global_batch = s.micro_batch * s.dp;
-      plan::StageLedger l;
-      if (o->method == "lora" || o->method == "qlora") {
-        plan::LoraOptions lo;
-        lo.rank = o->lora_rank;
-        lo.targets = o->lora_targets;
-        lo.qlora = o->method == "qlora";
-        l = plan::lora_ledger(in.model, s, lo);
-        fmt::print("{} {} of {}: {} trainable adapter parameters\n", o->method, s.describe(), in.model.name,
-                   plan::lora_params(in.model, lo));
-      } else if (o->method == "ppo") {
-        l = plan::rlhf_ledger(in.model, s, plan::RlhfOptions{});
-        fmt::print("PPO with four {}-shaped models, {}\n", in.model.name, s.describe());
-      } else if (o->method == "grpo") {
-        l = plan::grpo_ledger(in.model, s, plan::RlhfOptions{}, true);
-        fmt::print("GRPO with a {}-shaped actor and its frozen reference (no critic, no reward model), {}\n",
-                   in.model.name, s.describe());
-      } else {
-        throw std::invalid_argument(fmt::format("unknown --method '{}'; use pretrain, lora, qlora, ppo or grpo", o->method));
+      fmt::print("\nledger of the best, per GPU:\n{}", plan::format_ledger(best.ledger));
+      fmt::print("\n{:>4}  {:<44} {:<10} {:>5} {:>10} {:>10}\n", "rank", "layout", "recompute", "mb", "memory",
+                 "s/step");
+      for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < o->top; ++i) {
+        const plan::PostTrainCandidate& c = r.ranked[i];
+        fmt::print("{:>4}  {:<44} {:<10} {:>5} {:>10} {:>10.3g}\n", i + 1, c.strategy.describe(),
+                   plan::to_string(c.strategy.recompute), c.strategy.micro_batch, plan::human_bytes(c.peak_bytes),
+                   c.step_s);
       }
-      fmt::print("{}", plan::format_ledger(l));
-      fmt::print("{} of {} per {}\n", l.device_total() <= in.gpu.memory_bytes ? "fits" : "does NOT fit",
-                 plan::human_bytes(in.gpu.memory_bytes), in.gpu.name);
-      return l.device_total() <= in.gpu.memory_bytes ? 0 : 3;
+      return 0;
     }
     const auto t0 = std::chrono::steady_clock::now();
     auto r = plan::search(in);

@@ -120,8 +120,11 @@ void validate(const Strategy& s, const ModelSpec& m) {
   if (m.layers < static_cast<int64_t>(s.pp) * s.vpp) {
     fail(fmt::format("{} layers are too few for pp {} x {} virtual stages", m.layers, s.pp, s.vpp));
   }
-  if (s.vpp > 1 && (s.schedule != Schedule::Interleaved || m.layers % (s.pp * s.vpp) != 0)) {
-    fail(fmt::format("virtual stages need the interleaved schedule and layers ({}) divisible by pp x v = {}",
+  // An uneven interleaved split is the user's list (Megatron-LM's first / last stage sizes, or its embedding and
+  // loss counted as layers); without one the layers must divide.
+  if (s.vpp > 1 && (s.schedule != Schedule::Interleaved || (s.pp_layers.empty() && m.layers % (s.pp * s.vpp) != 0))) {
+    fail(fmt::format("virtual stages need the interleaved schedule and layers ({}) divisible by pp x v = {}, or a "
+                     "list of layers per stage",
                      m.layers, s.pp * s.vpp));
   }
   if (!s.pp_layers.empty()) partition_layers(m, s.pp * s.vpp, s.pp_layers);  // throws naming the list

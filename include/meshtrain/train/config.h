@@ -67,8 +67,8 @@ struct TrainConfig {
   std::string recompute = "none";  // [train] recompute: none | selective | full
   std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
   std::string device = "auto";     // [train] device: cpu | cuda | auto (platform/device.h)
-  // [train] peak_tflops: the MFU's denominator (TFLOP/s); 0: this host's GEMM rate in the run's dtype,
-  // measured once and cached per machine (train/gemm_peak.h).
+  // [train] peak_tflops: the MFU's denominator (TFLOP/s); 0: this host's GEMM rate, measured before the
+  // ranks start (train/gemm_peak.h: the run's dtype; bf16 runs the faster of bf16 and fp32).
   double peak_tflops = 0;
   // [train] document_mask: packed documents do not attend to each other and
   // their positions restart (the shards' document starts; needs tiled attention).

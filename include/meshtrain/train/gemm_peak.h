@@ -2,7 +2,7 @@
 // (`meshtrain train`) and the planner's `cpu` device (`meshtrain plan --gpu
 // cpu`). The GEMM rate is square matmuls through ATen (hence the BLAS or
 // oneDNN libtorch uses) on all the host's cores, in the run's dtype (fp32, or
-// bf16 for bf16 runs): the kind of multiplication that dominates a step. The
+// for bf16 runs the faster of bf16 and fp32): the kind of multiplication that dominates a step. The
 // copy bandwidth is a large buffer copied over and over.
 //
 // A training run's MFU divides by measure_host_peak(): the launching process
@@ -66,7 +66,8 @@ struct HostPeak {
   std::vector<std::string> warnings;
 };
 // Measures `what` ("gemm_fp32" or "gemm_bf16"; a bf16 run measures fp32 too) on `cores` threads now,
-// checks its health, and records the best in the cache.
+// checks its health, and records the best of `what` in the cache. value: the rate in `what`, except
+// that a bf16 run gets the faster of bf16 and fp32 (a step of both kinds of GEMM cannot beat it).
 HostPeak measure_host_peak(const std::string& what, int cores, const std::string& cache_file = default_peak_cache());
 // The launching process hands its measurement to the ranks it starts in the environment
 // variable MESHTRAIN_HOST_GEMM_PEAK ("<what> <FLOP/s> <seconds> <cores>").
