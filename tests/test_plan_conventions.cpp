@@ -161,6 +161,23 @@ TEST(PlanConventions, OffloadRunsAdamOnTheHost) {
   EXPECT_THROW(estimate_step(m, s, cpu), std::invalid_argument);
 }
 
+// The cpu device is a host its ranks share: two ranks of a host that multiplies at 100 GFLOP/s each get 50,
+// and a data-parallel pair plans its step at half the host's rate, about twice one rank alone on it.
+TEST(PlanConventions, CpuRanksShareTheirHost) {
+  const GpuSpec one = cpu_device(100e9, 10e9, 16e9, 1), two = cpu_device(100e9, 10e9, 16e9, 2);
+  EXPECT_DOUBLE_EQ(two.peak_flops, 50e9);
+  EXPECT_DOUBLE_EQ(two.memory_bw, 5e9);
+  EXPECT_DOUBLE_EQ(two.memory_bytes, 8e9);
+  EXPECT_EQ(two.per_node, 2);
+  const ModelSpec& m = preset("gpt2-124m");
+  Strategy s;
+  s.precision = Precision::Fp32, s.seq = 256, s.micro_batch = 4, s.global_batch = 4;
+  const double alone = estimate_step(m, s, one).compute_s;
+  s.dp = 2, s.global_batch = 8;
+  EXPECT_NEAR(estimate_step(m, s, two).compute_s / alone, 2.0, 1e-9);
+  EXPECT_THROW(cpu_device(1, 1, 1, 0), std::invalid_argument);
+}
+
 // Ren et al., ZeRO-Offload (USENIX ATC'21, arXiv 2101.06840), abstract: "models with over 13 billion
 // parameters on a single GPU" (a V100 32 GB). With ZeRO-2 offload the device holds the 16-bit weights and a
 // gradient bucket; the fp32 weights, gradients and Adam states are on the host.

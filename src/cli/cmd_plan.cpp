@@ -211,17 +211,20 @@ Run add_plan(CLI::App& app) {
     if (o->peak_tflops > 0) in.gpu.peak_flops = o->peak_tflops * 1e12;
     if (in.gpu.name == "cpu") {
       // This host, measured (cached per machine): its GEMM rate in the plan's dtype and its copy bandwidth;
-      // GEMMs then run at that rate (efficiency 1: the measurement is already what a GEMM reaches).
+      // GEMMs then run at that rate (efficiency 1: the measurement is already what a GEMM reaches). The
+      // --gpus ranks share the host (--gpus-per-node of them per host when given).
       const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
       const bool fp32 = o->precision == "fp32";
       const MachinePeak gemm = machine_peak(fp32 ? "gemm_fp32" : "gemm_bf16", cores, o->peak_tflops * 1e12,
                                             "--peak-tflops");
       const MachinePeak copy = machine_peak("copy", cores);
-      in.gpu.peak_flops = gemm.value;
-      in.gpu.memory_bw = copy.value;
-      in.gpu.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-      fmt::print("cpu: {:.4g} GFLOP/s ({} GEMM on {} cores, {}); copy {:.3g} GB/s ({})\n", gemm.value / 1e9,
-                 fp32 ? "fp32" : "bf16", cores, gemm.source, copy.value / 1e9, copy.source);
+      const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+      const int ranks = std::max(1, o->per_node > 0 ? std::min(o->gpus, o->per_node) : o->gpus);
+      in.gpu = plan::cpu_device(gemm.value, copy.value, ram, ranks);
+      fmt::print("cpu: {:.4g} GFLOP/s ({} GEMM on {} cores, {}); copy {:.3g} GB/s ({}); {} rank(s) per host, each "
+                 "{:.4g} GFLOP/s and {:.3g} GB/s\n",
+                 gemm.value / 1e9, fp32 ? "fp32" : "bf16", cores, gemm.source, copy.value / 1e9, copy.source, ranks,
+                 in.gpu.peak_flops / 1e9, in.gpu.memory_bw / 1e9);
     }
     if (o->top < 1) throw std::invalid_argument(fmt::format("--top {} must be at least 1", o->top));
     in.gpus = o->gpus;

@@ -116,6 +116,9 @@ std::map<std::string, GpuSpec> make_presets() {
   GpuSpec cpu = gpu("cpu", 0, 0, 0, 0, 1.0, 0.5, {1e9, 1.0, 20e-6}, {1e9, 1.0, 20e-6},
                     "this host, measured; links as PLATFORM.md measured them");
   cpu.per_node = 4;
+  // ATen's CPU flash-attention kernel (scaled_dot_product_attention), which meshtrain's attention = "auto" runs
+  // wherever it computes the case (plan::attention_sdpa): the scores are never materialised.
+  cpu.flash_kernels = true;
   add(cpu);
   return p;
 }
@@ -126,6 +129,16 @@ const std::map<std::string, GpuSpec>& presets() {
 }
 
 }  // namespace
+
+GpuSpec cpu_device(double host_gemm_flops, double host_copy_bw, double host_memory_bytes, int ranks) {
+  if (ranks < 1) throw std::invalid_argument(fmt::format("{} ranks on a host: at least 1", ranks));
+  GpuSpec g = gpu_preset("cpu");
+  g.peak_flops = host_gemm_flops / ranks;
+  g.memory_bw = host_copy_bw / ranks;
+  g.memory_bytes = host_memory_bytes / ranks;
+  g.per_node = ranks;
+  return g;
+}
 
 const GpuSpec& gpu_preset(const std::string& name) {
   auto it = presets().find(name);

@@ -60,8 +60,13 @@ struct GpuSpec {
   std::string source;  // where the numbers come from, printed with a plan
 };
 
-// h100, h200, a100, a100-40g, v100, b200, cpu (this 2-core machine).
+// h100, h200, a100, a100-40g, v100, b200, cpu (a host, its rates measured by `meshtrain plan --gpu cpu`).
 const GpuSpec& gpu_preset(const std::string& name);
 std::vector<std::string> gpu_preset_names();
+
+// The cpu device as each of `ranks` processes on one host sees it: the host's measured GEMM rate, copy
+// bandwidth and memory, shared evenly (the ranks split the cores: meshtrain's launcher gives each
+// cores / ranks threads), and all of them on one node (their links are the host's loopback).
+GpuSpec cpu_device(double host_gemm_flops, double host_copy_bw, double host_memory_bytes, int ranks);
 
 }  // namespace meshtrain::plan
