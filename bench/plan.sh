@@ -112,6 +112,10 @@ for line in open(sys.argv[1]):
     if m:
         print(f"- `{m.group(1).lower()}_largest_error` = {m.group(5)}%: the largest |error| over "
               f"{m.group(1)}{m.group(2)}'s Table {m.group(3)} runs ({m.group(4)}, fitting half)")
+    m = re.match(r"Fine-tuning rows \(all held out\): (\d+) runs, median \|error\| ([0-9.]+)%, largest ([0-9.]+)%", line)
+    if m:
+        print(f"- `fine_tuning_median_error` = {m.group(2)}%: the median |error| over the {m.group(1)} held-out "
+              f"fine-tuning runs (the post-training search)")
     m = re.match(r"(Fitting|Held-out) half: (\d+) runs, median \|error\| ([0-9.]+)%, largest ([0-9.]+)%", line)
     if m:
         key = "fitting" if m.group(1) == "Fitting" else "held_out"

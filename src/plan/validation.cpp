@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -339,6 +340,7 @@ std::string half_table(const char* title, const std::vector<PublishedRun>& runs)
 
 std::string validation_table() {
   std::string out = half_table("Fitting half", fitting_runs()) + "\n" + half_table("Held-out half", held_out_runs());
+  out += "\n### Fine-tuning, held out (meshtrain plan --method, plan/posttrain_search.h)\n\n" + post_training_table();
   out += "\nNotes on the newer rows (what each source leaves unstated is searched: the fastest setting that fits):\n";
   for (const PublishedRun& run : published_runs()) {
     if (!run.notes.empty()) out += fmt::format("- {}, {}: {}\n", run.source, run.label, run.notes);
@@ -397,5 +399,68 @@ Prediction predict_run(const PublishedRun& run) {
 }
 
 double predict(const PublishedRun& run) { return predict_run(run).value; }
+
+// NVIDIA NeMo 24.07's fine-tuning table (NVIDIA/NeMo docs/source/performance/performance_summary.md): DGX-H100,
+// FP8, SQuAD v1.1 packed to 4096 tokens, global batch 32, micro-batch 1, tokens/s per GPU. Unstated: ZeRO and
+// recomputation (searched), the virtual stages (none assumed: the table has no VP column), the adapters' rank and
+// targets (the planner's rank 8 on q and v: the frozen base's passes dominate the step either way).
+std::vector<PublishedPostTrainRun> post_training_runs() {
+  if (fitting_scopes > 0) {
+    throw std::logic_error("a held-out published fine-tuning run was read inside a FittingScope (plan/validation.h)");
+  }
+  struct Row { const char* label; PostTrainMethod method; const char* model; int gpus, tp, pp; double tokens; };
+  const Row rows[] = {{"LLAMA2-7B SFT", PostTrainMethod::Sft, "llama2-7b", 8, 1, 1, 17120},
+                      {"LLAMA2-13B SFT", PostTrainMethod::Sft, "llama2-13b", 8, 1, 4, 9741},
+                      {"LLAMA2-70B SFT", PostTrainMethod::Sft, "llama2-70b", 16, 4, 4, 1833},
+                      {"LLAMA2-7B LoRA", PostTrainMethod::Lora, "llama2-7b", 8, 1, 1, 25206},
+                      {"LLAMA2-13B LoRA", PostTrainMethod::Lora, "llama2-13b", 8, 1, 1, 14161},
+                      {"LLAMA2-70B LoRA", PostTrainMethod::Lora, "llama2-70b", 8, 2, 4, 2557}};
+  std::vector<PublishedPostTrainRun> runs;
+  for (const Row& r : rows) {
+    PublishedPostTrainRun run;
+    run.source = "NeMo 24.07 performance summary, fine-tuning, DGX-H100 FP8";
+    run.label = r.label;
+    PostTrainInput& in = run.input;
+    in.method = r.method;
+    in.search.model = preset(r.model);
+    in.search.gpu = gpu_preset("h100");
+    in.search.gpus = r.gpus;
+    in.search.seq = 4096;
+    in.search.global_batch = 32;
+    in.search.precision = Precision::Fp8;
+    in.search.fixed.tp = r.tp, in.search.fixed.pp = r.pp, in.search.fixed.micro_batch = 1;
+    run.tokens_per_s_per_gpu = r.tokens;
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+PostTrainPrediction predict_post_training(const PublishedPostTrainRun& run) {
+  const PostTrainResult r = search_post_training(run.input);
+  PostTrainPrediction p;
+  const auto& c = r.ranked.empty() ? r.leanest : std::optional<PostTrainCandidate>(r.ranked.front());
+  if (!c) throw std::invalid_argument(fmt::format("{}: no valid layout", run.label));
+  p.fits = !r.ranked.empty();
+  p.strategy = c->strategy;
+  const SearchInput& in = run.input.search;
+  p.tokens_per_s_per_gpu = static_cast<double>(in.global_batch) * in.seq / (c->step_s * in.gpus);
+  return p;
+}
+
+std::string post_training_table() {
+  std::string out = "| source | run | configuration predicted | published | predicted | error |\n|---|---|---|---:|---:|---:|\n";
+  std::vector<double> errors;
+  for (const PublishedPostTrainRun& run : post_training_runs()) {
+    const PostTrainPrediction p = predict_post_training(run);
+    const double err = p.tokens_per_s_per_gpu / run.tokens_per_s_per_gpu - 1;
+    errors.push_back(std::abs(err));
+    out += fmt::format("| {} | {} | {} on {} x {}{} | {:.0f} tok/s | {:.0f} tok/s | {:+.1f}% |\n", run.source, run.label,
+                       p.strategy.describe(), run.input.search.gpus, run.input.search.gpu.name,
+                       p.fits ? "" : " (does not fit)", run.tokens_per_s_per_gpu, p.tokens_per_s_per_gpu, 100 * err);
+  }
+  out += fmt::format("\nFine-tuning rows (all held out): {} runs, median |error| {:.1f}%, largest {:.1f}%\n", errors.size(),
+                     100 * median(errors), 100 * *std::max_element(errors.begin(), errors.end()));
+  return out;
+}
 
 }  // namespace meshtrain::plan

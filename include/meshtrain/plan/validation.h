@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "meshtrain/plan/estimate.h"
+#include "meshtrain/plan/posttrain_search.h"
 
 namespace meshtrain::plan {
 
@@ -61,6 +62,24 @@ class FittingScope {
 std::vector<PublishedRun> fitting_runs();
 std::vector<PublishedRun> held_out_runs();  // throws std::logic_error inside a FittingScope
 std::vector<PublishedRun> published_runs();  // both halves, fitting first (throws inside a FittingScope)
+
+// Published fine-tuning runs (NeMo 24.07's SFT and LoRA table), predicted by the post-training search
+// (plan/posttrain_search.h) with the source's layout fixed and what it leaves unstated searched. The
+// post-training time model was built from pretraining's before these rows were read: all of them are held out.
+struct PublishedPostTrainRun {
+  std::string source, label;
+  PostTrainInput input;  // method, model, device, GPUs, sequence, batch and the fixed layout
+  double tokens_per_s_per_gpu = 0;
+};
+std::vector<PublishedPostTrainRun> post_training_runs();  // throws std::logic_error inside a FittingScope
+struct PostTrainPrediction {
+  double tokens_per_s_per_gpu = 0;
+  Strategy strategy;
+  bool fits = false;
+};
+PostTrainPrediction predict_post_training(const PublishedPostTrainRun& run);
+// The rows as a Markdown table with their errors, and the median and largest |error|.
+std::string post_training_table();
 
 // The model's prediction in the run's metric, and the layout it predicted (unstated fields searched).
 struct Prediction {
