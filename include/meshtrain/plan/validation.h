@@ -11,7 +11,8 @@
 //             inside one), and are reported, never fitted.
 // The newer list, in its order: NeMo 24.07's DGX-H100 FP8 table, Megatron-Bridge
 // 25.11's DGX-H100 and DGX-B200 FP8 tables, its 26.02 DGX-H100 FP8 table,
-// torchtitan's December 2024 H100 benchmarks, and Llama 3's Table 4.
+// torchtitan's December 2024 H100 benchmarks, and Llama 3's Table 4. NeMo 24.07's
+// fine-tuning rows (post_training_runs(), below) are held out whole.
 // `meshtrain plan validate` prints both halves (bench/plan.sh writes it to docs/).
 #pragma once
 
