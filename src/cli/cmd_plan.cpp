@@ -32,21 +32,40 @@
 namespace meshtrain::cli {
 namespace {
 
+nlohmann::json to_json(const plan::Strategy& s) {
+  return {{"tp", s.tp},
+          {"cp", s.cp},
+          {"ep", s.ep},
+          {"dp", s.dp},
+          {"pp", s.pp},
+          {"vpp", s.vpp},
+          {"sp", s.sp},
+          {"zero", s.zero},
+          {"recompute", plan::to_string(s.recompute)},
+          {"micro_batch", s.micro_batch},
+          {"schedule", plan::to_string(s.schedule)},
+          {"precision", plan::to_string(s.precision)},
+          {"offload", s.offload}};
+}
+
+nlohmann::json to_json(const plan::StageLedger& stage) {
+  nlohmann::json lines = nlohmann::json::array();
+  for (const auto& l : stage.lines)
+    lines.push_back({{"item", l.item}, {"bytes", l.bytes}, {"formula", l.formula}, {"host", l.host}});
+  return {{"stage", stage.stage}, {"layers", stage.layers}, {"lines", lines}};
+}
+
+nlohmann::json to_json(const plan::PostTrainCandidate& c) {
+  return {{"strategy", to_json(c.strategy)}, {"peak_bytes", c.peak_bytes}, {"step_s", c.step_s},
+          {"ledger", to_json(c.ledger)}};
+}
+
 nlohmann::json to_json(const plan::Candidate& c) {
   const auto& s = c.strategy;
   nlohmann::json j;
-  j["strategy"] = {{"tp", s.tp},     {"cp", s.cp},   {"ep", s.ep},     {"dp", s.dp},
-                   {"pp", s.pp},     {"vpp", s.vpp}, {"sp", s.sp},     {"zero", s.zero},
-                   {"recompute", plan::to_string(s.recompute)},    {"micro_batch", s.micro_batch},
-                   {"schedule", plan::to_string(s.schedule)},      {"precision", plan::to_string(s.precision)},
-                   {"offload", s.offload}};
+  j["strategy"] = to_json(s);
   j["peak_bytes"] = c.peak_bytes;
-  for (const auto* stage : {&c.memory.first, &c.memory.last}) {
-    nlohmann::json lines = nlohmann::json::array();
-    for (const auto& l : stage->lines)
-      lines.push_back({{"item", l.item}, {"bytes", l.bytes}, {"formula", l.formula}, {"host", l.host}});
-    j["ledger"].push_back({{"stage", stage->stage}, {"layers", stage->layers}, {"lines", lines}});
-  }
+  for (const auto* stage : {&c.memory.first, &c.memory.last}) j["ledger"].push_back(to_json(*stage));
   const auto& e = c.estimate;
   j["estimate"] = {{"step_s", e.step_s},     {"compute_s", e.compute_s},       {"bubble_fraction", e.bubble_fraction},
                    {"exposed_comm_s", e.exposed_comm_s}, {"tokens_per_s", e.tokens_per_s}, {"mfu", e.mfu},
@@ -299,6 +318,20 @@ Run add_plan(CLI::App& app) {
       pin.lora.rank = o->lora_rank;
       pin.lora.targets = o->lora_targets;
       const plan::PostTrainResult r = plan::search_post_training(pin);
+      if (o->json) {
+        nlohmann::json j;
+        j["method"] = o->method;
+        j["model"] = in.model.name;
+        j["gpus"] = in.gpus;
+        j["considered"] = r.considered;
+        j["feasible"] = r.feasible;
+        j["explanation"] = r.explanation;
+        j["ranked"] = nlohmann::json::array();
+        for (int i = 0; i < static_cast<int>(r.ranked.size()) && i < o->top; ++i) j["ranked"].push_back(to_json(r.ranked[i]));
+        if (r.ranked.empty() && r.leanest) j["leanest"] = to_json(*r.leanest);
+        fmt::print("{}\n", j.dump(2));
+        return r.ranked.empty() ? 3 : 0;
+      }
       for (const std::string& line : r.explanation) fmt::print("{}\n", line);
       if (r.ranked.empty()) return 3;
       const plan::PostTrainCandidate& best = r.ranked.front();
