@@ -94,6 +94,12 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s, int64_t lay
   return attn + mlp + (drop ? sbh / rep : 0);
 }
 
+LedgerLine reserve_line(double used, const MemoryOptions& o) {
+  return {"reserve", o.reserve_fixed + o.reserve_fraction * used,
+          fmt::format("{} fixed (context, comm buffers) + {:.0f}% fragmentation", human_bytes(o.reserve_fixed),
+                      o.reserve_fraction * 100)};
+}
+
 MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOptions& o) {
   validate(s, m);
   const ParamCount c = count_params(m, 128 * s.tp);
@@ -223,10 +229,7 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                               : "two adjacent units' full params (embedding, layers, head), the largest unit's full "
                                 "grads"});
     }
-    const double used = L.device_total();
-    L.lines.push_back({"reserve", o.reserve_fixed + o.reserve_fraction * used,
-                       fmt::format("{} fixed (context, comm buffers) + {:.0f}% fragmentation", human_bytes(o.reserve_fixed),
-                                   o.reserve_fraction * 100)});
+    L.lines.push_back(reserve_line(L.device_total(), o));
     return L;
   };
   MemoryPlan plan;

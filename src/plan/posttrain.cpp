@@ -15,11 +15,7 @@ namespace meshtrain::plan {
 namespace {
 
 // The same reserve line as the pre-training ledger (memory.cpp): never hidden.
-void add_reserve(StageLedger& L) {
-  const MemoryOptions o;
-  L.lines.push_back({"reserve", o.reserve_fixed + o.reserve_fraction * L.device_total(),
-                     fmt::format("{} fixed + {:.0f}% fragmentation", human_bytes(o.reserve_fixed), 100 * o.reserve_fraction)});
-}
+void add_reserve(StageLedger& L) { L.lines.push_back(reserve_line(L.device_total())); }
 
 }  // namespace
 

@@ -33,10 +33,7 @@ StageLedger with_line(StageLedger L, const LedgerLine& extra, const MemoryOption
   L.lines.erase(std::remove_if(L.lines.begin(), L.lines.end(), [](const LedgerLine& l) { return l.item == "reserve"; }),
                 L.lines.end());
   L.lines.push_back(extra);
-  const double used = L.device_total();
-  L.lines.push_back({"reserve", o.reserve_fixed + o.reserve_fraction * used,
-                     fmt::format("{} fixed (context, comm buffers) + {:.0f}% fragmentation", human_bytes(o.reserve_fixed),
-                                 o.reserve_fraction * 100)});
+  L.lines.push_back(reserve_line(L.device_total(), o));
   return L;
 }
 
@@ -149,23 +146,16 @@ PostTrainResult search_post_training(const PostTrainInput& in) {
     throw std::invalid_argument(
         fmt::format("--gpus {} is not divisible by the fixed sizes' product {}", si.gpus, fixed_product));
   }
-  auto divisors = [](int n, int64_t limit) {
-    std::vector<int> d;
-    for (int i = 1; i <= n && i <= limit; ++i)
-      if (n % i == 0) d.push_back(i);
-    return d;
-  };
-  auto pick = [](const auto& fixed, auto all) { return fixed ? decltype(all){*fixed} : all; };
   PostTrainResult r;
   auto better = [](const PostTrainCandidate& a, const PostTrainCandidate& b) { return a.step_s < b.step_s; };
-  for (int tp : pick(f.tp, divisors(si.gpus, si.gpu.per_node)))
-    for (int pp : pick(f.pp, divisors(si.gpus, si.model.layers))) {
+  for (int tp : choices(f.tp, divisors(si.gpus, si.gpu.per_node)))
+    for (int pp : choices(f.pp, divisors(si.gpus, si.model.layers))) {
       if (si.gpus % (tp * pp) != 0) continue;
       const int dp = si.gpus / (tp * pp);
       if (f.dp && *f.dp != dp) continue;
-      for (int zero : pick(f.zero, std::vector<int>{0, 1, 2, 3}))
-        for (Recompute rc : pick(f.recompute, std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full}))
-          for (int64_t mb : pick(f.micro_batch, std::vector<int64_t>{1, 2, 4, 8})) {
+      for (int zero : choices(f.zero, std::vector<int>{0, 1, 2, 3}))
+        for (Recompute rc : choices(f.recompute, std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full}))
+          for (int64_t mb : choices(f.micro_batch, std::vector<int64_t>{1, 2, 4, 8})) {
             Strategy s;
             s.seq = si.seq, s.global_batch = si.global_batch, s.precision = si.precision;
             s.tp = tp, s.pp = pp, s.dp = dp, s.zero = zero, s.recompute = rc, s.micro_batch = mb;

@@ -11,20 +11,14 @@
 #include "meshtrain/plan/explain.h"
 
 namespace meshtrain::plan {
-namespace {
-
-std::vector<int> divisors(int n, int limit) {
+std::vector<int> divisors(int n, int64_t limit) {
   std::vector<int> d;
   for (int i = 1; i <= n && i <= limit; ++i)
     if (n % i == 0) d.push_back(i);
   return d;
 }
 
-template <typename T>
-std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
-  if (fixed) return {*fixed};
-  return all;
-}
+namespace {
 
 Strategy base_strategy(const SearchInput& in) {
   Strategy s;

@@ -65,6 +65,8 @@ struct MemoryPlan {
   const StageLedger& peak() const { return first.device_total() >= last.device_total() ? first : last; }
 };
 MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOptions& o = {});
+// The ledger's last line, never hidden: a fixed reserve plus a fraction of the `used` bytes above it.
+LedgerLine reserve_line(double used, const MemoryOptions& o = {});
 
 std::string format_ledger(const StageLedger& l);
 std::string human_bytes(double bytes);

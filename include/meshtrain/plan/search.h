@@ -53,6 +53,14 @@ struct SearchResult {
   std::vector<std::string> rules;  // every rule the search applied, with what it rejected (--explain)
 };
 
+// The search's enumeration helpers: the divisors of n up to limit; a fixed choice, or all of them.
+std::vector<int> divisors(int n, int64_t limit);
+template <typename T>
+std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
 // Throws std::invalid_argument for bad input (gpus not a positive multiple of
 // what the fixed choices need, negative sizes).
 SearchResult search(const SearchInput& in);
