@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
 #include "tests/run_command.h"
@@ -72,6 +73,64 @@ TEST(TrainCli, ResumeIsExact) {
     const double x = std::stod(v), y = std::stod(tp.at(step));
     EXPECT_NEAR(x, y, 1e-5 * x) << "step " << step;
   }
+}
+
+// FP8 with delayed scaling: each linear's amax history is training state. Stopping at
+// step 3 and resuming gives bitwise the uninterrupted run's steps 4 to 6, the history
+// stored once per linear ([3, fp8_history]: input, weight, gradient, newest step first).
+// Resumed without it (a fresh history scales step 4 by its own tensors) the run differs.
+TEST(TrainCli, Fp8DelayedScalingStateResumesBitwise) {
+  Dir d;
+  const std::string bin = MESHTRAIN_BIN;
+  const std::string fp8 = " --set train.precision='\"fp8\"' --set train.fp8_scaling='\"delayed\"'";
+  const auto metrics = [&](const std::string& name) {
+    return " --set train.metrics='\"" + (d.path / name).string() + "\"'";
+  };
+  const std::string cfg = tiny_config(d, "fp8.toml", "");
+  auto run = test::run_command(bin + " train " + cfg + fp8 + metrics("ref.metrics"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::string ck = (d.path / "ck").string();
+  const std::string save = " --set checkpoint.dir='\"" + ck + "\"' --set checkpoint.keep=5";
+  run = test::run_command(bin + " train " + cfg + fp8 + save + metrics("split.metrics") + " --set train.stop_after=3");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = test::run_command(bin + " train " + cfg + fp8 + save + metrics("split.metrics"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("resumed from " + ck + "/step_00000003 (step 3"), std::string::npos) << run.output;
+  const auto ref = losses((d.path / "ref.metrics").string());
+  ASSERT_EQ(ref.size(), 6u);
+  EXPECT_EQ(ref, losses((d.path / "split.metrics").string()));
+
+  ckpt::Reader r(ck + "/step_00000003");
+  int histories = 0;
+  for (const auto& [name, entry] : r.manifest().at("tensors").items()) {
+    if (name.rfind("fp8/", 0) != 0) continue;
+    ++histories;
+    const at::Tensor h = r.read_full(name);
+    EXPECT_EQ(h.sizes(), (std::vector<int64_t>{3, 16})) << name;
+    // Three steps pushed, newest first; the older entries still zero.
+    EXPECT_GT(h.narrow(1, 0, 3).min().item<float>(), 0.0f) << name;
+    EXPECT_EQ(h.narrow(1, 3, 13).abs().max().item<float>(), 0.0f) << name;
+  }
+  EXPECT_EQ(histories, 2 * 6);  // gpt-tiny, 2 layers: q, k, v, o, fc1, fc2 each
+  ASSERT_TRUE(r.has("fp8/layers.1.mlp.fc2.amax_history"));
+
+  // Without the histories (the same checkpoint, its fp8 tensors left out): another step 4.
+  const std::string bare = (d.path / "bare").string();
+  fs::create_directories(bare);
+  for (const auto& e : fs::directory_iterator(ck + "/step_00000003")) fs::copy(e.path(), bare + "/" + e.path().filename().string());
+  {
+    nlohmann::json m = r.manifest();
+    for (auto it = m["tensors"].begin(); it != m["tensors"].end();) {
+      it = it.key().rfind("fp8/", 0) == 0 ? m["tensors"].erase(it) : std::next(it);
+    }
+    std::ofstream(bare + "/manifest.json") << m.dump();
+  }
+  run = test::run_command(bin + " train " + cfg + fp8 + metrics("bare.metrics") + " --set checkpoint.resume='\"" + bare +
+                          "\"'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto fresh = losses((d.path / "bare.metrics").string());
+  ASSERT_TRUE(fresh.count(4)) << run.output;
+  EXPECT_NE(fresh.at(4), ref.at(4));
 }
 
 // A checkpoint saved under ZeRO-3 on 4 ranks resumes under DDP on 2 ranks, and

@@ -76,7 +76,7 @@ TEST(Precision, Bf16ComputesWithFp32MasterWeightsAndGradients) {
 TEST(Precision, Fp16IsAClearErrorOnCpu) {
   EXPECT_THROW(check_precision_supported(Precision::Fp16, "cpu"), std::invalid_argument);
   check_precision_supported(Precision::Bf16, "cpu");
-  EXPECT_THROW(parse_train_precision("fp8"), std::invalid_argument);
+  EXPECT_THROW(parse_train_precision("fp4"), std::invalid_argument);
   const plan::ModelSpec spec = tiny();
   Comm solo("solo", 0);
   Transformer m(spec, solo, false, 1);

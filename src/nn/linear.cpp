@@ -52,16 +52,20 @@ struct DeferredLinear : torch::autograd::Function<DeferredLinear> {
 }  // namespace
 
 void WeightGradStash::add(const at::Tensor& weight, const at::Tensor& x, const at::Tensor& dy) {
-  items_.emplace_back(weight, x, dy);
+  items_.push_back({weight, [x, dy, weight] { return weight_grad(x, dy, weight); }});
 }
 
 void WeightGradStash::add_ready(const at::Tensor& weight, const at::Tensor& grad) {
-  items_.emplace_back(weight, grad, at::Tensor());
+  items_.push_back({weight, [grad] { return grad; }});
+}
+
+void WeightGradStash::add_deferred(const at::Tensor& weight, std::function<at::Tensor()> grad) {
+  items_.push_back({weight, std::move(grad)});
 }
 
 void WeightGradStash::run() {
   at::NoGradGuard no_grad;
-  for (const auto& [w, x, dy] : items_) accumulate(w, dy.defined() ? weight_grad(x, dy, w) : x);
+  for (const Item& i : items_) accumulate(i.weight, i.grad());
   items_.clear();
 }
 

@@ -198,7 +198,7 @@ BackendKind bind_run_device(const TrainConfig& c, int local_rank, int local_worl
 
 void measure_host_before_ranks(const TrainConfig& c) {
   if (c.peak_tflops > 0) return;
-  const std::string what = c.precision == "bf16" ? "gemm_bf16" : "gemm_fp32";
+  const std::string what = c.precision == "bf16" || c.precision == "fp8" ? "gemm_bf16" : "gemm_fp32";
   const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const HostPeak p = measure_host_peak(what, cores);
   for (const std::string& w : p.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);

@@ -15,6 +15,7 @@
 #include "meshtrain/train/dpo.h"
 #include "meshtrain/train/method.h"
 #include "meshtrain/platform/device.h"
+#include "meshtrain/nn/fp8.h"
 #include "meshtrain/train/precision.h"
 #include "train/config_keys.h"
 
@@ -318,9 +319,15 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "\"{}\"), parallel.tp = 1 (it is {}) and parallel.zero = 0 (it is {})",
                                             path, c.lora.rank, c.init_from, c.tp, c.zero));
   }
+  if (c.precision == "fp8" && c.lora_quantize == "nf4") {
+    throw std::invalid_argument(fmt::format("{}: train.precision = \"fp8\" with lora.quantize = \"nf4\": the QLoRA "
+                                            "base is NF4, which has no FP8 product; use train.precision = \"bf16\"",
+                                            path));
+  }
   try {
     plan::parse_recompute(c.recompute);
     parse_train_precision(c.precision);
+    nn::parse_fp8_scaling(c.fp8_scaling);
     parse_device(c.device);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: train.{}", path, e.what()));

@@ -73,6 +73,12 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     m->set_context_parallel(cp_, plan::parse_cp_impl(c.cp_impl));
     m->set_recompute(plan::parse_recompute(c.recompute));
   }
+  if (precision_ == Precision::Fp8) {
+    std::vector<Transformer*> raw;
+    for (auto& m : chunks_) raw.push_back(m.get());
+    fp8_ = std::make_unique<Fp8Training>(
+        nn::Fp8Recipe{nn::parse_fp8_scaling(c.fp8_scaling), c.fp8_history, c.fp8_margin}, raw, tp_, cp_);
+  }
   if (c.zero > 0) {
     shard_groups_ = make_shard_groups(rt, dp_, c.dp_shard > 0 ? c.dp_shard : dp_.size());
     for (auto& m : chunks_) {
@@ -191,7 +197,9 @@ TokenLoader train_loader(const TrainConfig& c, int rank, int size, LoaderOptions
 
 StepResult TrainEngine::step(int64_t step, const std::vector<Batch>& micro, const UpdateGate& gate) {
   for (auto& m : chunks_) m->set_dropout_step(step);
-  return pipeline_step_ ? pipeline_step_->run(micro, gate) : step_->run(micro, gate);
+  StepResult r = pipeline_step_ ? pipeline_step_->run(micro, gate) : step_->run(micro, gate);
+  if (fp8_) fp8_->end_step(tp_, dp_);
+  return r;
 }
 
 std::vector<double> TrainEngine::evaluate(const Batch& host) {
@@ -234,6 +242,10 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, bool trained_only) {
                 p.end());
       }
     }
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  if (fp8_) {
+    std::vector<ckpt::Piece> p = fp8_->pieces(dp_.rank() == 0 && tp_.rank() == 0);
     out.insert(out.end(), p.begin(), p.end());
   }
   return out;
@@ -300,6 +312,7 @@ int64_t TrainEngine::load(ckpt::Reader& r) {
       load_moments(r, m, ms, vs);
     }
   }
+  if (fp8_) fp8_->load(r);
   const int64_t steps = r.manifest().at("optimizer").at("steps").get<int64_t>();
   opt_->set_steps(steps);
   return steps;

@@ -12,7 +12,8 @@ Precision parse_train_precision(const std::string& s) {
   if (s == "fp32") return Precision::Fp32;
   if (s == "bf16") return Precision::Bf16;
   if (s == "fp16") return Precision::Fp16;
-  throw std::invalid_argument(fmt::format("precision '{}' unknown; use fp32, bf16 or fp16", s));
+  if (s == "fp8") return Precision::Fp8;
+  throw std::invalid_argument(fmt::format("precision '{}' unknown; use fp32, bf16, fp16 or fp8", s));
 }
 
 const char* to_string(Precision p) {
@@ -20,13 +21,15 @@ const char* to_string(Precision p) {
     case Precision::Fp32: return "fp32";
     case Precision::Bf16: return "bf16";
     case Precision::Fp16: return "fp16";
+    case Precision::Fp8: return "fp8";
   }
   return "?";
 }
 
 c10::ScalarType compute_dtype(Precision p) {
   switch (p) {
-    case Precision::Bf16: return c10::ScalarType::BFloat16;
+    case Precision::Bf16:
+    case Precision::Fp8: return c10::ScalarType::BFloat16;
     case Precision::Fp16: return c10::ScalarType::Half;
     default: return c10::ScalarType::Float;
   }

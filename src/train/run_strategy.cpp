@@ -25,7 +25,9 @@ plan::Strategy strategy_of(const TrainConfig& c, int dp) {
   s.micro_batch = c.micro_batch;
   s.global_batch = c.global_batch;
   s.seq = c.seq;
-  s.precision = c.precision == "fp32" ? plan::Precision::Fp32 : plan::Precision::Bf16;
+  s.precision = c.precision == "fp32"  ? plan::Precision::Fp32
+                : c.precision == "fp8" ? plan::Precision::Fp8
+                                       : plan::Precision::Bf16;
   s.recompute = plan::parse_recompute(c.recompute);
   return s;
 }

@@ -311,7 +311,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       c.lora.rank > 0 ? plan::adapter_train_flops_per_token(
                             c.model, c.seq, plan::lora_params_matching(c.model, c.lora.rank, c.lora.targets))
                       : plan::train_flops_per_token(c.model, c.seq);
-  const HostPeak peak = lead ? mfu_peak(c.peak_tflops, c.precision == "bf16") : HostPeak{};
+  const HostPeak peak = lead ? mfu_peak(c.peak_tflops, c.precision == "bf16" || c.precision == "fp8") : HostPeak{};
   const int nodes = std::max(1, mesh.world().size() / std::max(1, rt->env().local_world_size));
   const int units = computes_on_cuda() ? mesh.world().size() : nodes;
   const double peak_flops = peak.value * units;

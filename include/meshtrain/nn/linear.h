@@ -12,7 +12,7 @@
 //   ZeRO-1's flat gradient buffers).
 #pragma once
 
-#include <tuple>
+#include <functional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -24,13 +24,19 @@ class WeightGradStash {
   void add(const at::Tensor& weight, const at::Tensor& x, const at::Tensor& dy);
   // A weight gradient already computed (the fused cross-entropy's dW), added as it is.
   void add_ready(const at::Tensor& weight, const at::Tensor& grad);
+  // A weight gradient computed by `grad` in the W pass (nn/fp8.h's dyᵀ x in FP8).
+  void add_deferred(const at::Tensor& weight, std::function<at::Tensor()> grad);
   // Adds every recorded dyᵀ x to its weight's .grad, in recording order, and clears.
   void run();
   bool empty() const { return items_.empty(); }
 
  private:
-  // weight, x [n, in], dy [n, out]; add_ready's: weight, the gradient, an undefined dy.
-  std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>> items_;
+  // The weight and how its gradient is computed when run() comes.
+  struct Item {
+    at::Tensor weight;
+    std::function<at::Tensor()> grad;
+  };
+  std::vector<Item> items_;
 };
 
 // While alive (on this thread), linear() builds nodes whose weight gradient can be deferred.

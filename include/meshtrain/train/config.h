@@ -65,7 +65,11 @@ struct TrainConfig {
   int dp_shard = 0;
   bool offload = false;
   std::string recompute = "none";  // [train] recompute: none | selective | full
-  std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16
+  std::string precision = "fp32";  // [train] precision: fp32 | bf16 | fp16 | fp8
+  // [train] fp8_scaling, fp8_history, fp8_margin: train.precision = fp8's recipe (nn/fp8.h).
+  std::string fp8_scaling = "current";
+  int64_t fp8_history = 16;
+  int64_t fp8_margin = 0;
   std::string device = "auto";     // [train] device: cpu | cuda | auto (platform/device.h)
   // [train] peak_tflops: the MFU's denominator (TFLOP/s); 0: this host's GEMM rate, measured before the
   // ranks start (train/gemm_peak.h: the run's dtype; bf16 runs the faster of bf16 and fp32).

@@ -23,6 +23,7 @@
 #include "meshtrain/parallel/pipeline/executor.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/fp8_training.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/objective.h"
 #include "meshtrain/train/pipeline_step.h"
@@ -92,6 +93,7 @@ class TrainEngine {
   // PPO's for the KL penalty), or null (none, or the policy with LoRA off).
   Transformer* reference() { return reference_.get(); }
   LossScaler* scaler() { return scaler_.get(); }
+  Fp8Training* fp8() { return fp8_.get(); }
   int64_t local_params() const;
   std::string memory_report(int dp_size, const std::string& precision);
   MemoryUse measure();
@@ -130,6 +132,7 @@ class TrainEngine {
   std::unique_ptr<Objective> objective_;
   std::unique_ptr<TrainStep> step_;
   std::unique_ptr<PipelineTrainStep> pipeline_step_;
+  std::unique_ptr<Fp8Training> fp8_;  // train.precision = fp8
   Precision precision_;
 
   // Chunk `chunk`'s ZeRO slices (weights only when asked), its moments from

@@ -14,6 +14,18 @@ namespace meshtrain {
 int TensorParallel::size() const { return comm->size(); }
 int TensorParallel::rank() const { return comm->rank(); }
 
+namespace {
+
+// x Wᵀ (+ b) from whichever form the weight has: NF4, FP8 or as it is.
+at::Tensor product(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& b,
+                   const std::shared_ptr<PackedWeight>& packed, const std::shared_ptr<nn::Fp8Linear>& fp8) {
+  if (!packed && !fp8) return nn::linear(x, weight, b);
+  at::Tensor y = packed ? packed->linear(x) : fp8->forward(x, weight);
+  return b.defined() ? y + b : y;
+}
+
+}  // namespace
+
 at::Tensor TensorParallel::enter(const at::Tensor& x) const {
   return sequence_parallel ? all_gather_seq(x, *comm, 0) : copy_to_region(x, *comm);
 }
@@ -35,8 +47,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParamStore& store, const std::string&
 // LoRA's term trains only under autograd (GradMode on): evaluation and decoding run without its dropout.
 at::Tensor ColumnParallelLinear::forward_entered(const at::Tensor& x, bool add_bias) const {
   const at::Tensor b = add_bias ? bias : at::Tensor();
-  at::Tensor y = packed ? packed->linear(x) : nn::linear(x, weight, b);
-  if (packed && b.defined()) y = y + b;
+  at::Tensor y = product(x, weight, b, packed, fp8);
   return delta && delta->active() ? y + delta->delta(x, at::GradMode::is_enabled()) : y;
 }
 
@@ -51,7 +62,7 @@ RowParallelLinear::RowParallelLinear(ParamStore& store, const std::string& name,
 }
 
 at::Tensor RowParallelLinear::forward(const at::Tensor& x, bool add_bias) const {
-  at::Tensor partial = packed ? packed->linear(x) : nn::linear(x, weight);
+  at::Tensor partial = product(x, weight, at::Tensor(), packed, fp8);
   if (delta && delta->active()) partial = partial + delta->delta(x, at::GradMode::is_enabled());
   at::Tensor y = tp_.leave(partial);
   return add_bias && bias.defined() ? y + bias : y;

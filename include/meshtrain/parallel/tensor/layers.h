@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "meshtrain/nn/fp8.h"
 #include "meshtrain/nn/params.h"
 #include "meshtrain/parallel/tensor/linear_addons.h"
 
@@ -48,6 +49,7 @@ class ColumnParallelLinear {
   at::Tensor weight, bias;
   std::shared_ptr<LinearDelta> delta;    // LoRA: added to the output when set and active
   std::shared_ptr<PackedWeight> packed;  // QLoRA: the weight in NF4 (then `weight` is undefined)
+  std::shared_ptr<nn::Fp8Linear> fp8;    // train.precision = fp8: the product in FP8 (nn/fp8.h)
 
  private:
   TensorParallel tp_;
@@ -64,6 +66,7 @@ class RowParallelLinear {
   at::Tensor weight, bias;
   std::shared_ptr<LinearDelta> delta;    // LoRA: added to the partial product before the reduction
   std::shared_ptr<PackedWeight> packed;  // QLoRA: the weight in NF4 (then `weight` is undefined)
+  std::shared_ptr<nn::Fp8Linear> fp8;    // train.precision = fp8: the product in FP8 (nn/fp8.h)
 
  private:
   TensorParallel tp_;
