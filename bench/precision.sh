@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # train.precision on this machine: the demo's training run (configs/kjv-tiny.toml,
-# 4 ranks as tp 2 x dp 2) in fp32 and in bf16 (autocast, fp32 master weights),
+# 4 ranks as tp 2 x dp 2) in fp32, bf16 (autocast, fp32 master weights) and fp8
+# (the blocks' linears in FP8, current and delayed scaling; on CPU in emulation),
 # 20 steps each, alternating, 2 rounds. What the modes do is documented in
-# include/meshtrain/train/precision.h; fp16 is a GPU mode (a clear error on CPU).
+# include/meshtrain/train/precision.h and include/meshtrain/nn/fp8.h; fp16 is a
+# GPU mode (a clear error on CPU).
 # Writes docs/precision.md. Usage: bench/precision.sh [BUILD_DIR]
 set -euo pipefail
 source "$(dirname "$0")/header.sh"
@@ -22,11 +24,12 @@ trap 'rm -f "$table"' EXIT
   echo "2 rounds; tokens/s as the trainer logs it at step 20."
   echo
   echo '```'
-  printf '%-10s %14s %12s\n' precision "tokens/s@20" "loss@20" | tee "$table"
+  printf '%-12s %12s %12s\n' precision "tokens/s@20" "loss@20" | tee "$table"
   for round in 1 2; do
-    for p in fp32 bf16; do
-      read -r _ tokens loss < <(demo_step 20 --set train.precision="$p")
-      printf '%-10s %14s %12s\n' "$p" "$tokens" "$loss" | tee -a "$table"
+    for p in fp32 bf16 fp8 fp8-delayed; do
+      read -r _ tokens loss < <(demo_step 20 --set train.precision="${p%-delayed}" \
+        --set train.fp8_scaling="$([ "$p" = fp8-delayed ] && echo delayed || echo current)")
+      printf '%-12s %12s %12s\n' "$p" "$tokens" "$loss" | tee -a "$table"
     done
   done
   echo '```'
@@ -38,9 +41,19 @@ bf16 computes the forward and backward under autocast (GEMMs in bf16 through one
 fp32 gradients and fp32 reductions. Its speed on a CPU depends on native bf16 instructions (the line above):
 without them oneDNN emulates bf16 GEMM and the mode is slower than fp32, so on such a machine bf16 is for testing
 the mode, not for speed. The losses differ by bf16's rounding.
+
+fp8 is bf16 with each transformer block's linears through FP8 (`include/meshtrain/nn/fp8.h`): inputs and weights
+quantised to e4m3, output gradients to e5m2, each tensor with one scale (current: from its own amax; delayed: from
+the last 16 steps' amaxes), the GEMM `at::_scaled_mm`. A CPU has no FP8 arithmetic: PyTorch's CPU `_scaled_mm`
+dequantises and multiplies in fp32, so on this machine FP8 costs the quantisation on top of an fp32 GEMM. The CPU
+mode exists to test FP8's numerics (its parity rows in docs/parity-matrix.md, the unit tests against a float64
+reference of the same quantisation), not for speed; FP8 is fast on Hopper and later GPUs.
 TEXT
   quotes_heading
   awk 'NR>1 && $1=="fp32"{f+=$2; nf++} NR>1 && $1=="bf16"{b+=$2; nb++}
-       END{printf "- `bf16_vs_fp32_tokens` = %.2fx: bf16 tokens/s / fp32 tokens/s, demo training, mean of the rounds\n", (b/nb)/(f/nf)}' "$table"
+       NR>1 && $1=="fp8"{e+=$2; ne++; el=$3} NR>1 && $1=="bf16"{bl=$3}
+       END{printf "- `bf16_vs_fp32_tokens` = %.2fx: bf16 tokens/s / fp32 tokens/s, demo training, mean of the rounds\n", (b/nb)/(f/nf)
+           printf "- `fp8_vs_bf16_tokens` = %.2fx: fp8 (current scaling, CPU emulation) tokens/s / bf16 tokens/s, mean of the rounds\n", (e/ne)/(b/nb)
+           printf "- `fp8_vs_bf16_loss20` = %.2f%%: |fp8 loss - bf16 loss| / bf16 loss at step 20\n", 100 * (el > bl ? el - bl : bl - el) / bl}' "$table"
 } > "$OUT.tmp"
 seal "$OUT"

@@ -118,6 +118,23 @@ TEST(Device, CudaRefusesWhatRunsOnCpuOnlyByName) {
   }
 }
 
+// FP8 on CUDA: cuBLASLt's FP8 GEMM takes multiples of 16, checked before any rank starts.
+// gpt-tiny (hidden 128, ffn 512, 4 heads) at micro-batch 2 x seq 32 fits; seq 36 (72 rows) does not.
+TEST(Device, CudaFp8NamesASizeItsGemmCannotTake) {
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  EXPECT_NO_THROW(check_cuda_run(load_train_config(cfg, {"train.precision=\"fp8\""})));
+  EXPECT_NO_THROW(check_cuda_run(load_train_config(cfg, {"train.precision=\"bf16\"", "train.seq=36"})));
+  try {
+    check_cuda_run(load_train_config(cfg, {"train.precision=\"fp8\"", "train.seq=36"}));
+    ADD_FAILURE() << "seq 36 accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("train.micro_batch x train.seq is 72, and CUDA's FP8 GEMM needs multiples of 16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 bool mapped(const std::string& library) {
   std::string loaded;
   dl_iterate_phdr(

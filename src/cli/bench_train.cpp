@@ -27,6 +27,7 @@
 #include "meshtrain/plan/count.h"
 #include "meshtrain/platform/device.h"
 #include "meshtrain/platform/threads.h"
+#include "meshtrain/train/fp8_training.h"
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/step.h"
@@ -36,7 +37,7 @@ namespace meshtrain::cli {
 void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs) {
   struct Opts {
     std::string model = "gpt2-124m", precision = "fp32", recompute = "none", loop = "both", profile, device = "cpu";
-    std::string attention;
+    std::string attention, fp8_scaling = "current";
     int64_t micro_batch = 4, seq = 256;
     int steps = 2, rounds = 3, warmup = 1;
   };
@@ -45,7 +46,9 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
   cmd->add_option("--model", o->model, "model preset")->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--seq", o->seq, "sequence length")->capture_default_str();
-  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp16 (cuda)")->capture_default_str();
+  cmd->add_option("--precision", o->precision, "fp32 | bf16 | fp8 (blocks' linears in FP8, the rest bf16)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-scaling", o->fp8_scaling, "current | delayed (with --precision fp8)")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu | cuda (cuda:0; MFU against this device's measured GEMM rate)")
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--attention", o->attention, "naive | tiled | sdpa | auto (default: the preset's)");
@@ -66,11 +69,15 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     const DeviceKind device = resolve_device(parse_device(o->device), cuda_device_count(), 1);
     bind_compute_device(device, 0);
     check_precision_supported(precision, o->device);
-    if (precision == Precision::Fp16) throw std::invalid_argument("bench train runs fp32 or bf16 (fp16 needs a loss scaler)");
+    if (precision == Precision::Fp16) {
+      throw std::invalid_argument("bench train runs fp32, bf16 or fp8 (fp16 needs a loss scaler)");
+    }
+    const nn::Fp8Recipe recipe{nn::parse_fp8_scaling(o->fp8_scaling), 16, 0};
     configure_threads(1);
     // The MFU denominator as `meshtrain train` takes it: the run dtype's GEMM rate measured before the
     // model exists, on all cores (train/gemm_peak.h); on CUDA the device's, after the timed steps.
-    const bool bf16 = precision == Precision::Bf16;
+    // fp8: against the bf16 rate, as the anchors quote FP8 runs' MFU.
+    const bool bf16 = precision == Precision::Bf16 || precision == Precision::Fp8;
     const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     HostPeak host;
     if (device == DeviceKind::Cpu) {
@@ -105,8 +112,10 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     std::optional<AdamW> opt, bare_opt;
     std::optional<TrainStep> trainer;
     std::optional<TokenLoader> loader;
+    std::optional<Fp8Training> fp8, bare_fp8;  // fp8: each model's linears and their scaling state
     if (want_trainer) {
       model.emplace(spec, solo, false, 1);
+      if (precision == Precision::Fp8) fp8.emplace(recipe, std::vector<Transformer*>{&*model}, solo, solo);
       model->set_recompute(plan::parse_recompute(o->recompute));
       opt.emplace(model->params().params(), ao);
       trainer.emplace(*model, *opt, solo, solo, StepOptions{precision, nullptr});
@@ -115,6 +124,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     // The bare loop over an identical model and optimizer.
     if (want_bare) {
       bare.emplace(spec, solo, false, 1);
+      if (precision == Precision::Fp8) bare_fp8.emplace(recipe, std::vector<Transformer*>{&*bare}, solo, solo);
       bare->set_recompute(plan::parse_recompute(o->recompute));
       bare_opt.emplace(bare->params().params(), ao);
     }
@@ -133,10 +143,12 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       }
       loss.backward();
       bare_opt->update(0.0);
+      if (bare_fp8) bare_fp8->end_step(solo, solo);
       synchronize_compute_device();
     };
     auto trainer_step = [&]() {
       trainer->run({loader->next()});
+      if (fp8) fp8->end_step(solo, solo);
       synchronize_compute_device();  // the update is queued after the step's last host read
     };
     for (int i = 0; i < o->warmup; ++i) {

@@ -47,6 +47,7 @@ struct Fp8Fn : torch::autograd::Function<Fp8Fn> {
     const at::Tensor sx = state->scale(Fp8Linear::kInput, x2, record);
     const at::Tensor sw = state->scale(Fp8Linear::kWeight, w, record);
     const at::Tensor xq = fp8_quantize(x2, sx, Fp8Format::E4M3), wq = fp8_quantize(w, sw, Fp8Format::E4M3);
+    state->note_weight_copy(wq.numel());  // one byte an element
     at::Tensor y = scaled_mm(xq, column_major(wq.t()), sx, sw, output_dtype(x));
     const bool defer = weight_grads_deferrable() && w.requires_grad();
     // The weight itself only for a deferred gradient: the leaf whose .grad the W pass adds to.

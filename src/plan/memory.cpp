@@ -131,11 +131,12 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     const bool first = stage == 0, last = stage == s.pp - 1;
     // Parameters on one rank of this stage, split by how they are sharded:
     // dense ones (ZeRO over dp x cp x ep) and routed experts (over dp x cp).
-    double dense = 0, expert = 0;
+    double dense = 0, expert = 0, linear = 0;  // linear: the blocks' dense linears (FP8's, below)
     for (int64_t i : layers) {
       const LayerParams& lp = c.of(m, i);
       dense += static_cast<double>(lp.tp_sharded) / t + static_cast<double>(lp.tp_replicated);
       expert += static_cast<double>(lp.expert) / s.ep;
+      linear += static_cast<double>(lp.tp_sharded) / t;
     }
     if (first) dense += c.embedding / t + c.positions;
     if (last) dense += c.final_norm + (m.tied ? (s.pp > 1 ? c.embedding / t : 0) : c.head / t);
@@ -144,6 +145,9 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     const int dense_group = s.shard_group() * s.cp * s.ep, expert_group = s.shard_group() * s.cp;
     ModelStates ms = model_state_bytes(dense, prec, s.zero, dense_group, s.fp8_transpose);
     ModelStates me = model_state_bytes(expert, prec, s.zero, expert_group, s.fp8_transpose);
+    // FP8 copies exist for the blocks' linears and experts only: the embedding, the output layer and
+    // the norms stay 16-bit (Transformer Engine's recipes, torchtitan's float8, meshtrain's fp8).
+    ms.fp8_copies = model_state_bytes(linear, prec, s.zero, dense_group, s.fp8_transpose).fp8_copies;
     const std::string shard = s.zero > 0 ? fmt::format(" (ZeRO-{} over {} ranks)", s.zero, dense_group) : "";
     L.lines.push_back({"parameters", ms.params + me.params,
                        fmt::format("{:.4g} params x {} B{}{}", L.params, param_bytes(prec), s.zero >= 3 ? shard : "",
@@ -169,7 +173,7 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                        s.offload});
     if (prec == Precision::Fp8) {
       L.lines.push_back({"fp8 weight copies", ms.fp8_copies + me.fp8_copies,
-                         fmt::format("{:.4g} x {} B", L.params, s.fp8_transpose ? 2 : 1)});
+                         fmt::format("{:.4g} linear params x {} B", linear + expert, s.fp8_transpose ? 2 : 1)});
     }
     // Activations.
     double per_layer = 0;  // the stage's mean

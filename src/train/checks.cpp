@@ -71,8 +71,9 @@ std::string plan_lora_targets(const LoraOptions& o) {
 
 // --check-plan: the planner's bytes for this rank (plan/traffic.h, and the
 // fp32 model states of plan/memory.h) beside what the runtime measured in the
-// first step (traffic: the bytes the algorithms that ran moved, counted where
-// they move them: comm.h's moved_bytes); throws when one differs by more than 5%.
+// first step (traffic, in fp32 runs: the bytes the algorithms that ran moved,
+// counted where they move them: comm.h's moved_bytes; fp8 runs: the e4m3 weight
+// copies too); throws when one differs by more than 5%.
 void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::string, double>& comm, int dp,
                 int pp_rank, bool print) {
   const plan::Strategy s = strategy_of(c, dp);
@@ -103,6 +104,16 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
             {"gradients", {ms.grads + me.grads, static_cast<double>(mu.grads)}},
             {"optimizer states", {ms.optimizer + me.optimizer, static_cast<double>(mu.optimizer)}}};
   }
+  if (engine.fp8()) {
+    // FP8 (plan/memory.h's "fp8 weight copies"): one byte for each weight of this rank's block
+    // linears, quantised whole (ZeRO-3 gathers first) for each micro-batch's backward.
+    const plan::ParamCount pc = plan::count_params(c.model);
+    double linear = 0;
+    for (const plan::StageRange& r : engine.stage_layers()) {
+      for (int64_t i = r.first; i < r.last; ++i) linear += static_cast<double>(pc.of(c.model, i).tp_sharded) / c.tp;
+    }
+    rows.push_back({"fp8 weight copies", {linear, static_cast<double>(engine.fp8()->weight_copy_bytes())}});
+  }
   const std::pair<const char*, std::pair<double, double>> traffic[] = {
       {"tp bytes moved", {t.tp, comm.at("tp")}},
       {"cp bytes moved", {t.cp, comm.at("cp")}},
@@ -110,7 +121,12 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
       {"pp bytes moved", {t.pp, comm.at("pp")}},
       {"tied-embedding bytes moved", {t.embedding, comm.at("embedding")}},
       {"ep bytes moved", {t.ep, comm.at("ep")}}};
-  for (const auto& [name, v] : traffic) rows.push_back({name, v});
+  // Traffic in fp32 runs only: under autocast (bf16, fp8) an activation's dtype changes op by op, and
+  // with it the bytes a collective moves; the planner counts 16-bit activations throughout.
+  const bool compare_traffic = c.precision == "fp32";
+  if (compare_traffic) {
+    for (const auto& [name, v] : traffic) rows.push_back({name, v});
+  }
   std::string table = fmt::format("check-plan, pipeline stage {} ({} parameters on this rank by the plan, {} measured):\n",
                                   pp_rank, t.params, engine.local_params());
   table += fmt::format("  {:<28} {:>14} {:>14} {:>8}\n", "per rank, one step", "plan", "measured", "ratio");
@@ -124,6 +140,7 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
       off.push_back(fmt::format("{} (plan {}, measured {})", name, predicted, measured));
     }
   }
+  if (!compare_traffic) table += fmt::format("  (bytes moved: compared in fp32 runs only; this one is {})\n", c.precision);
   if (print) fmt::print("{}", table);
   if (!off.empty()) {
     throw std::runtime_error(fmt::format("--check-plan: the runtime differs from the plan by more than 5% on pipeline "
@@ -182,6 +199,22 @@ void check_cuda_run(const TrainConfig& c) {
   else if (c.model.attention == plan::AttentionImpl::Tiled) what = "model.attention = \"tiled\" (a CPU kernel)";
   else if (c.document_mask) what = "train.document_mask = true (needs the tiled CPU kernel)";
   else if (c.lora.rank > 0 || c.adapters.bottleneck > 0) what = "LoRA/QLoRA/adapters";
+  if (what.empty() && c.precision == "fp8") {
+    // CUDA's FP8 GEMM (cuBLASLt through at::_scaled_mm) takes sizes that are multiples of 16: every
+    // linear's in and out features on this rank and its rows (tokens of a micro-batch).
+    const plan::ModelSpec& m = c.model;
+    const int64_t d = m.head_dim();
+    const std::vector<std::pair<const char*, int64_t>> sizes{
+        {"model.hidden", m.hidden}, {"model.ffn / tp", m.ffn / c.tp}, {"model.heads x head_dim / tp", m.heads * d / c.tp},
+        {"model.kv_heads x head_dim / tp", m.kv_heads * d / c.tp}, {"train.micro_batch x train.seq", c.micro_batch * c.seq}};
+    for (const auto& [name, v] : sizes) {
+      if (v % 16 != 0) {
+        throw std::invalid_argument(fmt::format("train.precision = \"fp8\" on cuda: {} is {}, and CUDA's FP8 GEMM "
+                                                "needs multiples of 16; change it or use train.precision = \"bf16\"",
+                                                name, v));
+      }
+    }
+  }
   if (what.empty()) return;
   throw std::invalid_argument(fmt::format(
       "train.device = cuda: {} runs on cpu only for now (CUDA runs: pretrain and sft of dense models, dp/ZeRO/tp); "
@@ -327,9 +360,10 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
   if (plan_check && c.adapters.bottleneck > 0) {
     throw std::invalid_argument("--check-plan has no planner ledger for bottleneck adapters yet; drop --check-plan");
   }
-  if (plan_check && c.precision != "fp32") {
-    throw std::invalid_argument("--check-plan compares fp32 runs (under bf16 autocast the activations' dtype changes "
-                                "op by op); add --set train.precision=fp32");
+  if (plan_check && c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp8") {
+    throw std::invalid_argument(fmt::format("--check-plan compares fp32, bf16 and fp8 runs (train.precision is "
+                                            "\"{}\"); drop --check-plan or set train.precision",
+                                            c.precision));
   }
   if (!c.init_from.empty()) {
     try {

@@ -38,6 +38,12 @@ void Fp8Training::end_step(Comm& tp, Comm& replicas) {
   for (size_t i = 0; i < linears_.size(); ++i) linears_[i].second->push(amax[static_cast<int64_t>(i)]);
 }
 
+int64_t Fp8Training::weight_copy_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, l] : linears_) n += l->weight_copy_bytes();
+  return n;
+}
+
 std::vector<ckpt::Piece> Fp8Training::pieces(bool owner) const {
   std::vector<ckpt::Piece> out;
   if (recipe_.scaling != nn::Fp8Scaling::Delayed) return out;

@@ -81,6 +81,7 @@ class Fp8Linear {
   // The scale to quantise `t` (the role's tensor) with; with `record`, its amax counts
   // towards the step's (delayed scaling).
   at::Tensor scale(Role role, const at::Tensor& t, bool record);
+  void note_weight_copy(int64_t bytes) { copy_bytes_ = bytes; }
 
   const Fp8Recipe& recipe() const { return recipe_; }
   // Delayed: this step's recorded amaxes [3] (local: the caller reduces them).
@@ -90,6 +91,8 @@ class Fp8Linear {
   // [3, history], newest first; zeros before the first push.
   const at::Tensor& history() const { return history_; }
   bool has_history() const { return pushed_; }
+  // Bytes of the e4m3 weight copy the last forward made (what one micro-batch's backward keeps).
+  int64_t weight_copy_bytes() const { return copy_bytes_; }
   // From a checkpoint: the history as push() left it (scales derived again).
   void restore(const at::Tensor& history);
 
@@ -100,6 +103,7 @@ class Fp8Linear {
   std::vector<Comm*> shared_;
   at::Tensor history_, scales_, step_amax_;  // [3, H], [3], [3] fp32
   bool pushed_ = false;
+  int64_t copy_bytes_ = 0;
 };
 
 }  // namespace meshtrain::nn

@@ -42,6 +42,8 @@ class Fp8Training {
   void load(ckpt::Reader& r);
 
   const std::vector<std::pair<std::string, std::shared_ptr<nn::Fp8Linear>>>& linears() const { return linears_; }
+  // The e4m3 weight copies the last forward made, summed over this rank's linears (--check-plan).
+  int64_t weight_copy_bytes() const;
 
  private:
   nn::Fp8Recipe recipe_;
