@@ -49,8 +49,9 @@ when=$(date -u -r "$IN/bench.txt" +%Y-%m-%d)
       END {
         for (i = 1; i <= k; i++) {
           side = n[i]; s = t[side]
-          printf "| %s | %d x %d | %s | %.4f | %.0f | %.1f%% | %.3f | %.1f GiB |\n", model, mb, seq, side, s,
-                 mb * seq / s, 100 * mfu * tt / s, te / s, mem[side] / 2^30
+          printf "| %s%s | %d x %d | %s | %.4f | %.0f | %.1f%% | %s | %.1f GiB |\n", model,
+                 L ~ /_fp8_/ ? " (" substr(L, index(L, "_fp8_") + 1) ")" : "", mb, seq, side, s,
+                 mb * seq / s, 100 * mfu * tt / s, te > 0 ? sprintf("%.3f", te / s) : "-", mem[side] / 2^30
         }
         printf "\n(%s: measured bf16 GEMM peak %.0f TFLOP/s)\n\n", model, gemm / 1e12
       }' "$IN/bench.txt"
@@ -61,5 +62,8 @@ when=$(date -u -r "$IN/bench.txt" +%Y-%m-%d)
   awk '$1 == "llama1b" && $5 == "meshtrain_trainer" {t = $6} $1 == "llama1b" && $5 == "torch_eager" {e = $6}
        END {printf "%.2f\n", e / t}' "$IN/bench.txt" |
     while read -r v; do quote llama1b_vs_eager "${v}x" "meshtrain's trainer speed / PyTorch eager's, ~1B Llama bf16, one H200"; done
+  awk '$1 == "llama1b" && $5 == "meshtrain_trainer" {b = $6} $1 == "llama1b_fp8_current" {f = $6}
+       END {if (f > 0) printf "%.2f\n", b / f}' "$IN/bench.txt" |
+    while read -r v; do quote llama1b_fp8_vs_bf16 "${v}x" "fp8 (current scaling) tokens/s / bf16's, ~1B Llama, meshtrain's trainer, one H200"; done
 } > "$OUT.tmp"
 seal "$OUT"

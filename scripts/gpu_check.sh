@@ -8,7 +8,9 @@
 #   2. single-GPU bf16 training steps of GPT-2 124M and a ~1B Llama (Llama 3.2 1B's shape):
 #      meshtrain's trainer and bare loop, and PyTorch eager (bench/torch_gpt.py, SDPA,
 #      fused AdamW) on the same GPU, each in its own process: s/step, tokens/s, MFU against
-#      the device's measured bf16 GEMM rate, peak device memory.
+#      the device's measured bf16 GEMM rate, peak device memory;
+#   3. the ~1B Llama with train.precision = fp8 (the blocks' linears through Hopper's FP8
+#      GEMM; current and delayed scaling): the trainer's s/step beside bf16's (issue #45).
 #
 #   scripts/gpu_check.sh OUT_DIR    with .device/ from scripts/device_bundle.sh carried along
 set -uo pipefail
@@ -57,4 +59,11 @@ bench() {  # LABEL MODEL MICRO SEQ
 }
 bench gpt2 gpt2-124m 16 1024
 bench llama1b llama-1b 4 2048
+echo "== training steps (fp8, one GPU)"
+for scaling in current delayed; do
+  line=$("$MT" bench train --device cuda --model llama-1b --loop trainer --micro-batch 4 --seq 2048 --precision fp8 \
+         --fp8-scaling "$scaling" --warmup 2 --steps 5 --rounds 1 2>&1 | tee -a "$OUT/bench_log.txt" |
+         awk '/^RESULT/ {print $2, $3, $4, $5}')
+  echo "llama1b_fp8_$scaling llama-1b 4 2048 meshtrain_trainer $line" | tee -a "$OUT/bench.txt"
+done
 echo "gpu_check: done in $SECONDS s"

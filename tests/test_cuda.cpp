@@ -7,6 +7,7 @@
 #include <ATen/TensorOperators.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "meshtrain/nn/fp8.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/platform/device.h"
 #include "meshtrain/train/precision.h"
@@ -100,6 +101,37 @@ TEST(Cuda, TrainingOnTheDeviceEqualsTheCpu) {
   const std::string cpu = train(d, cfg, " --nproc 1 --set train.device='\"cpu\"' --set train.lr=1e-3", "cpu");
   const std::string gpu = train(d, cfg, " --nproc 1" + kOnCuda, "cuda");
   test::expect_close_losses(cpu, gpu, 0, 6, 1e-5, 1e-4);
+}
+
+// FP8 on Hopper: at::_scaled_mm's kernel (cuBLASLt) computes what the CPU's emulation of the
+// same recipe computes (nn/fp8.h): the same e4m3/e5m2 operands and scales, products accumulated
+// in fp32 either way, so forward and both gradients agree within fp32 reassociation.
+TEST(Cuda, Fp8LinearOnTheDeviceEqualsTheCpuEmulation) {
+  REQUIRE_CUDA();
+  at::manual_seed(2);
+  const at::Tensor x = at::randn({64, 128}), w = 0.1 * at::randn({96, 128}), dy = 1e-3 * at::randn({64, 96});
+  const auto run = [&](c10::Device dev) {
+    nn::Fp8Linear l(nn::Fp8Recipe{}, {}, dev);
+    const at::Tensor xs = x.to(dev).requires_grad_(true), ws = w.to(dev).requires_grad_(true);
+    const at::Tensor y = l.forward(xs, ws);
+    y.backward(dy.to(dev));
+    return std::vector<at::Tensor>{y.cpu(), xs.grad().cpu(), ws.grad().cpu()};
+  };
+  const auto cpu = run(at::kCPU), gpu = run(at::Device(at::kCUDA, 0));
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double rel = (gpu[i] - cpu[i]).abs().max().item<double>() / cpu[i].abs().max().item<double>();
+    EXPECT_LT(rel, 1e-5) << "output " << i;
+  }
+}
+
+// FP8 training on the device tracks bf16 on the device (Fp8.TrainsLikeBf16's bound, per step).
+TEST(Cuda, Fp8TrainsLikeBf16OnTheDevice) {
+  REQUIRE_CUDA();
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "") + " --set model.dropout=0.0";
+  const std::string bf16 = train(d, cfg, " --nproc 1 --set train.precision='\"bf16\"'" + kOnCuda, "bf16");
+  const std::string fp8 = train(d, cfg, " --nproc 1 --set train.precision='\"fp8\"'" + kOnCuda, "fp8");
+  test::expect_close_losses(bf16, fp8, 0, 6, 2e-2, 1.0);
 }
 
 // Two ranks on one GPU (NCCL refuses two ranks on one device) with comm.backend = "gloo":
