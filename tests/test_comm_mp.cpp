@@ -61,6 +61,38 @@ TEST(Comm, AllReduceSumMaxAvgEveryAlgorithm) {
   }
 }
 
+// Comm::blocked_seconds is the communication the caller did not hide (train/exposed_comm.h):
+// a synchronous all-reduce that waits 0.3 s for late ranks counts those 0.3 s on the early
+// rank, once (all_reduce is all_reduce_async and wait: not counted twice); an asynchronous one
+// issued before 0.3 s of the caller's own work, and waited for after it, counts almost nothing.
+TEST(Comm, BlockedSecondsCountWhatTheCallerWaitsNotWhatItHid) {
+  Comm& c = runtime().world();
+  const int me = c.rank();
+  c.barrier();
+  const double before = c.blocked_seconds();
+  if (me != 0) usleep(300000);
+  at::Tensor t = at::ones({16});
+  c.all_reduce(t, ReduceOp::Sum);
+  const double exposed = c.blocked_seconds() - before;
+  if (me == 0) {
+    EXPECT_GE(exposed, 0.25);
+    EXPECT_LT(exposed, 0.3 + 1.0);
+  }
+  c.barrier();
+  const double before_hidden = c.blocked_seconds();
+  at::Tensor u = at::ones({16});
+  if (me == 0) {
+    CommWork w = c.all_reduce_async(u, ReduceOp::Sum, Transport::Native);  // Gloo's thread runs it
+    usleep(300000);  // the caller's own work meanwhile
+    w.wait();
+    EXPECT_LT(c.blocked_seconds() - before_hidden, 0.2);
+  } else {
+    usleep(100000);
+    c.all_reduce(u, ReduceOp::Sum, Transport::Native);
+  }
+  EXPECT_EQ(u[0].item<float>(), static_cast<float>(c.size()));
+}
+
 TEST(Comm, AllReduceBf16AccumulatesInFp32) {
   Comm& c = runtime().world();
   const int n = c.size(), me = c.rank();

@@ -315,8 +315,15 @@ TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
     }
     const auto j = nlohmann::json::parse(line);
     EXPECT_NEAR(j["mfu"].get<double>() / (flops_per_token * j["tokens_per_s"].get<double>() / 1e15), 1.0, 1e-3) << line;
+    // tp 2 with SP: its all-gathers and reduce-scatters sit between the forward's and the backward's
+    // products and cannot hide. Exposed: more than nothing, less than the step (train/exposed_comm.h).
+    const double step_s = 8 * 32 / j["tokens_per_s"].get<double>();
+    ASSERT_TRUE(j.contains("exposed_comm_s") && j["exposed_comm_s"].contains("tp")) << line;
+    EXPECT_GT(j["exposed_comm_s"]["tp"].get<double>(), 0) << line;
+    EXPECT_LT(j["exposed_comm_s"]["tp"].get<double>(), step_s) << line;
   }
   EXPECT_EQ(lines, 4);
+  EXPECT_NE(out.find("| exposed communication: "), std::string::npos) << out;
 }
 
 // The MFU's denominator is this host's GEMM rate, measured by the launching process on all

@@ -1,4 +1,5 @@
 #include "meshtrain/comm/comm.h"
+#include "comm/blocked_timer.h"
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>
@@ -171,6 +172,7 @@ std::string Comm::describe(const char* op, const at::Tensor& t) const {
 
 
 CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo) {
+  BlockedTimer timer(&blocked_s_);
   check_contiguous("all_reduce", t);
   if (const auto d = staging(t)) {
     at::Tensor s = t.to(*d);
@@ -205,6 +207,7 @@ CommWork Comm::all_reduce_async(const at::Tensor& t, ReduceOp op, Transport algo
 }
 
 CommWork Comm::all_gather_async(const at::Tensor& out, const at::Tensor& in, GatherAlgo algo) {
+  BlockedTimer timer(&blocked_s_);
   check_contiguous("all_gather", out);
   check_contiguous("all_gather", in);
   check_same_dtype("all_gather", out, in);
@@ -298,6 +301,7 @@ void Comm::ring_all_gather(const at::Tensor& o, const at::Tensor& i, const std::
 }
 
 CommWork Comm::reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op, ScatterAlgo algo) {
+  BlockedTimer timer(&blocked_s_);
   check_contiguous("reduce_scatter", out);
   check_contiguous("reduce_scatter", in);
   check_same_dtype("reduce_scatter", out, in);
@@ -447,6 +451,7 @@ void Comm::ring_reduce_scatter(const at::Tensor& out, const at::Tensor& in, Redu
 }
 
 CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
+  BlockedTimer timer(&blocked_s_);
   check_contiguous("broadcast", t);
   if (root < 0 || root >= size()) {
     throw std::invalid_argument(fmt::format("broadcast on group '{}': root {} outside 0..{}", name_, root, size() - 1));
@@ -474,6 +479,7 @@ CommWork Comm::broadcast_async(const at::Tensor& t, int root, Transport algo) {
 
 void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<int64_t> out_splits,
                       std::vector<int64_t> in_splits, Transport algo) {
+  BlockedTimer timer(&blocked_s_);
   check_contiguous("all_to_all", out);
   check_contiguous("all_to_all", in);
   check_same_dtype("all_to_all", out, in);
@@ -541,6 +547,7 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
 }
 
 CommWork Comm::isend(const at::Tensor& t, int dst, int tag) {
+  BlockedTimer timer(&blocked_s_);
   check_contiguous("send", t);
   if (dst < 0 || dst >= size() || dst == index_) {
     throw std::invalid_argument(fmt::format("send on group '{}': destination {} is not another rank of 0..{}",
@@ -558,6 +565,7 @@ CommWork Comm::isend(const at::Tensor& t, int dst, int tag) {
 }
 
 CommWork Comm::irecv(const at::Tensor& t, int src, int tag) {
+  BlockedTimer timer(&blocked_s_);
   check_contiguous("recv", t);
   if (src < 0 || src >= size() || src == index_) {
     throw std::invalid_argument(fmt::format("recv on group '{}': source {} is not another rank of 0..{}",
@@ -577,6 +585,7 @@ CommWork Comm::irecv(const at::Tensor& t, int src, int tag) {
 }
 
 void Comm::barrier() {
+  BlockedTimer timer(&blocked_s_);
   stats_["barrier"].calls += 1;
   begin(CallKind::Barrier, at::Tensor());
   if (size() == 1) return;

@@ -9,6 +9,7 @@
 
 #include "comm/backend.h"
 #include "meshtrain/comm/comm.h"
+#include "comm/blocked_timer.h"
 #include "meshtrain/comm/flight_recorder.h"
 #include "meshtrain/platform/crash_point.h"
 
@@ -22,6 +23,7 @@ CommWork::CommWork(CommWork&& o) noexcept
     : works_(std::move(o.works_)),
       finish_(std::move(o.finish_)),
       what_(std::move(o.what_)),
+      blocked_(o.blocked_),
       done_(o.done_),
       flight_(o.flight_) {
   o.done_ = true;
@@ -36,6 +38,7 @@ CommWork& CommWork::operator=(CommWork&& o) noexcept {
     works_ = std::move(o.works_);
     finish_ = std::move(o.finish_);
     what_ = std::move(o.what_);
+    blocked_ = o.blocked_;
     done_ = o.done_;
     flight_ = o.flight_;
     o.done_ = true;
@@ -57,6 +60,7 @@ CommWork::~CommWork() {
 }
 
 void CommWork::wait() {
+  BlockedTimer timer(blocked_);
   if (done_) {
     settle(CallState::Completed);
     return;
@@ -171,6 +175,7 @@ void Comm::moved_by_gloo_ring(const char* op, const at::Tensor& t) {
 CommWork Comm::make_work(const char* op, const at::Tensor& t) const {
   CommWork w;
   w.what_ = describe(op, t);
+  w.blocked_ = &blocked_s_;
   w.done_ = false;
   if (size() > 1) {
     crash_point("comm.call");  // tests: a rank that stops or dies before its k-th call

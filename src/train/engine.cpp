@@ -376,6 +376,16 @@ std::map<std::string, std::vector<Comm*>> TrainEngine::groups() {
   return g;
 }
 
+std::map<std::string, double> TrainEngine::blocked_seconds() {
+  std::map<std::string, double> out;
+  for (const auto& [axis, groups] : groups()) {
+    double s = 0;
+    for (const Comm* g : groups) s += g->size() > 1 ? g->blocked_seconds() : 0.0;  // one rank: nothing to wait for
+    out[axis] = s;
+  }
+  return out;
+}
+
 std::pair<double, double> TrainEngine::bubble() const {
   if (!exec_) return {0, 0};
   return {exec_->last_wait_seconds(), predicted_bubble_};

@@ -38,6 +38,7 @@
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/gemm_peak.h"
+#include "meshtrain/train/exposed_comm.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/platform/tensor_memory.h"
@@ -402,7 +403,9 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     const double a2a0 = all_to_all_rows_seconds();
+    std::map<std::string, double> exposed = engine.blocked_seconds();
     StepResult r = engine.step(s, micro, spike.gate());
+    for (auto& [axis, seconds] : engine.blocked_seconds()) exposed[axis] = seconds - exposed[axis];
     const double a2a = all_to_all_rows_seconds() - a2a0;  // this rank's MoE dispatch and combine
     if (fault_perturb_after(s)) {  // a test's silent corruption (platform/fault.h)
       at::NoGradGuard no_grad;
@@ -496,6 +499,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                    c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
                                           100 * wait / dt, 100 * predicted)
                             : "");
+        const std::string hidden = exposed_comm_text(exposed, dt);
+        if (!hidden.empty()) fmt::print("step {:>5} | {}\n", s, hidden);
       }
       // The estimate's check, once every buffer has been touched (the shared-memory segments' second
       // buffers by step 2's collectives).
@@ -554,6 +559,9 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
           j["skipped"] = r.skipped;
         }
         if (c.pp > 1) j["bubble_measured"] = wait / dt;
+        for (const auto& [axis, seconds] : exposed) {
+          if (seconds > 0) j["exposed_comm_s"][axis] = seconds;  // rank 0's seconds blocked in the axis's collectives
+        }
         if (r.dropped) j["update_dropped"] = true;
         if (!event.is_null()) j["spike"] = event;
         metrics << j.dump() << "\n" << std::flush;

@@ -144,6 +144,7 @@ class CommWork {
   // The call failed with `why`: recorded, and this rank's flight record dumped.
   void fail(const std::string& why);
   std::string what_;  // "all_reduce on group 'tp' ... seq 7 shape [4, 8] float"
+  double* blocked_ = nullptr;  // its group's blocked seconds, which wait() adds to
   bool done_ = true;
   uint64_t flight_ = 0;  // its flight recorder entry (0: none)
 };
@@ -223,6 +224,13 @@ class Comm {
   const std::map<std::string, OpStats>& stats() const { return stats_; }
   void reset_stats() { stats_.clear(); }
 
+  // Seconds the calling thread has spent inside this group's calls: issuing them
+  // and in CommWork::wait (an op built of others counts once). On CPU (Gloo, shared
+  // memory) a call completes on host threads, so this is the communication the
+  // work did not overlap: its exposed time (per step: the difference of two reads).
+  // With NCCL the host returns before the device finishes: there it is a lower bound.
+  double blocked_seconds() const { return blocked_s_; }
+
  private:
   // The device `t` travels through on this group (see the invariants), or nullopt.
   std::optional<c10::Device> staging(const at::Tensor& t) const;
@@ -284,7 +292,8 @@ class Comm {
   at::Tensor workspace_;  // bytes
   std::chrono::milliseconds timeout_{300000};
   std::unique_ptr<ShmGroup> shm_;
-  bool shm_off_ = false;  // decided by every rank together: no shared memory
+  bool shm_off_ = false;
+  mutable double blocked_s_ = 0;  // blocked_seconds()  // decided by every rank together: no shared memory
   std::string shm_why_;   // why not
 };
 

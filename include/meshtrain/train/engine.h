@@ -105,6 +105,9 @@ class TrainEngine {
   // The groups behind each axis, for counters: tp, cp, pp, dp (with ZeRO's shard
   // and replica groups), embedding.
   std::map<std::string, std::vector<Comm*>> groups();
+  // Per axis of groups(), the seconds this rank has spent blocked in its collectives so far
+  // (Comm::blocked_seconds: on CPU the communication no compute hid); a step's is a difference.
+  std::map<std::string, double> blocked_seconds();
   // Pipeline: this rank's wait in receives during the last step, and the
   // schedule's predicted bubble fraction; {0, 0} without pp.
   std::pair<double, double> bubble() const;
