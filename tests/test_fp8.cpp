@@ -16,9 +16,11 @@
 #include "meshtrain/nn/fp8.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/train/config.h"
 #include "meshtrain/train/fp8_training.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/step.h"
+#include "tests/train_cli.h"
 
 namespace meshtrain {
 namespace {
@@ -250,6 +252,29 @@ TEST(Fp8, TrainsLikeBf16) {
     EXPECT_LT(worst, 2e-2) << nn::to_string(scaling);
     EXPECT_LT(last, 0.9 * first) << nn::to_string(scaling);
   }
+}
+
+// What FP8 is not tested with is one error before any rank starts, naming the value.
+TEST(Fp8, UntestedCombinationsAreRefusedByName) {
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  EXPECT_EQ(test::error_of(cfg, {"train.precision=\"fp8\"", "train.method=\"sft\""}), "");
+  for (const auto& [set, named] : std::vector<std::pair<std::string, std::string>>{
+           {"train.method=\"dpo\"", "train.method = \"dpo\""},
+           {"lora.rank=4", "lora.rank = 4 (LoRA, QLoRA)"},
+           {"adapters.bottleneck=8", "adapters.bottleneck = 8"},
+           {"model.experts=4", "model.experts = 4 (MoE)"}}) {
+    std::vector<std::string> sets{"train.precision=\"fp8\"", set};
+    if (set == "model.experts=4") sets.push_back("model.top_k=2");
+    const std::string e = test::error_of(cfg, sets);
+    EXPECT_NE(e.find("train.precision = \"fp8\" with " + named + ": FP8 is tested on dense pretraining and SFT only"),
+              std::string::npos)
+        << set << ": " << e;
+  }
+  EXPECT_NE(test::error_of(cfg, {"train.precision=\"fp8\"", "train.fp8_scaling=\"hybrid\""})
+                .find("train.fp8_scaling 'hybrid' unknown; use current or delayed"),
+            std::string::npos);
+  EXPECT_NE(test::error_of(cfg, {"train.fp8_history=0"}).find("train.fp8_history"), std::string::npos);
 }
 
 TEST(Fp8, PrecisionAndScalingNames) {

@@ -1,5 +1,4 @@
 #include "meshtrain/comm/comm.h"
-#include "comm/blocked_timer.h"
 
 #include <ATen/Functions.h>
 #include <fmt/format.h>
@@ -12,6 +11,8 @@
 #include <iostream>
 
 #include "comm/backend.h"
+#include "comm/blocked_timer.h"
+#include "comm/checks.h"
 #include "comm/local_reduce.h"
 #include "comm/shm_group.h"
 #include "meshtrain/comm/flight_recorder.h"
@@ -19,9 +20,6 @@
 
 namespace meshtrain {
 namespace {
-
-// Tags at and above this value are reserved for Comm's own ring algorithms.
-constexpr int kRingTagBase = 1 << 20;
 
 // Gloo: where the ring algorithms overtake the single-op ones (measured on 2 and
 // 4 loopback ranks, docs/bench-comm.md). Below them latency dominates, and one
@@ -35,20 +33,6 @@ constexpr int64_t kAllToAllShmBytes = int64_t{8} << 20;
 
 
 bool is_floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
-
-// Gloo cannot move bf16: reinterpret it as fp16 (same width, no arithmetic).
-at::Tensor as_transport(const at::Tensor& t, bool native_bf16) {
-  if (!native_bf16 && t.scalar_type() == at::kBFloat16) return t.view(at::kHalf);
-  return t;
-}
-
-void check_contiguous(const char* op, const at::Tensor& t) {
-  if (!t.defined()) throw std::invalid_argument(fmt::format("{}: tensor is undefined", op));
-  if (!t.is_contiguous()) {
-    throw std::invalid_argument(
-        fmt::format("{}: tensor of shape {} is not contiguous; call .contiguous() first", op, t.sizes()));
-  }
-}
 
 void check_same_dtype(const char* op, const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type()) {
@@ -543,58 +527,6 @@ void Comm::all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<i
     if (r != index_) moved("all_to_all", r, (in_splits.empty() ? in.size(0) / n : in_splits[r]) * row * in.element_size());
   }
   w.works_.push_back(pg_->alltoall_base(o, i, out_splits, in_splits));
-  w.wait();
-}
-
-CommWork Comm::isend(const at::Tensor& t, int dst, int tag) {
-  BlockedTimer timer(&blocked_s_);
-  check_contiguous("send", t);
-  if (dst < 0 || dst >= size() || dst == index_) {
-    throw std::invalid_argument(fmt::format("send on group '{}': destination {} is not another rank of 0..{}",
-                                            name_, dst, size() - 1));
-  }
-  if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("send: tag {} outside [0, 2^20)", tag));
-  if (const auto d = staging(t)) return isend(t.to(*d), dst, tag);  // the work holds the copy
-  count("send", t, 1.0);
-  begin(CallKind::Send, t, dst);
-  CommWork w = make_work("send", t);
-  std::vector<at::Tensor> v{as_transport(t, native_bf16())};
-  w.works_.push_back(pg_->send(v, dst, tag));
-  moved("send", dst, t.numel() * t.element_size());
-  return w;
-}
-
-CommWork Comm::irecv(const at::Tensor& t, int src, int tag) {
-  BlockedTimer timer(&blocked_s_);
-  check_contiguous("recv", t);
-  if (src < 0 || src >= size() || src == index_) {
-    throw std::invalid_argument(fmt::format("recv on group '{}': source {} is not another rank of 0..{}",
-                                            name_, src, size() - 1));
-  }
-  if (tag < 0 || tag >= kRingTagBase) throw std::invalid_argument(fmt::format("recv: tag {} outside [0, 2^20)", tag));
-  if (const auto d = staging(t)) {
-    at::Tensor s = at::empty(t.sizes(), t.options().device(*d));
-    return followed(irecv(s, src, tag), [t, s]() { t.copy_(s); });
-  }
-  count("recv", t, 1.0);
-  begin(CallKind::Recv, t, src);
-  CommWork w = make_work("recv", t);
-  std::vector<at::Tensor> v{as_transport(t, native_bf16())};
-  w.works_.push_back(pg_->recv(v, src, tag));
-  return w;
-}
-
-void Comm::barrier() {
-  BlockedTimer timer(&blocked_s_);
-  stats_["barrier"].calls += 1;
-  begin(CallKind::Barrier, at::Tensor());
-  if (size() == 1) return;
-  CommWork w;
-  w.what_ = fmt::format("barrier on group '{}' at sequence {}", name_, seq_);
-  w.done_ = false;
-  w.flight_ = FlightRecorder::instance().start(flight_group_, call_);
-  agree_native(w);
-  w.works_.push_back(pg_->barrier());
   w.wait();
 }
 

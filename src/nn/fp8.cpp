@@ -98,7 +98,7 @@ c10::ScalarType fp8_dtype(Fp8Format f) {
 Fp8Scaling parse_fp8_scaling(const std::string& s) {
   if (s == "current") return Fp8Scaling::Current;
   if (s == "delayed") return Fp8Scaling::Delayed;
-  throw std::invalid_argument(fmt::format("fp8 scaling '{}' unknown; use current or delayed", s));
+  throw std::invalid_argument(fmt::format("fp8_scaling '{}' unknown; use current or delayed", s));
 }
 
 const char* to_string(Fp8Scaling s) { return s == Fp8Scaling::Current ? "current" : "delayed"; }
