@@ -50,7 +50,7 @@ when=$(date -u -r "$IN/bench.txt" +%Y-%m-%d)
         for (i = 1; i <= k; i++) {
           side = n[i]; s = t[side]
           printf "| %s%s | %d x %d | %s | %.4f | %.0f | %.1f%% | %s | %.1f GiB |\n", model,
-                 L ~ /_fp8_/ ? " (" substr(L, index(L, "_fp8_") + 1) ")" : "", mb, seq, side, s,
+                 index(L, "_") ? " (" substr(L, index(L, "_") + 1) ")" : "", mb, seq, side, s,
                  mb * seq / s, 100 * mfu * tt / s, te > 0 ? sprintf("%.3f", te / s) : "-", mem[side] / 2^30
         }
         printf "\n(%s: measured bf16 GEMM peak %.0f TFLOP/s)\n\n", model, gemm / 1e12
@@ -65,5 +65,11 @@ when=$(date -u -r "$IN/bench.txt" +%Y-%m-%d)
   awk '$1 == "llama1b" && $5 == "meshtrain_trainer" {b = $6} $1 == "llama1b_fp8_current" {f = $6}
        END {if (f > 0) printf "%.2f\n", b / f}' "$IN/bench.txt" |
     while read -r v; do quote llama1b_fp8_vs_bf16 "${v}x" "fp8 (current scaling) tokens/s / bf16's, ~1B Llama, meshtrain's trainer, one H200"; done
+  awk '$1 == "llama1b" && $5 == "meshtrain_trainer" {b = $6; m = $7} $1 == "llama1b_offload" {f = $6; n = $7}
+       END {if (f > 0) printf "%.2f %.2f\n", b / f, n / m}' "$IN/bench.txt" |
+    while read -r v w; do
+      quote llama1b_offload_vs_resident "${v}x" "tokens/s with the optimizer offloaded (ZeRO-2 over one rank, AdamW on the host) / resident, ~1B Llama bf16, one H200"
+      quote llama1b_offload_memory "${w}x" "peak device memory with the optimizer offloaded / resident, ~1B Llama bf16, one H200"
+    done
 } > "$OUT.tmp"
 seal "$OUT"

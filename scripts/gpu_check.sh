@@ -11,6 +11,8 @@
 #      the device's measured bf16 GEMM rate, peak device memory;
 #   3. the ~1B Llama with train.precision = fp8 (the blocks' linears through Hopper's FP8
 #      GEMM; current and delayed scaling): the trainer's s/step beside bf16's (issue #45).
+#   4. the ~1B Llama bf16 with the optimizer offloaded (ZeRO-2 over one rank, AdamW on the
+#      16 host cores): tokens/s and peak device memory beside the resident run (issue #45).
 #
 #   scripts/gpu_check.sh OUT_DIR    with .device/ from scripts/device_bundle.sh carried along
 set -uo pipefail
@@ -59,6 +61,10 @@ bench() {  # LABEL MODEL MICRO SEQ
 }
 bench gpt2 gpt2-124m 16 1024
 bench llama1b llama-1b 4 2048
+echo "== ZeRO-Offload (bf16, one GPU): the optimizer's slices and AdamW on the host"
+line=$("$MT" bench train --device cuda --model llama-1b --loop trainer --offload --micro-batch 4 --seq 2048 \
+       --precision bf16 --warmup 2 --steps 5 --rounds 1 2>&1 | tee -a "$OUT/bench_log.txt" | awk '/^RESULT/ {print $2, $3, $4, $5}')
+echo "llama1b_offload llama-1b 4 2048 meshtrain_trainer $line" | tee -a "$OUT/bench.txt"
 echo "== training steps (fp8, one GPU)"
 for scaling in current delayed; do
   line=$("$MT" bench train --device cuda --model llama-1b --loop trainer --micro-batch 4 --seq 2048 --precision fp8 \

@@ -182,6 +182,35 @@ TEST(Cuda, Fp16TrainsWithTheLossScaler) {
   EXPECT_NEAR(last, std::stod(a.rbegin()->second), 1e-2 * last);
 }
 
+// ZeRO-Offload (parallel/data/zero.h): with the master slices and Adam's moments in pinned host
+// memory and AdamW on the host (the fused CPU update), a ZeRO-1 and a ZeRO-2 run on the device
+// train as the device-resident run does within the fp32 tolerance of TrainingOnTheDeviceEqualsTheCpu
+// (the CPU's and the device's AdamW round differently); --check-plan holds the moved bytes
+// (the host's master, gradient and moment slices, the device's none) against the planner; a
+// run stopped and resumed with offload equals the uninterrupted one bitwise.
+TEST(Cuda, OffloadTrainsAsTheDeviceResidentRun) {
+  REQUIRE_CUDA();
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "") + " --set model.dropout=0.0";
+  const std::string two = " --nproc 2 --set comm.backend='\"gloo\"'" + kOnCuda;
+  for (const char* zero : {"1", "2"}) {
+    const std::string z = two + " --set parallel.zero=" + zero;
+    const std::string resident = train(d, cfg, z, std::string("resident") + zero);
+    const std::string offloaded = train(d, cfg, z + " --set parallel.offload=true", std::string("offload") + zero);
+    test::expect_close_losses(resident, offloaded, 0, 6, 1e-5, 1e-4);
+  }
+  const std::string off = two + " --set parallel.zero=2 --set parallel.offload=true";
+  const auto r = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + off +
+                                   " --check-plan --set train.stop_after=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("host: master, gradient, moments"), std::string::npos) << r.output;
+  const std::string ck = " --set checkpoint.dir='\"" + (d.path / "ck").string() + "\"' --set checkpoint.every=2";
+  train(d, cfg, off + " --set train.stop_after=3" + ck, "first");
+  const auto a = test::losses((d.path / "offload2").string()), b = test::losses(train(d, cfg, off + ck, "rest"));
+  ASSERT_EQ(b.size(), 3u);
+  for (const auto& [step, v] : b) EXPECT_EQ(a.at(step), v) << "step " << step;
+}
+
 // The log line's peak memory is the CUDA caching allocator's, on the bound device.
 TEST(Cuda, TheLogNamesTheDeviceAndItsPeakMemory) {
   REQUIRE_CUDA();

@@ -82,6 +82,24 @@ TEST(Device, CommBackendIsNamedAndChecked) {
   }
 }
 
+// ZeRO-Offload moves a GPU's optimizer states to the host: on a cpu run it is refused in the
+// launching process, with ZeRO-3 or without ZeRO at config time (zero.h builds stages 1 and 2).
+TEST(Device, OffloadIsRefusedOnCpuAndOutsideZeroOneAndTwo) {
+  test::Dir d;
+  const std::string cfg = test::tiny_config(d, "c.toml", "");
+  EXPECT_NE(test::error_of(cfg, {"parallel.offload=true", "parallel.zero=3"}).find("parallel.zero is 3: set parallel.zero = 1 or 2"),
+            std::string::npos);
+  const TrainConfig c = load_train_config(cfg, {"parallel.offload=true", "parallel.zero=2", "train.device=\"cpu\""});
+  try {
+    check_run(c, 2, 2, false, false);
+    ADD_FAILURE() << "offload on cpu accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("this run computes on cpu, where they are in host memory already"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // model.attention = "sdpa" computes plain causal attention without dropout: a document mask,
 // cp or dropout with it is one config error (it used to ignore a document mask silently).
 TEST(Device, SdpaRefusesWhatItCannotCompute) {

@@ -29,6 +29,16 @@ TEST(Zero, TimesTensorParallelMatchesOneProcess) {
   for (int stage : {1, 2, 3}) check(2, Reduce::Zero, plan::Recompute::None, {stage});
 }
 
+// Offloaded slices with tp 2 and sequence parallelism (partial gradients summed over tp
+// before they go down) and with HSDP (reduced over the replicas first).
+TEST(Zero, OffloadTimesTensorParallelAndHsdpMatchesOneProcess) {
+  if (runtime().world_size() != 4) GTEST_SKIP() << "dp2 x tp2 and dp_shard 2 x dp_replicate 2 need 4 ranks";
+  for (int stage : {1, 2}) {
+    check(2, Reduce::Zero, plan::Recompute::None, {stage, 0, true, true});
+    check(1, Reduce::Zero, plan::Recompute::None, {stage, 2, true, true});
+  }
+}
+
 TEST(Zero, HybridShardingMatchesOneProcess) {
   if (runtime().world_size() != 4) GTEST_SKIP() << "dp_shard 2 x dp_replicate 2 needs 4 ranks";
   for (int stage : {1, 2, 3}) check(1, Reduce::Zero, plan::Recompute::None, {stage, 2});
@@ -59,9 +69,14 @@ struct ZeroReplica {
   ShardedDataParallel zero;
   AdamW opt{zero.shard_params(), AdamWOptions{}};
   TrainStep step{model, opt, runtime().world(), solo, {Precision::Fp32, nullptr, nullptr, &zero}};
-  explicit ZeroReplica(int stage, int64_t layers = 2, plan::ModelSpec base = model_spec())
+  explicit ZeroReplica(int stage, int64_t layers = 2, plan::ModelSpec base = model_spec(), bool offload = false)
       : spec(with_layers(std::move(base), layers)),
-        zero(model, runtime().world(), solo, solo, AdamWOptions{}, ZeroOptions{stage}) {}
+        zero(model, runtime().world(), solo, solo, AdamWOptions{}, offloaded(stage, offload)) {}
+  static ZeroOptions offloaded(int stage, bool offload) {
+    ZeroOptions o{stage};
+    o.offload = offload;
+    return o;
+  }
   static plan::ModelSpec with_layers(plan::ModelSpec m, int64_t layers) {
     m.layers = layers;
     return m;
@@ -260,6 +275,46 @@ TEST(Zero, Stage3InBf16GathersBf16CopiesOfFp32Shards) {
     EXPECT_TRUE(at::equal(ps[i].tensor.detach(), whole[i].to(at::kBFloat16))) << ps[i].name;
   }
   zero.release_params();
+}
+
+// ZeRO-Offload (zero.h): the host slices take the same fp32 AdamW steps, so an
+// offloaded replica's weights equal the device-resident one's bitwise, over steps
+// with gradient accumulation and after the weights are written in place (a
+// checkpoint's load: weights_changed). The optimizer's bytes move to `host`:
+// master slice, gradient slice and moments, 16 bytes per owned parameter.
+TEST(Zero, OptimizerOffloadStepsAsTheDeviceResidentRunBitwise) {
+  if (!dp_divides_batch()) GTEST_SKIP() << "the global batch of 8 needs dp dividing 8";
+  const double n = runtime().world_size();
+  for (int stage : {1, 2}) {
+    ZeroReplica resident(stage), offloaded(stage, 2, model_spec(), true);
+    EXPECT_TRUE(offloaded.zero.offloaded());
+    for (int s = 0; s < 3; ++s) {
+      const int64_t micro = s == 1 ? 1 : kGlobal / runtime().world_size();  // step 1 accumulates micro-batches
+      const StepResult a = resident.run(micro), b = offloaded.run(micro);
+      EXPECT_EQ(a.loss, b.loss) << "stage " << stage << " step " << s;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "stage " << stage << " step " << s;
+      if (s == 1) {
+        at::NoGradGuard no_grad;
+        for (auto* r : {&resident, &offloaded}) {
+          for (auto& p : r->model.params().params()) p.tensor.mul_(0.5);
+        }
+        offloaded.zero.weights_changed();
+      }
+    }
+    const auto& pa = resident.model.params().params();
+    const auto& pb = offloaded.model.params().params();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(at::equal(pa[i].tensor, pb[i].tensor)) << pa[i].name << " stage " << stage;
+    }
+    for (size_t i = 0; i < resident.opt.exp_avg().size(); ++i) {
+      EXPECT_TRUE(at::equal(resident.opt.exp_avg_sq()[i], offloaded.opt.exp_avg_sq()[i])) << "stage " << stage;
+    }
+    const MemoryUse m = measure_memory(offloaded.model.params().params(), offloaded.opt, nullptr, {&offloaded.zero});
+    const double psi = offloaded.psi();
+    EXPECT_EQ(m.optimizer, 0) << "stage " << stage;
+    EXPECT_NEAR(static_cast<double>(m.host), 16 * psi / n, 0.05 * 16 * psi / n) << "stage " << stage;
+    EXPECT_NEAR(static_cast<double>(m.params), 4 * psi, 0.05 * 4 * psi) << "stage " << stage;
+  }
 }
 
 // A checkpoint's optimizer state is whole per parameter: gathering the

@@ -69,6 +69,7 @@ struct Sharding {
   int stage = 0;       // ZeRO stage with Reduce::Zero
   int dp_shard = 0;    // HSDP: shard within groups of this many dp ranks (0: all of dp)
   bool prefetch = true;
+  bool offload = false;  // ZeRO-Offload: the optimizer's slices in (a second) host memory
 };
 
 void check(int tp_size, Reduce reduce = Reduce::Flat, plan::Recompute recompute = plan::Recompute::None,
@@ -97,8 +98,9 @@ void check(int tp_size, Reduce reduce = Reduce::Flat, plan::Recompute recompute 
   }
   if (reduce == Reduce::Zero) {
     groups = make_shard_groups(rt, dp, zs.dp_shard > 0 ? zs.dp_shard : dp.size());
-    zero = std::make_unique<ShardedDataParallel>(model, *groups.shard, *groups.replicate, tp, o,
-                                                 ZeroOptions{zs.stage, false, zs.prefetch});
+    ZeroOptions zo{zs.stage, false, zs.prefetch};
+    zo.offload = zs.offload;
+    zero = std::make_unique<ShardedDataParallel>(model, *groups.shard, *groups.replicate, tp, o, zo);
   } else if (reduce != Reduce::Flat) {
     // Small buckets: many of them, launched in order while backward runs.
     ddp = std::make_unique<DataParallel>(model.params().params(), dp,

@@ -24,6 +24,7 @@
 #include "meshtrain/data/shard.h"
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/data/zero.h"
 #include "meshtrain/plan/count.h"
 #include "meshtrain/platform/device.h"
 #include "meshtrain/platform/threads.h"
@@ -40,6 +41,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     std::string attention, fp8_scaling = "current";
     int64_t micro_batch = 4, seq = 256;
     int steps = 2, rounds = 3, warmup = 1;
+    bool offload = false;
   };
   auto o = std::make_shared<Opts>();
   auto cmd = bench->add_subcommand("train", "training steps: the trainer vs a bare libtorch loop on the same model");
@@ -61,6 +63,9 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
                   "(libtorch's legacy profiler; bench/profile_ops.py sums them by operation)");
   cmd->add_option("--loop", o->loop, "both | trainer | bare (one alone: prints its peak resident memory)")
       ->check(CLI::IsMember({"both", "trainer", "bare"}))->capture_default_str();
+  cmd->add_flag("--offload", o->offload,
+                "with --loop trainer: ZeRO-2 over this one rank with the optimizer offloaded to host memory "
+                "(parallel.offload, parallel/data/zero.h)");
   runs.emplace_back(cmd, [o]() {
     if (o->micro_batch < 1 || o->seq < 1 || o->steps < 1 || o->rounds < 1 || o->warmup < 0) {
       throw std::invalid_argument("--micro-batch, --seq, --steps and --rounds must be positive, --warmup >= 0");
@@ -72,6 +77,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     if (precision == Precision::Fp16) {
       throw std::invalid_argument("bench train runs fp32, bf16 or fp8 (fp16 needs a loss scaler)");
     }
+    if (o->offload && o->loop != "trainer") throw std::invalid_argument("--offload times the trainer: add --loop trainer");
     const nn::Fp8Recipe recipe{nn::parse_fp8_scaling(o->fp8_scaling), 16, 0};
     configure_threads(1);
     // The MFU denominator as `meshtrain train` takes it: the run dtype's GEMM rate measured before the
@@ -113,12 +119,19 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     std::optional<TrainStep> trainer;
     std::optional<TokenLoader> loader;
     std::optional<Fp8Training> fp8, bare_fp8;  // fp8: each model's linears and their scaling state
+    std::optional<ShardedDataParallel> offloaded;
     if (want_trainer) {
       model.emplace(spec, solo, false, 1);
       if (precision == Precision::Fp8) fp8.emplace(recipe, std::vector<Transformer*>{&*model}, solo, solo);
       model->set_recompute(plan::parse_recompute(o->recompute));
-      opt.emplace(model->params().params(), ao);
-      trainer.emplace(*model, *opt, solo, solo, StepOptions{precision, nullptr});
+      if (o->offload) {
+        ZeroOptions zo{2};
+        zo.offload = true;
+        offloaded.emplace(*model, solo, solo, solo, ao, zo);
+      }
+      opt.emplace(offloaded ? offloaded->shard_params() : model->params().params(), ao);
+      trainer.emplace(*model, *opt, solo, solo,
+                      StepOptions{precision, nullptr, nullptr, offloaded ? &*offloaded : nullptr});
       loader.emplace(std::vector<std::string>{shard}, o->seq, o->micro_batch, 0, 1, 1);
     }
     // The bare loop over an identical model and optimizer.
@@ -189,7 +202,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       const double t = median(want_trainer ? t_trainer : t_bare);
       fmt::print("{} {} on {}: {:.3f} s/step, {:.0f} tokens/s, MFU {:.1f}% ({:.1f} TFLOP/s {} GEMM peak, {}), peak {} "
                  "memory {:.0f} MiB\n",
-                 spec.name, o->loop, compute_device_name(), t, tokens / t, 100 * mfu(t), peak.value / 1e12, gemm,
+                 spec.name, o->offload ? "trainer (optimizer offloaded)" : o->loop, compute_device_name(), t, tokens / t, 100 * mfu(t), peak.value / 1e12, gemm,
                  peak.source, cuda ? "device" : "resident", peak_mem / (1 << 20));
       // seconds per step, peak bytes, MFU, the GEMM peak (FLOP/s), the pre-start measurement's seconds
       fmt::print("RESULT {:.6f} {:.0f} {:.6f} {:.6g} {:.3f}\n", t, peak_mem, mfu(t), peak.value, peak.seconds);

@@ -103,6 +103,15 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
     rows = {{"parameters", {ms.params + me.params, static_cast<double>(mu.params)}},
             {"gradients", {ms.grads + me.grads, static_cast<double>(mu.grads)}},
             {"optimizer states", {ms.optimizer + me.optimizer, static_cast<double>(mu.optimizer)}}};
+    if (c.offload) {
+      // ZeRO-Offload (parallel/data/zero.h): the moments leave the device; the host holds them with an
+      // fp32 master slice and a gradient slice, 4 B each per owned parameter (ZeRO-3's shard size).
+      const double owned = plan::model_state_bytes(t.params - t.expert_params, plan::Precision::Fp32, 3, shard).params +
+                           plan::model_state_bytes(t.expert_params, plan::Precision::Fp32, 3, std::max(1, shard / c.ep)).params;
+      rows[2].second.first = 0;
+      rows.push_back({"host: master, gradient, moments", {2 * owned + ms.optimizer + me.optimizer,
+                                                          static_cast<double>(mu.host)}});
+    }
   }
   if (engine.fp8()) {
     // FP8 (plan/memory.h's "fp8 weight copies"): one byte for each weight of this rank's block
@@ -248,6 +257,11 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
                                 "(this run computes on cpu); use comm.backend = \"auto\" or \"gloo\"");
   }
   if (device == DeviceKind::Cuda) check_cuda_run(c);
+  if (device == DeviceKind::Cpu && c.offload) {
+    throw std::invalid_argument("parallel.offload moves optimizer states from a GPU to host memory, and this run "
+                                "computes on cpu, where they are in host memory already: remove parallel.offload "
+                                "(or train.device = \"cuda\" on a machine with a GPU)");
+  }
   check_start_paths(c);
   const int dp = layout.size("dp") * layout.size("ep");  // the replicas reading different data
   if (c.method == "grpo" || c.method == "ppo") {

@@ -236,11 +236,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "parallel.zero <= 2 or check.replicas_every = 0",
                                             path, c.check_replicas_every));
   }
-  if (c.offload) {
-    throw std::invalid_argument(fmt::format("{}: parallel.offload moves fp32 master weights and Adam states to pinned "
-                                            "host memory with a CPU AdamW step for CUDA runs; it is not built yet (on "
-                                            "cpu they are in host memory already): remove parallel.offload",
-                                            path));
+  if (c.offload && c.zero != 1 && c.zero != 2) {
+    throw std::invalid_argument(fmt::format("{}: parallel.offload moves each rank's ZeRO-1/2 slice of the master "
+                                            "weights and Adam states to host memory, and parallel.zero is {}: set "
+                                            "parallel.zero = 1 or 2, or remove parallel.offload",
+                                            path, c.zero));
   }
   try {
     const plan::CpImpl impl = plan::parse_cp_impl(c.cp_impl);

@@ -311,7 +311,9 @@ std::vector<ConfigKey> make_keys() {
       integer("parallel.zero", FIELD(zero), 0, 3,
               "0 DDP, 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP)"),
       integer("parallel.dp_shard", FIELD(dp_shard), 0, kMaxInt, "HSDP: shard within groups of this many dp ranks (0: all)"),
-      boolean("parallel.offload", FIELD(offload), "CUDA builds: master weights and Adam states in host memory"),
+      boolean("parallel.offload", FIELD(offload),
+              "ZeRO-Offload, CUDA runs with parallel.zero 1 or 2: the fp32 master slices and Adam states in "
+              "pinned host memory, AdamW on the host"),
       // [ddp]
       integer("ddp.bucket_mb", FIELD(ddp_bucket_mb), 1, kMaxInt, "gradient bucket size"),
       boolean("ddp.overlap", FIELD(ddp_overlap), "all-reduce buckets during backward"),

@@ -85,7 +85,7 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
       zero_.push_back(std::make_unique<ShardedDataParallel>(
           *m, *shard_groups_.shard, *shard_groups_.replicate, tp_, c.optim,
           ZeroOptions{c.zero, c.ddp_find_unused, true, c.zero_param_dtype == "bf16",
-                      ep_.size() > 1 ? &expert_dp_ : nullptr}));
+                      ep_.size() > 1 ? &expert_dp_ : nullptr, c.offload}));
       for (const auto& p : zero_.back()->shard_params()) updated_.push_back(p);
     }
   } else {
@@ -274,6 +274,7 @@ void TrainEngine::load_weights(ckpt::Reader& r) {
     Transformer& model = *chunks_[c];
     if (zero_.empty() || c_.zero < 3) {
       load_initial_weights(r, model);  // stages 1 and 2 hold whole parameters (the slices are views of them)
+      if (!zero_.empty()) zero_[c]->weights_changed();
     } else if (!merge) {
       ZeroSlices z = zero_slices(c, k, true);
       z.exp_avg.clear();  // a new optimizer
@@ -312,6 +313,7 @@ int64_t TrainEngine::load(ckpt::Reader& r) {
       load_moments(r, m, ms, vs);
     }
   }
+  for (auto& z : zero_) z->weights_changed();  // offload: the host masters follow what was read
   if (fp8_) fp8_->load(r);
   const int64_t steps = r.manifest().at("optimizer").at("steps").get<int64_t>();
   opt_->set_steps(steps);

@@ -34,11 +34,13 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
                          const std::vector<ShardedDataParallel*>& zero) {
   MemoryUse m;
   StorageBytes seen;
-  std::vector<const Param*> all;
+  std::vector<const Param*> all, host;
   for (const auto& p : params) all.push_back(&p);
+  bool offloaded = false;  // one engine offloads all of its ZeRO wrappers or none
   for (ShardedDataParallel* z : zero) {
     if (!z) continue;
-    for (const auto& p : z->shard_params()) all.push_back(&p);
+    offloaded = offloaded || z->offloaded();
+    for (const auto& p : z->shard_params()) (z->offloaded() ? host : all).push_back(&p);
   }
   for (const Param* p : all) {
     const int64_t b = seen.add(p->tensor);
@@ -46,8 +48,10 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
     if (p->frozen) m.frozen += b;
   }
   for (const Param* p : all) m.grads += seen.add(p->tensor.grad());
-  for (const auto& t : opt.exp_avg()) m.optimizer += seen.add(t);
-  for (const auto& t : opt.exp_avg_sq()) m.optimizer += seen.add(t);
+  for (const Param* p : host) m.host += seen.add(p->tensor) + seen.add(p->tensor.grad());
+  for (const auto* moments : {&opt.exp_avg(), &opt.exp_avg_sq()}) {
+    for (const auto& t : *moments) (offloaded ? m.host : m.optimizer) += seen.add(t);
+  }
   // DDP's buckets: nothing beyond the gradients when these are views of them (parallel/data/ddp.h).
   if (ddp) {
     for (const auto& f : ddp->flats()) m.buffers += seen.add(f);
@@ -69,6 +73,10 @@ std::string memory_table(int64_t psi, int n, const MemoryUse& measured, const st
                      mode, h(static_cast<double>(measured.params)), h(static_cast<double>(measured.grads)),
                      h(static_cast<double>(measured.optimizer)), h(static_cast<double>(measured.state())),
                      h(static_cast<double>(measured.buffers)));
+  if (measured.host > 0) {
+    out += fmt::format("  offloaded to host memory: master slices, their gradients and Adam's moments {}\n",
+                       h(static_cast<double>(measured.host)));
+  }
   return out;
 }
 

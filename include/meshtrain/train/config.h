@@ -51,7 +51,8 @@ struct TrainConfig {
   // ep ranks read different data (the data-parallel replicas are dp x ep).
   int ep = 1;
   // [parallel] zero: 0 = DDP, 1/2/3 = ZeRO stage (3 = FSDP); dp_shard: HSDP,
-  // shard within groups of this many dp ranks (0 = all of dp); offload: CUDA only.
+  // shard within groups of this many dp ranks (0 = all of dp); offload: ZeRO-Offload
+  // (parallel/data/zero.h), CUDA runs with zero 1 or 2.
   int zero = 0;
   // [parallel] pp: pipeline stages; virtual: model chunks per pipeline rank
   // (interleaved); schedule: gpipe | 1f1b | interleaved | zb-h1.

@@ -29,13 +29,16 @@ struct MemoryUse {
   int64_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes
   int64_t frozen = 0;     // of `params`: frozen parameters (a base under adapters)
   int64_t quantized = 0;  // NF4 weights (QLoRA's base linears), not among `params`
+  // ZeRO-Offload (parallel/data/zero.h): the host master slices, their gradients and the
+  // moments, in host memory and in none of the fields above.
+  int64_t host = 0;
   int64_t state() const { return params + quantized + grads + optimizer; }
 };
 
 // Bytes of the storage held by this rank's parameters, their gradients (where
 // allocated), the optimizer's moments and DDP's buckets (when given); with
-// `zero` (null entries skipped), also its shards and their gradients. Each
-// storage counts once (ZeRO's parameters and gradients are views of flat buffers).
+// `zero` (null entries skipped), also its shards and their gradients; offloaded
+// shards, their gradients and the moments count as `host`. Each storage counts once (ZeRO's parameters and gradients are views of flat buffers).
 MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const DataParallel* ddp,
                          const std::vector<ShardedDataParallel*>& zero = {});
 

@@ -23,6 +23,12 @@ namespace {
 // Buckets and flats live on the device the parameters do (platform/device.h).
 at::TensorOptions on_device(at::ScalarType t) { return at::TensorOptions(compute_device()).dtype(t); }
 
+// Offloaded slices (ZeroOptions::offload): host memory, pinned when the device is CUDA, so
+// that the copies between them run asynchronously on the device's stream.
+at::TensorOptions on_host() {
+  return at::TensorOptions(at::kCPU).dtype(at::kFloat).pinned_memory(computes_on_cuda());
+}
+
 // Stage 3 frees and reallocates a flat's storage in place: every tensor that
 // shares it (the parameters, views saved by autograd) follows.
 void free_storage(const at::Tensor& t) {
@@ -66,6 +72,7 @@ struct Flat {
   at::Tensor grad_full;  // stage 1: [padded], the parameters' gradients are views of it
   at::Tensor grad_in;    // stage 2/3: this backward's gradient, until reduced
   at::Tensor grad_out;   // stage 2/3: its reduced slice, in flight
+  at::Tensor device_grad;  // offload: the reduced slice on the device (stage 1: a view of grad_full)
   size_t pending = 0;    // parameters whose gradient this backward has not produced yet
   bool launched = false;
   CommWork reduce, gather;
@@ -131,6 +138,9 @@ struct ShardedDataParallel::State {
   // The group a flat is sharded over: the experts' replicas for an expert flat, else `shard`.
   Comm& group(const Flat& f) const { return f.expert ? *o.expert_shard : shard; }
   int64_t owned_offset(const Flat& f) const { return group(f).rank() * f.shard; }
+  // Where flat i's reduced gradient slice accumulates: the shard's .grad, or with offload the
+  // device copy that finish() sends down to it.
+  at::Tensor& reduced_grad(size_t i) { return o.offload ? flats[i].device_grad : shards[i].tensor.mutable_grad(); }
 
   void reset_backward() {
     for (auto& f : flats) {
@@ -238,7 +248,7 @@ struct ShardedDataParallel::State {
     if (!f.grad_out.defined()) return;
     f.reduce.wait();
     if (replicate.size() > 1) replicate.all_reduce(f.grad_out);
-    shards[i].tensor.mutable_grad().add_(f.grad_out);
+    reduced_grad(i).add_(f.grad_out);
     f.grad_in = at::Tensor();
     f.grad_out = at::Tensor();
   }
@@ -261,6 +271,10 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
   if (o.stage == 3 && s.params.size() != model.params().params().size()) {
     throw std::invalid_argument("zero: stage 3 shards every parameter, and this model has frozen ones (adapters on a "
                                 "frozen base); use stage 1 or 2, which leave the frozen base whole and untouched");
+  }
+  if (o.offload && o.stage == 3) {
+    throw std::invalid_argument("zero: optimizer offload is built for stages 1 and 2 (ZeRO-Offload); stage 3 shards "
+                                "the parameters on the device as well: use parallel.zero = 1 or 2 with offload");
   }
   if (o.expert_shard && replicate.size() > 1) {
     throw std::invalid_argument("zero: expert parallelism with HSDP (parallel.dp_shard) is not supported; set "
@@ -315,6 +329,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
     at::Tensor owned = f.full.narrow(0, s.owned_offset(f), f.shard);
     // Stages 1 and 2 update the owned slice of the parameters in place; stage 3 keeps it apart.
     owned = o.stage == 3 ? owned.clone() : owned.detach();
+    if (o.offload) owned = at::empty({f.shard}, on_host()).copy_(owned);  // the host master slice
     owned.requires_grad_(true);
     s.shards.push_back(Param{fmt::format("zero/unit{}/{}{}{}{}{}", f.unit, f.decay ? "decay" : "no_decay",
                                          f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : "",
@@ -358,7 +373,10 @@ void ShardedDataParallel::zero_grad() {
   State& s = *s_;
   for (size_t i = 0; i < s.flats.size(); ++i) {
     Flat& f = s.flats[i];
-    at::Tensor& g = s.shards[i].tensor.mutable_grad();
+    at::Tensor& g = s.reduced_grad(i);
+    if (s.o.offload && !s.shards[i].tensor.grad().defined()) {
+      s.shards[i].tensor.mutable_grad() = at::empty({f.shard}, on_host());  // written whole by finish()
+    }
     if (s.o.stage == 1) {
       // Gradients accumulate in place in the flat buffer (AccumulateGrad adds into a defined .grad).
       f.grad_full.zero_();
@@ -402,20 +420,25 @@ void ShardedDataParallel::finish() {
       f.grad_out = at::empty({f.shard}, on_device(at::kFloat));
       f.reduce = s.group(f).reduce_scatter_async(f.grad_out, f.grad_full);
     }
-    for (auto& f : s.flats) {
+  } else if (!s.saw_backward) {
+    throw std::logic_error("zero: finish() without a backward since zero_grad()");
+  }
+  const bool cuda = computes_on_cuda();
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    Flat& f = s.flats[i];
+    if (s.o.stage == 1) {
       f.reduce.wait();
       if (s.replicate.size() > 1) s.replicate.all_reduce(f.grad_out);
       f.grad_full.narrow(0, s.owned_offset(f), f.shard).copy_(f.grad_out);
       f.grad_out = at::Tensor();
     }
-  } else if (!s.saw_backward) {
-    throw std::logic_error("zero: finish() without a backward since zero_grad()");
+    // Sequence parallelism leaves some replicated gradients partial per tp rank:
+    // every tp rank holds the same slices of them, so the sum is over the slices.
+    if (f.partial && s.tp.size() > 1) s.tp.all_reduce(s.reduced_grad(i));
+    // Offload: the slice is final; its copy down runs while the next flat's reduction is waited for.
+    if (s.o.offload) s.shards[i].tensor.mutable_grad().copy_(s.reduced_grad(i), /*non_blocking=*/cuda);
   }
-  // Sequence parallelism leaves some replicated gradients partial per tp rank:
-  // every tp rank holds the same slices of them, so the sum is over the slices.
-  for (size_t i = 0; i < s.flats.size(); ++i) {
-    if (s.flats[i].partial && s.tp.size() > 1) s.tp.all_reduce(s.shards[i].tensor.mutable_grad());
-  }
+  if (s.o.offload && cuda) synchronize_compute_device();  // AdamW reads the host copies next
 }
 
 void ShardedDataParallel::after_step() {
@@ -425,7 +448,12 @@ void ShardedDataParallel::after_step() {
   std::vector<at::Tensor> owned;
   std::vector<CommWork> works;
   for (size_t i = 0; i < s.flats.size(); ++i) {
-    owned.push_back(s.shards[i].tensor.detach().clone());  // the input must not alias the output
+    const at::Tensor& slice = s.shards[i].tensor;
+    // The input must not alias the output; offloaded slices go up to the device first (from pinned
+    // memory: queued on the device's stream ahead of the gather).
+    owned.push_back(s.o.offload ? at::empty({s.flats[i].shard}, on_device(at::kFloat))
+                                      .copy_(slice.detach(), /*non_blocking=*/computes_on_cuda())
+                                : slice.detach().clone());
     works.push_back(s.group(s.flats[i]).all_gather_async(s.flats[i].full, owned.back()));
   }
   for (auto& w : works) w.wait();
@@ -456,6 +484,18 @@ std::vector<OwnedRange> ShardedDataParallel::owned_ranges() const {
   return out;
 }
 
+bool ShardedDataParallel::offloaded() const { return s_->o.offload; }
+
+void ShardedDataParallel::weights_changed() {
+  State& s = *s_;
+  if (!s.o.offload) return;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < s.flats.size(); ++i) {
+    const Flat& f = s.flats[i];
+    s.shards[i].tensor.detach().copy_(f.full.narrow(0, s.owned_offset(f), f.shard));
+  }
+}
+
 std::vector<at::Tensor> ShardedDataParallel::whole_weights() {
   std::vector<at::Tensor> slices;
   for (const auto& p : s_->shards) slices.push_back(p.tensor.detach());
@@ -479,6 +519,7 @@ void ShardedDataParallel::load_weights(const std::vector<at::Tensor>& whole) {
   // Stages 1 and 2: every rank holds the whole parameters (the slices are views of them); frozen ones too.
   auto& all = s.model.params().params();
   for (size_t k = 0; k < all.size(); ++k) all[k].tensor.detach().copy_(whole.at(k));
+  weights_changed();
 }
 
 std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::Tensor>& flat_state) {
@@ -487,7 +528,7 @@ std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::T
   for (size_t i = 0; i < s.flats.size(); ++i) {
     const Flat& f = s.flats[i];
     at::Tensor whole = at::empty({f.padded}, on_device(at::kFloat));
-    s.group(s.flats[i]).all_gather(whole, flat_state.at(i));
+    s.group(s.flats[i]).all_gather(whole, flat_state.at(i).to(whole.device()));  // offloaded state: host
     for (size_t j = 0; j < f.params.size(); ++j) {
       const at::Tensor& t = s.params[f.params[j]].tensor;
       out[s.model_index[f.params[j]]] = whole.narrow(0, f.offsets[j], t.numel()).view(t.sizes());

@@ -90,6 +90,15 @@ struct ZeroOptions {
   // x ep). Every slice of either kind is then disjoint across the shard group,
   // so the gradient norm sums over it alone. Null: one group for all.
   Comm* expert_shard = nullptr;
+  // ZeRO-Offload (Ren et al., USENIX ATC'21, arXiv 2101.06840), stages 1 and 2:
+  // this rank's fp32 master slices, their reduced gradients and (AdamW
+  // allocates its moments like its parameters) the Adam moments live in host
+  // memory, pinned when the flats are on CUDA, and AdamW steps there (the
+  // fused CPU update, on ATen's threads). finish() copies each flat's reduced
+  // slice down as soon as it is final; after_step() sends the updated slices
+  // up as the all-gather's inputs. On cpu the "host" copies are a second host
+  // buffer: the same code path, tested here; the trainer refuses it there.
+  bool offload = false;
 };
 
 // HSDP's two groups, cut from the data-parallel group `dp` (group order):
@@ -112,8 +121,13 @@ class ShardedDataParallel : public UnitHooks {
   int stage() const;
   Comm& shard_group();
   // This rank's slices, one per flat: what AdamW updates (their .grad is the
-  // reduced gradient slice after finish()).
+  // reduced gradient slice after finish()). With offload, host tensors.
   std::vector<Param>& shard_params();
+  bool offloaded() const;
+  // With offload, after the model's parameters were written in place (a
+  // checkpoint's load): the host master slices are read again from them.
+  // Invariant: between steps the host masters equal the device's owned slices.
+  void weights_changed();
 
   // Before a step's first backward: zero gradients.
   void zero_grad();
