@@ -12,6 +12,7 @@
 
 #include "meshtrain/platform/cuda_loader.h"
 #include "meshtrain/platform/device.h"
+#include "meshtrain/train/exposed_comm.h"
 #include "meshtrain/train/trainer.h"
 #include "src/comm/backend.h"
 #include "tests/train_cli.h"
@@ -80,6 +81,19 @@ TEST(Device, CommBackendIsNamedAndChecked) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("comm.backend = \"nccl\" carries CUDA tensors"), std::string::npos) << e.what();
   }
+}
+
+// The planner's device for the step log's exposed communication (train/exposed_comm.h): the
+// preset a CUDA device's name contains, the longest; this host measured on cpu; none otherwise.
+TEST(Device, ThePlannersDeviceIsThePresetTheNameContains) {
+  EXPECT_EQ(run_device_spec(true, "NVIDIA H200", 0, 0, 1)->name, "h200");
+  EXPECT_EQ(run_device_spec(true, "NVIDIA A100-SXM4-80GB", 0, 0, 1)->name, "a100");
+  EXPECT_FALSE(run_device_spec(true, "NVIDIA GeForce RTX 4090", 0, 0, 1).has_value());
+  const plan::GpuSpec cpu = *run_device_spec(false, "cpu", 200e9, 10e9, 2);
+  EXPECT_EQ(cpu.name, "cpu");
+  EXPECT_DOUBLE_EQ(cpu.peak_flops, 100e9);  // each of the 2 ranks its share
+  const std::string line = exposed_comm_text({{"dp", 0.004}, {"tp", 0.012}, {"pp", 0}}, 0.148, {{"tp", 0.010}});
+  EXPECT_EQ(line, "exposed communication: dp 0.004 s (2.7%), tp 0.012 s (8.1%; plan 0.010 s) of the step's 0.148 s");
 }
 
 // ZeRO-Offload moves a GPU's optimizer states to the host: on a cpu run it is refused in the

@@ -321,9 +321,13 @@ TEST(TrainCli, ShortRunOnTwoRanksWritesMetrics) {
     ASSERT_TRUE(j.contains("exposed_comm_s") && j["exposed_comm_s"].contains("tp")) << line;
     EXPECT_GT(j["exposed_comm_s"]["tp"].get<double>(), 0) << line;
     EXPECT_LT(j["exposed_comm_s"]["tp"].get<double>(), step_s) << line;
+    // Beside it, the planner's estimate on this host (exposed_comm.h: plan::cpu_device).
+    ASSERT_TRUE(j.contains("planned_exposed_comm_s") && j["planned_exposed_comm_s"].contains("tp")) << line;
+    EXPECT_GT(j["planned_exposed_comm_s"]["tp"].get<double>(), 0) << line;
   }
   EXPECT_EQ(lines, 4);
   EXPECT_NE(out.find("| exposed communication: "), std::string::npos) << out;
+  EXPECT_NE(out.find("%; plan "), std::string::npos) << out;
 }
 
 // The MFU's denominator is this host's GEMM rate, measured by the launching process on all

@@ -239,9 +239,10 @@ BackendKind bind_run_device(const TrainConfig& c, int local_rank, int local_worl
 }
 
 void measure_host_before_ranks(const TrainConfig& c) {
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  hand_down_copy_bandwidth(measure_copy_bandwidth(cores));  // the planner's exposed communication (exposed_comm.h)
   if (c.peak_tflops > 0) return;
   const std::string what = c.precision == "bf16" || c.precision == "fp8" ? "gemm_bf16" : "gemm_fp32";
-  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const HostPeak p = measure_host_peak(what, cores);
   for (const std::string& w : p.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);
   hand_down_host_peak(what, p, cores);

@@ -316,6 +316,19 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   const int nodes = std::max(1, mesh.world().size() / std::max(1, rt->env().local_world_size));
   const int units = computes_on_cuda() ? mesh.world().size() : nodes;
   const double peak_flops = peak.value * units;
+  // The planner's exposed communication per axis, printed beside the measured (exposed_comm.h).
+  std::map<std::string, double> planned_comm;
+  if (lead && mesh.world().size() > 1) {
+    try {
+      const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+      const auto spec = run_device_spec(computes_on_cuda(), compute_device_name(), peak.value,
+                                        computes_on_cuda() ? 0 : host_copy_bandwidth(cores), rt->env().local_world_size);
+      if (spec) planned_comm = planned_exposed(c, data.size(), *spec);
+    } catch (const std::exception& e) {
+      fmt::print("the planner does not model this run's communication ({}): the step log shows the measured only\n",
+                 e.what());
+    }
+  }
   mesh.world().barrier();
   if (lead) {
     const plan::Strategy s = strategy_of(c, data.size());
@@ -499,7 +512,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
                    c.pp > 1 ? fmt::format(" | bubble {:.1f}% measured (rank 0 waiting), {:.1f}% predicted",
                                           100 * wait / dt, 100 * predicted)
                             : "");
-        const std::string hidden = exposed_comm_text(exposed, dt);
+        const std::string hidden = exposed_comm_text(exposed, dt, planned_comm);
         if (!hidden.empty()) fmt::print("step {:>5} | {}\n", s, hidden);
       }
       // The estimate's check, once every buffer has been touched (the shared-memory segments' second
@@ -562,6 +575,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
         for (const auto& [axis, seconds] : exposed) {
           if (seconds > 0) j["exposed_comm_s"][axis] = seconds;  // rank 0's seconds blocked in the axis's collectives
         }
+        for (const auto& [axis, seconds] : planned_comm) j["planned_exposed_comm_s"][axis] = seconds;
         if (r.dropped) j["update_dropped"] = true;
         if (!event.is_null()) j["spike"] = event;
         metrics << j.dump() << "\n" << std::flush;

@@ -74,6 +74,11 @@ HostPeak measure_host_peak(const std::string& what, int cores, const std::string
 void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores);
 // What a launching process handed down for `what` (value 0: nothing, or another dtype's).
 HostPeak host_peak_from_launcher(const std::string& what);
+// This host's copy bandwidth (bytes/s, all cores; the planner's cpu device, plan::cpu_device),
+// measured by the launching process before the ranks start and handed down in
+// MESHTRAIN_HOST_COPY_BW; without one (ranks started by another launcher), measured now.
+void hand_down_copy_bandwidth(double bytes_per_s);
+double host_copy_bandwidth(int cores);
 
 // The MFU denominator of one compute unit, on the rank that prints MFU: `peak_tflops` when given
 // (train.peak_tflops); on the CPU what the launching process measured on all of this host's cores
