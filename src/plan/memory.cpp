@@ -69,10 +69,14 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s, int64_t lay
   // Bytes per activation element: Korthikanti's 2 (16-bit), 4 in fp32 runs;
   // dropout masks stay 1 byte.
   const double e = s.precision == Precision::Fp32 ? 4 : 2;
+  // FP8: a linear keeps its e4m3 input for the backward's GEMMs, 1 byte, not the 16-bit one
+  // (Transformer Engine's Linear, LayerNormLinear and LayerNormMLP save the quantised input;
+  // meshtrain's nn::Fp8Linear likewise); the other activations stay 16-bit.
+  const double in = s.precision == Precision::Fp8 ? 1 : e;
   if (s.recompute == Recompute::Full) return e * sbh / rep;  // only the layer input is kept
   // Attention: LN input, QKV input (2sbh each), Q, K, V, output-projection input, dropout mask.
-  double attn = e * sbh / rep + e * sbh / rep + e * sq * b * a * d / t + 2 * e * sq * b * g * d / t +
-                e * sq * b * a * d / t + (drop ? sbh / rep : 0);
+  double attn = e * sbh / rep + in * sbh / rep + e * sq * b * a * d / t + 2 * e * sq * b * g * d / t +
+                in * sq * b * a * d / t + (drop ? sbh / rep : 0);
   // Core: softmax output 2as^2b (+ dropout mask as^2b and output 2as^2b). Selective
   // recomputation drops it; flash-style kernels (and ring attention, which uses them) keep
   // only the fp32 log-sum-exp, 4asb.
@@ -80,9 +84,11 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s, int64_t lay
   if (s.flash || (s.cp > 1 && s.cp_impl == CpImpl::Ring)) attn += 4 * a * sq * b / t;
   else if (s.recompute != Recompute::Selective) attn += (drop ? 1 + 2 * e : e) * a * sq * full_s * b / t;
   // MLP: LN input, fc1 input, f-wide intermediates (GELU: input and output;
-  // SwiGLU: gate, up, product), dropout mask.
+  // SwiGLU: gate, up, product; the last of them is fc2's input), dropout mask.
   const double wide = m.activation == Activation::SwiGLU ? 3 : 2;
-  if (!m.moe_layer(layer)) return attn + e * sbh / rep + e * sbh / rep + wide * e * sq * b * f / t + (drop ? sbh / rep : 0);
+  if (!m.moe_layer(layer)) {
+    return attn + e * sbh / rep + in * sbh / rep + ((wide - 1) * e + in) * sq * b * f / t + (drop ? sbh / rep : 0);
+  }
   // A MoE layer (moe/layer.h) on this rank's rows (all of them without sequence
   // parallelism: the experts are not split by tp): the router's fp32 logits and
   // probabilities, top_k copies of each row dispatched and combined (each
