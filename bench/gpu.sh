@@ -68,7 +68,7 @@ when=$(date -u -r "$IN/bench.txt" +%Y-%m-%d)
   awk '$1 == "llama1b" && $5 == "meshtrain_trainer" {b = $6; m = $7} $1 == "llama1b_offload" {f = $6; n = $7}
        END {if (f > 0) printf "%.2f %.2f\n", b / f, n / m}' "$IN/bench.txt" |
     while read -r v w; do
-      quote llama1b_offload_vs_resident "${v}x" "tokens/s with the optimizer offloaded (ZeRO-2 over one rank, AdamW on the host) / resident, ~1B Llama bf16, one H200"
+      quote llama1b_offload_vs_resident "${v}x" "tokens/s with the optimizer offloaded (ZeRO-2 over one rank, bf16 weights on the device, fp32 masters and AdamW on the host) / resident, ~1B Llama bf16, one H200"
       quote llama1b_offload_memory "${w}x" "peak device memory with the optimizer offloaded / resident, ~1B Llama bf16, one H200"
     done
 } > "$OUT.tmp"

@@ -11,8 +11,9 @@
 #      the device's measured bf16 GEMM rate, peak device memory;
 #   3. the ~1B Llama with train.precision = fp8 (the blocks' linears through Hopper's FP8
 #      GEMM; current and delayed scaling): the trainer's s/step beside bf16's (issue #45).
-#   4. the ~1B Llama bf16 with the optimizer offloaded (ZeRO-2 over one rank, AdamW on the
-#      16 host cores): tokens/s and peak device memory beside the resident run (issue #45).
+#   4. the ~1B Llama bf16 with the optimizer offloaded (ZeRO-2 over one rank, bf16 weights on
+#      the device, fp32 masters and AdamW on the 16 host cores): tokens/s and peak device
+#      memory beside the resident run (issue #45).
 #
 #   scripts/gpu_check.sh OUT_DIR    with .device/ from scripts/device_bundle.sh carried along
 set -uo pipefail

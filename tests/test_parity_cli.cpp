@@ -97,12 +97,16 @@ TEST(ParityConfig, ZeroParamDtypeIsNamedAndChecked) {
   EXPECT_NE(error_of(cfg, {"zero.param_dtype=\"fp16\""}).find("zero.param_dtype = \"fp16\": use \"fp32\""),
             std::string::npos);
   EXPECT_NE(error_of(cfg, {"zero.param_dtype=\"bf16\"", "parallel.zero=3"})
-                .find("it needs parallel.zero = 3 and train.precision = \"bf16\" (they are 3 and \"fp32\")"),
+                .find("they are precision \"fp32\", zero 3, offload false"),
             std::string::npos);
   EXPECT_NE(error_of(cfg, {"zero.param_dtype=\"bf16\"", "parallel.zero=2", "train.precision=\"bf16\""})
-                .find("(they are 2 and \"bf16\")"),
+                .find("or parallel.offload with zero 1 or 2 (the masters in host memory); they are precision \"bf16\", "
+                      "zero 2, offload false"),
             std::string::npos);
   EXPECT_EQ(error_of(cfg, {"zero.param_dtype=\"bf16\"", "parallel.zero=3", "train.precision=\"bf16\""}), "");
+  EXPECT_EQ(error_of(cfg, {"zero.param_dtype=\"bf16\"", "parallel.zero=2", "parallel.offload=true",
+                           "train.precision=\"bf16\""}),
+            "");
   for (const char* axis : {"parallel.tp=2", "parallel.cp=2"}) {  // untested beyond data parallelism: refused
     EXPECT_NE(error_of(cfg, {"zero.param_dtype=\"bf16\"", "parallel.zero=3", "train.precision=\"bf16\"", axis})
                   .find("tested against one process on data parallelism only"),

@@ -65,7 +65,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       ->check(CLI::IsMember({"both", "trainer", "bare"}))->capture_default_str();
   cmd->add_flag("--offload", o->offload,
                 "with --loop trainer: ZeRO-2 over this one rank with the optimizer offloaded to host memory "
-                "(parallel.offload, parallel/data/zero.h)");
+                "(parallel.offload, parallel/data/zero.h; bf16: with bf16 parameters on the device)");
   runs.emplace_back(cmd, [o]() {
     if (o->micro_batch < 1 || o->seq < 1 || o->steps < 1 || o->rounds < 1 || o->warmup < 0) {
       throw std::invalid_argument("--micro-batch, --seq, --steps and --rounds must be positive, --warmup >= 0");
@@ -127,6 +127,7 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
       if (o->offload) {
         ZeroOptions zo{2};
         zo.offload = true;
+        zo.bf16_params = precision == Precision::Bf16;  // 16-bit weights on the device, as DeepSpeed keeps them
         offloaded.emplace(*model, solo, solo, solo, ao, zo);
       }
       opt.emplace(offloaded ? offloaded->shard_params() : model->params().params(), ao);

@@ -109,6 +109,16 @@ void check_plan(const TrainConfig& c, TrainEngine& engine, const std::map<std::s
       const double owned = plan::model_state_bytes(t.params - t.expert_params, plan::Precision::Fp32, 3, shard).params +
                            plan::model_state_bytes(t.expert_params, plan::Precision::Fp32, 3, std::max(1, shard / c.ep)).params;
       rows[2].second.first = 0;
+      if (c.zero_param_dtype == "bf16") {
+        // 16-bit weights on the device (zero.h): 2 B per parameter, and stage 1's whole gradients bf16 too
+        // (stage 2 keeps its reduced slice in fp32).
+        using plan::Precision;
+        const auto bytes = [&](Precision p) {
+          return plan::model_state_bytes(t.params - t.expert_params, p, c.zero, shard);
+        };
+        rows[0].second.first = bytes(Precision::Bf16).params;
+        rows[1].second.first = bytes(c.zero == 1 ? Precision::Bf16 : Precision::Fp32).grads;
+      }
       rows.push_back({"host: master, gradient, moments", {2 * owned + ms.optimizer + me.optimizer,
                                                           static_cast<double>(mu.host)}});
     }
@@ -239,9 +249,8 @@ BackendKind bind_run_device(const TrainConfig& c, int local_rank, int local_worl
 }
 
 void measure_host_before_ranks(const TrainConfig& c) {
-  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-  hand_down_copy_bandwidth(measure_copy_bandwidth(cores));  // the planner's exposed communication (exposed_comm.h)
   if (c.peak_tflops > 0) return;
+  const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const std::string what = c.precision == "bf16" || c.precision == "fp8" ? "gemm_bf16" : "gemm_fp32";
   const HostPeak p = measure_host_peak(what, cores);
   for (const std::string& w : p.warnings) fmt::print(stderr, "meshtrain: warning: {}\n", w);

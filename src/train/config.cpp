@@ -181,11 +181,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "computation as DDP) or \"bf16\"",
                                             path, c.zero_param_dtype));
   }
-  if (c.zero_param_dtype == "bf16" && (c.zero != 3 || c.precision != "bf16")) {
-    throw std::invalid_argument(fmt::format("{}: zero.param_dtype = \"bf16\" gathers ZeRO-3's parameters as bf16 copies: "
-                                            "it needs parallel.zero = 3 and train.precision = \"bf16\" (they are {} "
-                                            "and \"{}\")",
-                                            path, c.zero, c.precision));
+  if (c.zero_param_dtype == "bf16" && ((c.zero != 3 && !c.offload) || c.precision != "bf16")) {
+    throw std::invalid_argument(fmt::format("{}: zero.param_dtype = \"bf16\" keeps bf16 copies of fp32 masters on the "
+                                            "device: it needs train.precision = \"bf16\" and parallel.zero = 3 (gathered "
+                                            "from the shards) or parallel.offload with zero 1 or 2 (the masters in host "
+                                            "memory); they are precision \"{}\", zero {}, offload {}",
+                                            path, c.precision, c.zero, c.offload));
   }
   if (c.zero_param_dtype == "bf16" && (c.tp > 1 || c.cp > 1 || c.ep > 1)) {
     throw std::invalid_argument(fmt::format("{}: zero.param_dtype = \"bf16\" is tested against one process on data "

@@ -320,8 +320,8 @@ std::vector<ConfigKey> make_keys() {
       boolean("ddp.find_unused", FIELD(ddp_find_unused), "parameters without a gradient count as zero"),
       // [zero]
       text("zero.param_dtype", FIELD(zero_param_dtype), "fp32 | bf16",
-           "ZeRO-3's gathered parameters (bf16: half the bytes, bf16 weights and residual stream; needs train.precision "
-           "= bf16)"),
+           "the device's parameters under ZeRO-3, or ZeRO-1/2 with parallel.offload (bf16: half the bytes, bf16 weights "
+           "and residual stream, fp32 masters in the shards; needs train.precision = bf16)"),
       // [comm]
       number("comm.timeout", FIELD(comm_timeout), 0, true, kInf, false,
              "seconds a collective waits for a slow rank before the run fails (names the call)"),

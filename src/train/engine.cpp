@@ -272,7 +272,7 @@ void TrainEngine::load_weights(ckpt::Reader& r) {
   size_t k = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Transformer& model = *chunks_[c];
-    if (zero_.empty() || c_.zero < 3) {
+    if (zero_.empty() || !zero_[c]->slices_hold_the_weights()) {
       load_initial_weights(r, model);  // stages 1 and 2 hold whole parameters (the slices are views of them)
       if (!zero_.empty()) zero_[c]->weights_changed();
     } else if (!merge) {
@@ -280,6 +280,7 @@ void TrainEngine::load_weights(ckpt::Reader& r) {
       z.exp_avg.clear();  // a new optimizer
       z.exp_avg_sq.clear();
       load_zero_slices(r, model, z);
+      zero_[c]->slices_loaded();
     } else {  // a LoRA merge needs the whole base weight and adapters: gathered once, at init
       std::vector<at::Tensor> w = current_params(model);
       load_initial_weights(r, model, w);
@@ -303,9 +304,14 @@ int64_t TrainEngine::load(ckpt::Reader& r) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Transformer& m = *chunks_[c];
     if (!zero_.empty()) {
-      // Straight into this rank's slices (stages 1 and 2 hold whole parameters: read whole, in place).
-      if (c_.zero < 3) load_model(r, m);
-      load_zero_slices(r, m, zero_slices(c, k, c_.zero == 3));
+      // Straight into this rank's slices (stages 1 and 2 hold whole parameters: read whole, in place;
+      // with bf16 parameters the slices are the fp32 weights: read into them, then gathered).
+      ShardedDataParallel& z = *zero_[c];
+      const bool into_slices = z.slices_hold_the_weights();
+      if (!into_slices) load_model(r, m);
+      load_zero_slices(r, m, zero_slices(c, k, into_slices));
+      if (into_slices) z.slices_loaded();
+      else z.weights_changed();  // offload: the host masters follow what was read
     } else {
       load_model(r, m);
       size_t k2 = k;
@@ -313,7 +319,6 @@ int64_t TrainEngine::load(ckpt::Reader& r) {
       load_moments(r, m, ms, vs);
     }
   }
-  for (auto& z : zero_) z->weights_changed();  // offload: the host masters follow what was read
   if (fp8_) fp8_->load(r);
   const int64_t steps = r.manifest().at("optimizer").at("steps").get<int64_t>();
   opt_->set_steps(steps);

@@ -196,7 +196,6 @@ std::string blas_name() {
 }
 
 constexpr const char* kHostPeakEnv = "MESHTRAIN_HOST_GEMM_PEAK";
-constexpr const char* kCopyBandwidthEnv = "MESHTRAIN_HOST_COPY_BW";
 
 std::string peak_source(const std::string& what, int cores, double seconds) {
   return fmt::format("{} GEMMs on all {} cores before the ranks started ({:.2f} s); BLAS {}, CPU capability {}",
@@ -290,14 +289,8 @@ void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores) 
   ::setenv(kHostPeakEnv, fmt::format("{} {:.17g} {:.3f} {}", what, p.value, p.seconds, cores).c_str(), 1);
 }
 
-void hand_down_copy_bandwidth(double bytes_per_s) {
-  ::setenv(kCopyBandwidthEnv, fmt::format("{:.17g}", bytes_per_s).c_str(), 1);
-}
-
-double host_copy_bandwidth(int cores) {
-  const char* env = std::getenv(kCopyBandwidthEnv);
-  const double handed = env ? std::strtod(env, nullptr) : 0;
-  return handed > 0 ? handed : measure_copy_bandwidth(cores);
+double cached_copy_bandwidth(int cores, const std::string& cache_file) {
+  return cached_value(read_cache(cache_file), machine_key("copy", cores));
 }
 
 HostPeak mfu_peak(double peak_tflops, bool bf16) {

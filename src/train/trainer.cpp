@@ -321,9 +321,14 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   if (lead && mesh.world().size() > 1) {
     try {
       const int cores = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-      const auto spec = run_device_spec(computes_on_cuda(), compute_device_name(), peak.value,
-                                        computes_on_cuda() ? 0 : host_copy_bandwidth(cores), rt->env().local_world_size);
-      if (spec) planned_comm = planned_exposed(c, data.size(), *spec);
+      const double copy = computes_on_cuda() ? 0 : cached_copy_bandwidth(cores);
+      const auto spec = run_device_spec(computes_on_cuda(), compute_device_name(), peak.value, copy,
+                                        rt->env().local_world_size);
+      if (spec && (computes_on_cuda() || copy > 0)) planned_comm = planned_exposed(c, data.size(), *spec);
+      if (!computes_on_cuda() && copy <= 0) {
+        fmt::print("the step log's exposed communication has no planned column: this host's copy bandwidth was never "
+                   "measured (`meshtrain plan --gpu cpu` measures and caches it)\n");
+      }
     } catch (const std::exception& e) {
       fmt::print("the planner does not model this run's communication ({}): the step log shows the measured only\n",
                  e.what());

@@ -74,11 +74,12 @@ HostPeak measure_host_peak(const std::string& what, int cores, const std::string
 void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores);
 // What a launching process handed down for `what` (value 0: nothing, or another dtype's).
 HostPeak host_peak_from_launcher(const std::string& what);
-// This host's copy bandwidth (bytes/s, all cores; the planner's cpu device, plan::cpu_device),
-// measured by the launching process before the ranks start and handed down in
-// MESHTRAIN_HOST_COPY_BW; without one (ranks started by another launcher), measured now.
-void hand_down_copy_bandwidth(double bytes_per_s);
-double host_copy_bandwidth(int cores);
+// This host's copy bandwidth (bytes/s, all cores; the planner's cpu device, plan::cpu_device) as
+// `meshtrain plan --gpu cpu` measured and cached it (machine_peak's "copy"); 0 when it never did.
+// Never measured by a training run: its 512 MiB of buffers would stay in the heap of the process
+// (glibc keeps freed memory under meshtrain's malloc settings) and in the ranks' resident
+// high-water mark (inherited through fork and exec), which the memory check reads.
+double cached_copy_bandwidth(int cores, const std::string& cache_file = default_peak_cache());
 
 // The MFU denominator of one compute unit, on the rank that prints MFU: `peak_tflops` when given
 // (train.peak_tflops); on the CPU what the launching process measured on all of this host's cores

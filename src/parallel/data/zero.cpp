@@ -258,9 +258,10 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
                                          const AdamWOptions& decay, ZeroOptions o)
     : s_(std::make_unique<State>(model, shard, replicate, tp, o)) {
   State& s = *s_;
-  if (o.bf16_params && o.stage != 3) {
-    throw std::invalid_argument(fmt::format("zero: bf16 gathered parameters are a stage 3 option (stage {} keeps whole "
-                                            "fp32 parameters)",
+  if (o.bf16_params && o.stage != 3 && !o.offload) {
+    throw std::invalid_argument(fmt::format("zero: bf16 parameters on the device need stage 3 (bf16 copies gathered "
+                                            "from fp32 shards) or offload (the fp32 masters are the host slices); "
+                                            "stage {} without offload keeps whole fp32 parameters",
                                             o.stage));
   }
   if (o.stage < 1 || o.stage > 3) {
@@ -268,7 +269,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
                                             "and 3 (+ parameters); 0 is plain DDP",
                                             o.stage));
   }
-  if (o.stage == 3 && s.params.size() != model.params().params().size()) {
+  if ((o.stage == 3 || o.bf16_params) && s.params.size() != model.params().params().size()) {
     throw std::invalid_argument("zero: stage 3 shards every parameter, and this model has frozen ones (adapters on a "
                                 "frozen base); use stage 1 or 2, which leave the frozen base whole and untouched");
   }
@@ -335,7 +336,9 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& 
                                          f.tp_split ? "/tp_split" : "", f.partial ? "/sequence_partial" : "",
                                          f.replica ? "/replica" : "", f.expert ? "/experts" : ""),
                              owned, {f.shard}, f.tp_split ? 0 : -1, f.partial, f.decay, f.replica});
-    if (o.stage == 1) f.grad_full = at::zeros({f.padded}, on_device(at::kFloat));
+    // Stage 1's gradients are views of grad_full, so in the parameters' dtype: with bf16 parameters they
+    // accumulate and are reduced in bf16 (DeepSpeed's 16-bit gradients); stages 2 and 3 reduce in fp32.
+    if (o.stage == 1) f.grad_full = at::zeros({f.padded}, on_device(o.bf16_params ? at::kBFloat16 : at::kFloat));
     if (o.bf16_params) {
       // Before the gradient accumulators exist: they take the parameters' dtype.
       f.full = f.full.to(at::kBFloat16);
@@ -417,7 +420,7 @@ void ShardedDataParallel::finish() {
   State& s = *s_;
   if (s.o.stage == 1) {
     for (auto& f : s.flats) {
-      f.grad_out = at::empty({f.shard}, on_device(at::kFloat));
+      f.grad_out = at::empty({f.shard}, on_device(f.grad_full.scalar_type()));
       f.reduce = s.group(f).reduce_scatter_async(f.grad_out, f.grad_full);
     }
   } else if (!s.saw_backward) {
@@ -451,7 +454,7 @@ void ShardedDataParallel::after_step() {
     const at::Tensor& slice = s.shards[i].tensor;
     // The input must not alias the output; offloaded slices go up to the device first (from pinned
     // memory: queued on the device's stream ahead of the gather).
-    owned.push_back(s.o.offload ? at::empty({s.flats[i].shard}, on_device(at::kFloat))
+    owned.push_back(s.o.offload ? at::empty({s.flats[i].shard}, on_device(s.flats[i].full.scalar_type()))
                                       .copy_(slice.detach(), /*non_blocking=*/computes_on_cuda())
                                 : slice.detach().clone());
     works.push_back(s.group(s.flats[i]).all_gather_async(s.flats[i].full, owned.back()));
@@ -486,8 +489,18 @@ std::vector<OwnedRange> ShardedDataParallel::owned_ranges() const {
 
 bool ShardedDataParallel::offloaded() const { return s_->o.offload; }
 
+bool ShardedDataParallel::slices_hold_the_weights() const { return s_->o.stage == 3 || s_->o.bf16_params; }
+
+void ShardedDataParallel::slices_loaded() {
+  if (s_->o.stage < 3) after_step();  // bf16 parameters: the device's copies gathered from the fp32 slices
+}
+
 void ShardedDataParallel::weights_changed() {
   State& s = *s_;
+  if (s.o.bf16_params) {
+    throw std::logic_error("zero: with bf16 parameters the fp32 weights are the slices: load into shard_params() and "
+                           "call slices_loaded()");
+  }
   if (!s.o.offload) return;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < s.flats.size(); ++i) {
@@ -510,10 +523,11 @@ std::vector<at::Tensor> ShardedDataParallel::whole_weights() {
 void ShardedDataParallel::load_weights(const std::vector<at::Tensor>& whole) {
   State& s = *s_;
   at::NoGradGuard no_grad;
-  if (s.o.stage == 3) {
+  if (slices_hold_the_weights()) {
     std::vector<at::Tensor> slices;
     for (const auto& p : s.shards) slices.push_back(p.tensor.detach());
     shard_state(whole, slices);
+    slices_loaded();
     return;
   }
   // Stages 1 and 2: every rank holds the whole parameters (the slices are views of them); frozen ones too.

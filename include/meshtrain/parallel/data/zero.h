@@ -83,6 +83,10 @@ struct ZeroOptions {
   // Stage 3 in bf16 mode: the fp32 shards are gathered as bf16 copies (half
   // the bytes on the wire and in memory) and the model computes with bf16
   // weights (FSDP's param_dtype = bf16); gradients are reduced in fp32.
+  // Stages 1 and 2 with offload: the device holds bf16 parameters (and stage
+  // 1 bf16 gradients, reduced in bf16), the fp32 masters are the host slices,
+  // and after_step() gathers their bf16 casts (ZeRO-Offload's 16-bit weights
+  // copied back). Stage 2 then computes what stage 3 in bf16 computes.
   bool bf16_params = false;
   // Expert parallelism (moe/layer.h): the experts' parameters (Param::expert)
   // go into flats of their own, sharded over this group (the ranks holding the
@@ -128,6 +132,12 @@ class ShardedDataParallel : public UnitHooks {
   // checkpoint's load): the host master slices are read again from them.
   // Invariant: between steps the host masters equal the device's owned slices.
   void weights_changed();
+  // Where a checkpoint's weights are read: true when the slices are the only
+  // fp32 copy (stage 3; bf16 parameters): into shard_params(), then
+  // slices_loaded() (stages 1/2: gathers the device's bf16 copies from them).
+  // False: into the model's parameters, then weights_changed().
+  bool slices_hold_the_weights() const;
+  void slices_loaded();
 
   // Before a step's first backward: zero gradients.
   void zero_grad();
