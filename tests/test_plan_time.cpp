@@ -271,5 +271,35 @@ TEST(PlanTime, UnfusedGradientAccumulationCostsAPassPerMicroBatch) {
   EXPECT_NEAR(extra / (15 * memory_seconds(3 * 4 * params, a100)), 1.0, 1e-9);
 }
 
+// torchtitan's eager Llama 3 8B (TimeOptions::eager_elementwise, Strategy::sac_op): the elementwise ops'
+// forward bytes are the sum over the model code's ops, by hand per token of a layer (e = 2, h = 4096,
+// q = 4096, kv = 1024, ffn = 14336): two RMSNorms (28 + 4e) h, two residual adds 3e h, SDPA's output made
+// contiguous 2e q, the rotary embedding (16 + 2e)(q + kv), repeat_kv 2e (kv + q), SwiGLU 5e ffn = 626688 B
+// against the fused kernels' 188416 B, paid forward and twice backward. Per-op checkpointing re-runs the
+// k, o and w3 GEMMs and the elementwise ops once more, and keeps what the policy saves: the block input,
+// q, v, w1's and w2's outputs and SDPA's output with its log-sum-exp.
+TEST(PlanTime, TorchtitansEagerOpsAndPerOpCheckpointing) {
+  const ModelSpec& m = preset("llama3-8b");
+  Strategy s;
+  s.dp = 8, s.zero = 3, s.micro_batch = 2, s.global_batch = 16, s.seq = 8192, s.flash = true;
+  s.recompute = Recompute::Selective;
+  const GpuSpec& h100 = gpu_preset("h100");
+  EstimateOptions fused, eager;
+  eager.time.eager_elementwise = true;
+  const double tokens = 2 * 8192, layers = static_cast<double>(m.layers);
+  const double extra = estimate_step(m, s, h100, eager).microbatch.memory - estimate_step(m, s, h100, fused).microbatch.memory;
+  EXPECT_NEAR(extra / (3 * layers * memory_seconds(tokens * (626688.0 - 188416.0), h100)), 1.0, 1e-9);
+  Strategy op = s;
+  op.sac_op = true;
+  const Work a = estimate_step(m, s, h100, eager).microbatch, b = estimate_step(m, op, h100, eager).microbatch;
+  const double forward_gemms = gemm_seconds({tokens, 1024, 4096}, h100, 2) + gemm_seconds({tokens, 4096, 4096}, h100, 2) +
+                               gemm_seconds({tokens, 14336, 4096}, h100, 2);
+  EXPECT_NEAR((b.gemm - a.gemm) / (layers * forward_gemms), 1.0, 1e-9);
+  EXPECT_NEAR((b.memory - a.memory) / (layers * memory_seconds(tokens * 626688.0, h100)), 1.0, 1e-9);
+  const double kept = 2 * tokens * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32 * tokens;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(m, op), kept);
+  EXPECT_LT(kept, 0.5 * layer_activation_bytes(m, s));  // Korthikanti's selective keeps more than twice that
+}
+
 }  // namespace
 }  // namespace meshtrain::plan

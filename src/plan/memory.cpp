@@ -74,6 +74,12 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s, int64_t lay
   // meshtrain's nn::Fp8Linear likewise); the other activations stay 16-bit.
   const double in = s.precision == Precision::Fp8 ? 1 : e;
   if (s.recompute == Recompute::Full) return e * sbh / rep;  // only the layer input is kept
+  if (s.recompute == Recompute::Selective && s.sac_op && !m.moe_layer(layer)) {
+    // torchtitan's per-op checkpointing (Strategy::sac_op): the block input, the outputs of every other matmul
+    // (q, v, w1, w2; GELU: q, v, fc1) and SDPA's output with its fp32 log-sum-exp.
+    const double saved = a * d / t + g * d / t + f / t + (m.activation == Activation::SwiGLU ? h : 0);
+    return e * sbh / rep + e * sq * b * saved + e * sq * b * a * d / t + 4 * a * sq * b / t;
+  }
   // Attention: LN input, QKV input (2sbh each), Q, K, V, output-projection input, dropout mask.
   double attn = e * sbh / rep + in * sbh / rep + e * sq * b * a * d / t + 2 * e * sq * b * g * d / t +
                 in * sq * b * a * d / t + (drop ? sbh / rep : 0);

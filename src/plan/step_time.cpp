@@ -184,6 +184,29 @@ void tensor_comm(Halves& l, const Strategy& s, const Shape& x, const GpuSpec& gp
 
 }  // namespace
 
+namespace {
+
+// Forward bytes per token of one dense layer's elementwise ops as eager PyTorch runs torchtitan's Llama (2024-12:
+// torchtitan/models/llama/model.py, models/norms.py; 16-bit activations, e bytes, fp32 where the code casts):
+//   RMSNorm, twice: x.float(), pow, mean, x * rsqrt, type_as, * weight: (e+4) + 8 + 4 + 8 + (4+e) + 2e = 28 + 4e
+//   per element (LayerNorm: ATen's one kernel, read and write);
+//   rotary embedding of q and k: .float(), the complex multiply, type_as: (e+4) + 8 + (4+e) per element;
+//   repeat_kv (GQA): k and v expanded into a copy per query head: read kv, write q-head width;
+//   SDPA's output made contiguous after its transpose: read and write;
+//   two residual adds: read two, write one; the activation: SiLU (read, write) and the product (read two, write
+//   one) per FFN element (GELU: ATen's one kernel).
+double eager_elementwise_bytes(const ModelSpec& m, double e, double h, double q_width, double kv_width,
+                               double ffn_elements) {
+  const double norm = m.norm == Norm::RMSNorm ? 28 + 4 * e : 2 * e;
+  double bytes = 2 * norm * h + 2 * 3 * e * h + 2 * e * q_width;
+  if (m.position == Position::RoPE) bytes += (16 + 2 * e) * (q_width + kv_width);
+  if (kv_width < q_width) bytes += 2 * (e * kv_width + e * q_width);
+  bytes += (m.activation == Activation::SwiGLU ? 5 * e : 2 * e) * ffn_elements;
+  return bytes;
+}
+
+}  // namespace
+
 Work layer_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, bool moe_layer, const TimeOptions& o) {
   const Shape x = shape_of(m, s);
   Halves l;
@@ -216,10 +239,16 @@ Work layer_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, bool 
   attention_core(l, m, s, x, gpu);
 
   // Streaming passes outside the attention core, forward bytes.
-  double bytes = 2 * 2 * x.e * x.tokens_sp * x.h;                                // two norms
-  bytes += 2 * (3 * x.e + (m.dropout > 0 ? 1 : 0)) * x.tokens_sp * x.h;          // two bias + dropout + adds
-  bytes += (gate + 1) * x.e * ffn_rows * ffn_count * ffn_width;                   // the activation
-  if (m.position == Position::RoPE) bytes += 2 * x.e * x.tokens * (x.heads + x.kv_heads) * x.d;
+  double bytes = 0;
+  if (o.eager_elementwise && !moe_layer) {
+    bytes = x.tokens * eager_elementwise_bytes(m, x.e, x.h / (s.sp ? s.tp : 1), x.heads * x.d, x.kv_heads * x.d,
+                                               ffn_width);
+  } else {
+    bytes = 2 * 2 * x.e * x.tokens_sp * x.h;                                        // two norms
+    bytes += 2 * (3 * x.e + (m.dropout > 0 ? 1 : 0)) * x.tokens_sp * x.h;          // two bias + dropout + adds
+    bytes += (gate + 1) * x.e * ffn_rows * ffn_count * ffn_width;                   // the activation
+    if (m.position == Position::RoPE) bytes += 2 * x.e * x.tokens * (x.heads + x.kv_heads) * x.d;
+  }
   l.fwd.memory += memory_seconds(bytes, gpu);
   l.bwd.memory += 2 * memory_seconds(bytes, gpu);
 
@@ -229,7 +258,20 @@ Work layer_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, bool 
   Work w = l.fwd;
   w += l.bwd;
   if (s.recompute == Recompute::Full) w += l.fwd;
-  if (s.recompute == Recompute::Selective && !s.flash) w.attention += l.core_fwd;  // core GEMMs + score passes
+  if (s.recompute == Recompute::Selective && s.sac_op && !moe_layer) {
+    // torchtitan's per-op checkpointing (Strategy::sac_op): the backward re-runs every second matmul of the
+    // block in execution order (k, o and, with SwiGLU, w3 of q, k, v, o, w1, w3, w2; GELU: k, o, fc2) and
+    // every elementwise op; the attention kernel's output is kept.
+    Halves again;
+    linear(again, x, gpu, x.tokens, x.kv_heads * x.d, x.h);  // k
+    linear(again, x, gpu, x.tokens, x.h, x.heads * x.d);     // o
+    if (m.activation == Activation::SwiGLU) linear(again, x, gpu, ffn_rows, ffn_width, x.h);  // w3
+    else linear(again, x, gpu, ffn_rows, x.h, ffn_width);                                      // fc2
+    w.gemm += again.fwd.gemm;
+    w.memory += again.fwd.memory + memory_seconds(bytes, gpu);
+  } else if (s.recompute == Recompute::Selective && !s.flash) {
+    w.attention += l.core_fwd;  // core GEMMs + score passes
+  }
   return w;
 }
 

@@ -53,6 +53,10 @@ struct TimeOptions {
   // --accumulate-allreduce-grads-in-fp32 and its 18-byte precision). Off: in the 16-bit gradients' own dtype
   // where the precision has them (Megatron-LM's fp16 default of 2021).
   bool fp32_grad_reduce = true;
+  // The elementwise ops run as eager PyTorch runs a Llama written op by op (torchtitan's model of 2024-12 without
+  // torch.compile): each norm, rotary embedding, GQA key/value expansion, activation and residual add its own
+  // passes over memory (layer_work counts them). Off: fused kernels (Megatron-LM, Transformer Engine, compile).
+  bool eager_elementwise = false;
 };
 
 // Seconds by kind of work.

@@ -50,6 +50,12 @@ struct Strategy {
   bool fused_loss = false;
   bool fp8_transpose = false;  // Hopper: fp8 weight copies kept in both layouts
   Recompute recompute = Recompute::None;
+  // With recompute = Selective: torchtitan's per-op selective activation checkpointing
+  // (selective_ac_option = "op", torchtitan/models/llama/parallelize_llama.py) instead of
+  // Korthikanti et al.'s: each block keeps its input, the outputs of every other matmul in
+  // execution order (q, v, w1, w2 of q, k, v, o, w1, w3, w2) and SDPA's, and recomputes the
+  // rest (the other matmuls, the elementwise ops) in its backward.
+  bool sac_op = false;
   Schedule schedule = Schedule::OneFOneB;
   Precision precision = Precision::Bf16;
   int64_t micro_batch = 1;
