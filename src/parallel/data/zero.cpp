@@ -3,7 +3,6 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
-#include <c10/core/StorageImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,37 +11,19 @@
 #include <tuple>
 
 #include "meshtrain/comm/comm.h"
-#include "meshtrain/platform/device.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/runtime/runtime.h"
 #include "parallel/data/grad_ready.h"
+#include "parallel/data/zero_state.h"
 
 namespace meshtrain {
 namespace {
 
-// Buckets and flats live on the device the parameters do (platform/device.h).
-at::TensorOptions on_device(at::ScalarType t) { return at::TensorOptions(compute_device()).dtype(t); }
-
-// Offloaded slices (ZeroOptions::offload): host memory, pinned when the device is CUDA, so
-// that the copies between them run asynchronously on the device's stream.
-at::TensorOptions on_host() {
-  return at::TensorOptions(at::kCPU).dtype(at::kFloat).pinned_memory(computes_on_cuda());
-}
-
-// Stage 3 frees and reallocates a flat's storage in place: every tensor that
-// shares it (the parameters, views saved by autograd) follows.
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
-}
-
-void allocate_storage(const at::Tensor& t, int64_t numel) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(numel) * t.element_size();
-  s->set_data_ptr_noswap(s->allocator()->allocate(bytes));
-  s->set_nbytes(bytes);
-}
+using zero_detail::on_device;
+using zero_detail::on_host;
+using zero_detail::Flat;
+using zero_detail::Gathered;
 
 // The units of model/transformer.h's UnitHooks: "layers.{i}.…" -> i + 1; the
 // final norm, head and value head -> `head` (L + 1, or 0 when the head reads the
@@ -56,28 +37,6 @@ int64_t unit_of(const std::string& name, int64_t head) {
   const size_t end = name.find('.', prefix.size());
   return std::stoll(name.substr(prefix.size(), end - prefix.size())) + 1;
 }
-
-enum class Gathered { No, InFlight, Yes };
-
-struct Flat {
-  int64_t unit = 0;
-  int decay = 0;
-  bool tp_split = false, partial = false, replica = false;
-  bool expert = false;           // sharded over ZeroOptions::expert_shard (expert parallelism)
-  std::vector<size_t> params;    // model parameter indices
-  std::vector<int64_t> offsets;  // of each in the flat
-  int64_t numel = 0, padded = 0, shard = 0;
-  at::Tensor full;       // [padded]: the parameters are views of it (stage 3: storage freed between uses)
-  at::Tensor gather_in;  // stage 3: the slice being gathered (a bf16 copy with bf16_params)
-  at::Tensor grad_full;  // stage 1: [padded], the parameters' gradients are views of it
-  at::Tensor grad_in;    // stage 2/3: this backward's gradient, until reduced
-  at::Tensor grad_out;   // stage 2/3: its reduced slice, in flight
-  at::Tensor device_grad;  // offload: the reduced slice on the device (stage 1: a view of grad_full)
-  size_t pending = 0;    // parameters whose gradient this backward has not produced yet
-  bool launched = false;
-  CommWork reduce, gather;
-  Gathered gathered = Gathered::Yes;
-};
 
 }  // namespace
 
@@ -98,161 +57,58 @@ ShardGroups make_shard_groups(Runtime& rt, Comm& dp, int shard_size) {
   return g;
 }
 
-struct ShardedDataParallel::State {
-  Transformer& model;
-  // The trained parameters (copies of the model's entries: the same tensors),
-  // and where each sits among the model's; frozen ones (LoRA's base) are left
-  // out of the flats: no gradient, no optimizer state, never sharded.
-  std::vector<Param> params;
-  std::vector<size_t> model_index;
-  Comm& shard;
-  Comm& replicate;
-  Comm& tp;
-  ZeroOptions o;
-  std::vector<Flat> flats;
-  std::vector<Param> shards;                     // one per flat
-  std::map<int64_t, std::vector<size_t>> units;  // unit -> its flats
-  std::vector<size_t> flat_of, slot_of;          // per parameter
-  std::vector<bool> ready;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
-  int64_t next_launch = -1, last_launched = -1;  // stage 2/3: flats reduce in descending index
-  bool saw_backward = false;
-  int64_t gathered_bytes = 0, peak_gathered = 0;
-  // The head's unit (UnitHooks), and whether the head reads unit 0's tied embedding: then the
-  // head's calls go to unit 0, and on a model with both ends unit 0 stays gathered from the
-  // embedding to the head's backward.
-  const int64_t head;
-  const bool tied, shared_root;
-
-  State(Transformer& m, Comm& s, Comm& r, Comm& t, ZeroOptions opt)
-      : model(m), shard(s), replicate(r), tp(t), o(opt), head(head_unit(m.spec().layers)), tied(m.spec().tied),
-        shared_root(tied && m.part().embedding && m.part().head) {
-    const auto& all = m.params().params();
-    for (size_t k = 0; k < all.size(); ++k) {
-      if (all[k].frozen) continue;
-      params.push_back(all[k]);
-      model_index.push_back(k);
-    }
+void ShardedDataParallel::State::reset_backward() {
+  for (auto& f : flats) {
+    f.pending = f.params.size();
+    f.launched = false;
   }
+  ready.assign(params.size(), false);
+  next_launch = static_cast<int64_t>(flats.size()) - 1;
+  last_launched = -1;
+}
 
-  // The group a flat is sharded over: the experts' replicas for an expert flat, else `shard`.
-  Comm& group(const Flat& f) const { return f.expert ? *o.expert_shard : shard; }
-  int64_t owned_offset(const Flat& f) const { return group(f).rank() * f.shard; }
-  // Where flat i's reduced gradient slice accumulates: the shard's .grad, or with offload the
-  // device copy that finish() sends down to it.
-  at::Tensor& reduced_grad(size_t i) { return o.offload ? flats[i].device_grad : shards[i].tensor.mutable_grad(); }
+// ---- stage 2/3: reducing gradients during backward ----
 
-  void reset_backward() {
-    for (auto& f : flats) {
-      f.pending = f.params.size();
-      f.launched = false;
-    }
-    ready.assign(params.size(), false);
-    next_launch = static_cast<int64_t>(flats.size()) - 1;
-    last_launched = -1;
+void ShardedDataParallel::State::mark_ready(size_t k) {
+  saw_backward = true;
+  if (ready[k]) return;  // a second accumulation in the same backward: already counted
+  ready[k] = true;
+  Flat& f = flats[flat_of[k]];
+  at::Tensor& g = params[k].tensor.mutable_grad();
+  if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, on_device(at::kFloat));
+  f.grad_in.narrow(0, f.offsets[slot_of[k]], g.numel()).copy_(g.reshape({-1}));
+  g = at::Tensor();  // the whole gradient lives in the flat until it is reduced
+  f.pending -= 1;
+  launch_ready();
+}
+
+void ShardedDataParallel::State::launch_ready() {
+  while (next_launch >= 0 && flats[next_launch].pending == 0) launch(next_launch--);
+}
+
+void ShardedDataParallel::State::launch(size_t i) {
+  Flat& f = flats[i];
+  if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, on_device(at::kFloat));
+  f.grad_out = at::empty({f.shard}, on_device(at::kFloat));
+  f.reduce = group(f).reduce_scatter_async(f.grad_out, f.grad_in);
+  f.launched = true;
+  if (last_launched >= 0) complete(last_launched);  // at most two reductions in flight
+  last_launched = static_cast<int64_t>(i);
+  if (o.stage == 3) {
+    const auto& members = units.at(f.unit);
+    if (std::all_of(members.begin(), members.end(), [&](size_t j) { return flats[j].launched; })) free_unit(f.unit);
   }
+}
 
-  // ---- stage 3: gathering and freeing units ----
-
-  void start_gather(size_t i, bool async) {
-    Flat& f = flats[i];
-    if (f.gathered != Gathered::No) return;
-    allocate_storage(f.full, f.padded);
-    gathered_bytes += f.full.storage().nbytes();
-    peak_gathered = std::max(peak_gathered, gathered_bytes);
-    f.gather_in = shards[i].tensor.detach().to(f.full.scalar_type());
-    // Broadcast-based gathers run in the background (comm.h); Auto (shared memory on one host, else the
-    // ring for large gathers) completes within the call.
-    f.gather = group(f).all_gather_async(f.full, f.gather_in, async ? GatherAlgo::Broadcast : GatherAlgo::Auto);
-    f.gathered = Gathered::InFlight;
-  }
-
-  void start_gather_unit(int64_t unit, bool async) {
-    auto it = units.find(unit);
-    if (it == units.end()) return;
-    for (size_t i : it->second) start_gather(i, async);
-  }
-
-  void ensure_unit(int64_t unit) {
-    auto it = units.find(unit);
-    if (it == units.end()) return;
-    for (size_t i : it->second) {
-      start_gather(i, false);
-      Flat& f = flats[i];
-      if (f.gathered == Gathered::InFlight) f.gather.wait();
-      f.gathered = Gathered::Yes;
-      f.gather_in = at::Tensor();
-    }
-  }
-
-  void free_unit(int64_t unit) {
-    auto it = units.find(unit);
-    if (it == units.end()) return;
-    for (size_t i : it->second) {
-      Flat& f = flats[i];
-      if (f.gathered == Gathered::No) continue;
-      if (f.gathered == Gathered::InFlight) f.gather.wait();
-      gathered_bytes -= f.full.storage().nbytes();
-      free_storage(f.full);
-      f.gather_in = at::Tensor();
-      f.gathered = Gathered::No;
-    }
-  }
-
-  // Where a unit's calls go: the tied head's to unit 0.
-  int64_t home(int64_t unit) const { return tied && unit == head ? 0 : unit; }
-
-  // The unit after (forward) or before (backward) `unit` that has flats.
-  int64_t neighbour(int64_t unit, int step) const {
-    auto it = units.find(unit);
-    if (it == units.end()) return -1;
-    if (step > 0) return ++it == units.end() ? -1 : it->first;
-    return it == units.begin() ? -1 : std::prev(it)->first;
-  }
-
-  // ---- stage 2/3: reducing gradients during backward ----
-
-  void mark_ready(size_t k) {
-    saw_backward = true;
-    if (ready[k]) return;  // a second accumulation in the same backward: already counted
-    ready[k] = true;
-    Flat& f = flats[flat_of[k]];
-    at::Tensor& g = params[k].tensor.mutable_grad();
-    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, on_device(at::kFloat));
-    f.grad_in.narrow(0, f.offsets[slot_of[k]], g.numel()).copy_(g.reshape({-1}));
-    g = at::Tensor();  // the whole gradient lives in the flat until it is reduced
-    f.pending -= 1;
-    launch_ready();
-  }
-
-  void launch_ready() {
-    while (next_launch >= 0 && flats[next_launch].pending == 0) launch(next_launch--);
-  }
-
-  void launch(size_t i) {
-    Flat& f = flats[i];
-    if (!f.grad_in.defined()) f.grad_in = at::zeros({f.padded}, on_device(at::kFloat));
-    f.grad_out = at::empty({f.shard}, on_device(at::kFloat));
-    f.reduce = group(f).reduce_scatter_async(f.grad_out, f.grad_in);
-    f.launched = true;
-    if (last_launched >= 0) complete(last_launched);  // at most two reductions in flight
-    last_launched = static_cast<int64_t>(i);
-    if (o.stage == 3) {
-      const auto& members = units.at(f.unit);
-      if (std::all_of(members.begin(), members.end(), [&](size_t j) { return flats[j].launched; })) free_unit(f.unit);
-    }
-  }
-
-  void complete(size_t i) {
-    Flat& f = flats[i];
-    if (!f.grad_out.defined()) return;
-    f.reduce.wait();
-    if (replicate.size() > 1) replicate.all_reduce(f.grad_out);
-    reduced_grad(i).add_(f.grad_out);
-    f.grad_in = at::Tensor();
-    f.grad_out = at::Tensor();
-  }
-};
+void ShardedDataParallel::State::complete(size_t i) {
+  Flat& f = flats[i];
+  if (!f.grad_out.defined()) return;
+  f.reduce.wait();
+  if (replicate.size() > 1) replicate.all_reduce(f.grad_out);
+  reduced_grad(i).add_(f.grad_out);
+  f.grad_in = at::Tensor();
+  f.grad_out = at::Tensor();
+}
 
 ShardedDataParallel::ShardedDataParallel(Transformer& model, Comm& shard, Comm& replicate, Comm& tp,
                                          const AdamWOptions& decay, ZeroOptions o)
@@ -369,7 +225,9 @@ ShardedDataParallel::~ShardedDataParallel() {
 }
 
 int ShardedDataParallel::stage() const { return s_->o.stage; }
+
 Comm& ShardedDataParallel::shard_group() { return s_->shard; }
+
 std::vector<Param>& ShardedDataParallel::shard_params() { return s_->shards; }
 
 void ShardedDataParallel::zero_grad() {
@@ -462,108 +320,6 @@ void ShardedDataParallel::after_step() {
   for (auto& w : works) w.wait();
 }
 
-void ShardedDataParallel::gather_params() {
-  if (s_->o.stage != 3) return;
-  for (const auto& [unit, members] : s_->units) s_->ensure_unit(unit);
-}
-
-void ShardedDataParallel::release_params() {
-  if (s_->o.stage != 3) return;
-  for (const auto& [unit, members] : s_->units) s_->free_unit(unit);
-}
-
-std::vector<OwnedRange> ShardedDataParallel::owned_ranges() const {
-  const State& s = *s_;
-  std::vector<OwnedRange> out;
-  for (size_t i = 0; i < s.flats.size(); ++i) {
-    const Flat& f = s.flats[i];
-    const int64_t lo = s.owned_offset(f), hi = lo + f.shard;
-    for (size_t j = 0; j < f.params.size(); ++j) {
-      const int64_t b = f.offsets[j], e = b + s.params[f.params[j]].tensor.numel();
-      if (std::max(b, lo) >= std::min(e, hi)) continue;
-      out.push_back({i, s.model_index[f.params[j]], std::max(b, lo) - b, std::min(e, hi) - b, std::max(b, lo) - lo});
-    }
-  }
-  return out;
-}
-
-bool ShardedDataParallel::offloaded() const { return s_->o.offload; }
-
-bool ShardedDataParallel::slices_hold_the_weights() const { return s_->o.stage == 3 || s_->o.bf16_params; }
-
-void ShardedDataParallel::slices_loaded() {
-  if (s_->o.stage < 3) after_step();  // bf16 parameters: the device's copies gathered from the fp32 slices
-}
-
-void ShardedDataParallel::weights_changed() {
-  State& s = *s_;
-  if (s.o.bf16_params) {
-    throw std::logic_error("zero: with bf16 parameters the fp32 weights are the slices: load into shard_params() and "
-                           "call slices_loaded()");
-  }
-  if (!s.o.offload) return;
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < s.flats.size(); ++i) {
-    const Flat& f = s.flats[i];
-    s.shards[i].tensor.detach().copy_(f.full.narrow(0, s.owned_offset(f), f.shard));
-  }
-}
-
-std::vector<at::Tensor> ShardedDataParallel::whole_weights() {
-  std::vector<at::Tensor> slices;
-  for (const auto& p : s_->shards) slices.push_back(p.tensor.detach());
-  std::vector<at::Tensor> out = whole_state(slices);
-  const auto& all = s_->model.params().params();
-  for (size_t k = 0; k < all.size(); ++k) {
-    if (all[k].frozen) out[k] = all[k].tensor.detach();  // whole on every rank
-  }
-  return out;
-}
-
-void ShardedDataParallel::load_weights(const std::vector<at::Tensor>& whole) {
-  State& s = *s_;
-  at::NoGradGuard no_grad;
-  if (slices_hold_the_weights()) {
-    std::vector<at::Tensor> slices;
-    for (const auto& p : s.shards) slices.push_back(p.tensor.detach());
-    shard_state(whole, slices);
-    slices_loaded();
-    return;
-  }
-  // Stages 1 and 2: every rank holds the whole parameters (the slices are views of them); frozen ones too.
-  auto& all = s.model.params().params();
-  for (size_t k = 0; k < all.size(); ++k) all[k].tensor.detach().copy_(whole.at(k));
-  weights_changed();
-}
-
-std::vector<at::Tensor> ShardedDataParallel::whole_state(const std::vector<at::Tensor>& flat_state) {
-  State& s = *s_;
-  std::vector<at::Tensor> out(s.model.params().params().size());  // frozen entries stay undefined
-  for (size_t i = 0; i < s.flats.size(); ++i) {
-    const Flat& f = s.flats[i];
-    at::Tensor whole = at::empty({f.padded}, on_device(at::kFloat));
-    s.group(s.flats[i]).all_gather(whole, flat_state.at(i).to(whole.device()));  // offloaded state: host
-    for (size_t j = 0; j < f.params.size(); ++j) {
-      const at::Tensor& t = s.params[f.params[j]].tensor;
-      out[s.model_index[f.params[j]]] = whole.narrow(0, f.offsets[j], t.numel()).view(t.sizes());
-    }
-  }
-  return out;
-}
-
-void ShardedDataParallel::shard_state(const std::vector<at::Tensor>& whole, std::vector<at::Tensor>& flat_state) {
-  State& s = *s_;
-  for (size_t i = 0; i < s.flats.size(); ++i) {
-    const Flat& f = s.flats[i];
-    at::Tensor buf = at::zeros({f.padded}, on_device(at::kFloat));
-    for (size_t j = 0; j < f.params.size(); ++j) {
-      const at::Tensor& w = whole.at(s.model_index[f.params[j]]);
-      buf.narrow(0, f.offsets[j], w.numel()).copy_(w.reshape({-1}));
-    }
-    flat_state.at(i).copy_(buf.narrow(0, s.owned_offset(f), f.shard));
-  }
-}
-
 size_t ShardedDataParallel::flats() const { return s_->flats.size(); }
 
 int64_t ShardedDataParallel::padded_numel() const {
@@ -576,42 +332,6 @@ int64_t ShardedDataParallel::padded_numel(int64_t unit) const {
   int64_t n = 0;
   for (const auto& f : s_->flats) n += f.unit == s_->home(unit) ? f.padded : 0;
   return n;
-}
-
-int64_t ShardedDataParallel::peak_gathered_bytes() const { return s_->peak_gathered; }
-
-void ShardedDataParallel::before_unit(int64_t unit) {
-  State& s = *s_;
-  s.ensure_unit(s.home(unit));
-  const int64_t next = s.neighbour(unit, +1);  // none after the head
-  if (s.o.prefetch && next >= 0) s.start_gather_unit(next, true);
-}
-
-at::Tensor ShardedDataParallel::after_unit(int64_t unit, const at::Tensor& out) {
-  State& s = *s_;
-  if (unit == 0) {
-    // The embedding: a lookup's (and the positions') backward reads no weight, so it goes now,
-    // unless the tied head reads it still.
-    if (!s.shared_root) s.free_unit(0);
-    return out;
-  }
-  if (unit == s.head) {
-    // The head's backward comes first: it stays gathered until its gradients are reduced
-    // (launch()), or goes now without backward.
-    if (!out.requires_grad()) s.free_unit(s.home(unit));
-    return out;
-  }
-  if (out.requires_grad()) {
-    // Runs when the gradient of the unit's output is ready: before the unit's backward.
-    State* st = &s;
-    out.register_hook([st, unit](const at::Tensor&) {
-      st->ensure_unit(unit);
-      const int64_t prev = st->neighbour(unit, -1);
-      if (st->o.prefetch && prev > 0) st->start_gather_unit(prev, true);
-    });
-  }
-  s.free_unit(unit);
-  return out;
 }
 
 }  // namespace meshtrain

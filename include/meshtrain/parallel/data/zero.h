@@ -183,7 +183,7 @@ class ShardedDataParallel : public UnitHooks {
   void before_unit(int64_t unit) override;
   at::Tensor after_unit(int64_t unit, const at::Tensor& out) override;
 
-  struct State;  // zero.cpp
+  struct State;  // parallel/data/zero_state.h
 
  private:
   std::unique_ptr<State> s_;
