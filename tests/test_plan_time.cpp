@@ -21,6 +21,7 @@
 
 #include "meshtrain/plan/dp_time.h"
 #include "meshtrain/plan/op_time.h"
+#include "meshtrain/plan/search.h"
 #include "meshtrain/plan/validation.h"
 
 namespace meshtrain::plan {
@@ -299,6 +300,24 @@ TEST(PlanTime, TorchtitansEagerOpsAndPerOpCheckpointing) {
   const double kept = 2 * tokens * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32 * tokens;
   EXPECT_DOUBLE_EQ(layer_activation_bytes(m, op), kept);
   EXPECT_LT(kept, 0.5 * layer_activation_bytes(m, s));  // Korthikanti's selective keeps more than twice that
+}
+
+// The search plans a torchtitan run the same way (meshtrain plan --eager --sac-op): Llama 3.1 8B
+// on 8 H100s at torchtitan's Table 1 layout fits with per-op checkpointing, named in the plan.
+TEST(PlanTime, TheSearchPlansTorchtitansConventions) {
+  SearchInput in;
+  in.model = preset("llama3-8b");
+  in.gpu = gpu_preset("h100");
+  in.gpus = 8, in.seq = 8192, in.global_batch = 16;
+  in.fixed.tp = 1, in.fixed.cp = 1, in.fixed.pp = 1, in.fixed.zero = 3, in.fixed.micro_batch = 2;
+  in.fixed.recompute = Recompute::Selective;
+  in.fixed.sac_op = true;
+  in.estimate.time.eager_elementwise = true;
+  const SearchResult r = search(in);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_NE(r.ranked[0].strategy.describe().find("recompute=selective-op"), std::string::npos)
+      << r.ranked[0].strategy.describe();
+  EXPECT_TRUE(r.ranked[0].strategy.sac_op);
 }
 
 }  // namespace

@@ -115,6 +115,7 @@ Run add_plan(CLI::App& app) {
     bool no_sp = false;
     bool offload = false;
     bool no_flash = false;
+    bool eager = false, sac_op = false;
     std::string convention = "zero";
   };
   auto o = std::make_shared<Opts>();
@@ -166,6 +167,12 @@ Run add_plan(CLI::App& app) {
                 "ZeRO-1/2 gather the updated parameters under the next forward (Megatron-LM's --overlap-param-gather)");
   cmd->add_flag("--no-sp", o->no_sp, "tp without sequence parallelism (Korthikanti et al.'s baseline)");
   cmd->add_flag("--no-flash", o->no_flash, "attention materialised (flash-style kernels are assumed where the GPU has them)");
+  cmd->add_flag("--eager", o->eager,
+                "elementwise ops unfused, as eager PyTorch runs a Llama written op by op (torchtitan without "
+                "torch.compile; plan/step_time.h)");
+  cmd->add_flag("--sac-op", o->sac_op,
+                "selective recomputation is torchtitan's per-op policy (selective_ac_option = op: every second "
+                "matmul and the elementwise ops recomputed) instead of Korthikanti et al.'s");
   cmd->add_flag("--offload", o->offload,
                 "optimizer states and fp32 weights in host memory, Adam on the host (ZeRO-Offload; ZeRO 1-3)");
   cmd->add_option("--convention", o->convention,
@@ -254,6 +261,8 @@ Run add_plan(CLI::App& app) {
     in.estimate.time.tp_overlap = o->tp_overlap;
     in.estimate.time.dp_overlap = !o->no_dp_overlap;
     in.estimate.time.param_gather_overlap = o->param_gather_overlap;
+    in.estimate.time.eager_elementwise = o->eager;
+    in.fixed.sac_op = o->sac_op;
     in.estimate.attn = o->causal ? plan::AttnFlops::Causal : plan::AttnFlops::Full;
     auto fix = [](int v, const char* flag) -> std::optional<int> {
       if (v < 0) throw std::invalid_argument(fmt::format("{} {} must be positive", flag, v));

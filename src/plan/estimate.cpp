@@ -67,7 +67,12 @@ StepEstimate estimate_step(const ModelSpec& m, const Strategy& s, const GpuSpec&
   const double fwd = per_token / 3;
   double extra = 0;
   if (s.recompute == Recompute::Full) extra = fwd;
-  if (s.recompute == Recompute::Selective && !s.flash) {
+  if (s.recompute == Recompute::Selective && s.sac_op && !m.moe()) {
+    // torchtitan's per-op policy (strategy.h): the forwards of k, o and w3 (GELU: fc2) again.
+    const double h = static_cast<double>(m.hidden), d = static_cast<double>(m.head_dim());
+    const double ffn = static_cast<double>(m.ffn);
+    extra = 2.0 * m.layers * (h * m.kv_heads * d + m.heads * d * h + ffn * h);
+  } else if (s.recompute == Recompute::Selective && !s.flash) {
     extra = (o.attn == AttnFlops::Full ? 4.0 : 2.0) * m.layers * seq * m.heads * m.head_dim();
   }
   e.hardware_flops = (per_token + extra) * tokens;

@@ -64,11 +64,13 @@ SearchResult search(const SearchInput& in) {
                   s.flash = f.flash.value_or(in.gpu.flash_kernels);
                   s.zero = zero;
                   s.recompute = rc;
+                  s.sac_op = f.sac_op && rc == Recompute::Selective;
                   s.micro_batch = mb;
                   s.schedule = vpp > 1 ? Schedule::Interleaved : Schedule::OneFOneB;
                   if (vpp > 1 && pp == 1) continue;
                   // With flash attention selective recomputation has nothing left to recompute: it is "none".
-                  if (s.flash && rc == Recompute::Selective && !f.recompute) continue;
+                  // Not so torchtitan's per-op policy, which recomputes matmuls.
+                  if (s.flash && rc == Recompute::Selective && !f.recompute && !s.sac_op) continue;
                   try {
                     validate(s, in.model);
                   } catch (const std::invalid_argument& e) {
@@ -109,6 +111,14 @@ SearchResult search(const SearchInput& in) {
                         : "attention materialised: scores, softmax and dropout in memory (--no-flash, or no such kernels)");
   if (f.offload.value_or(false)) {
     r.rules.push_back("optimizer offload (--offload): states and fp32 weights on the host, Adam there; ZeRO 1-3 only");
+  }
+  if (f.sac_op) {
+    r.rules.push_back("selective recomputation is torchtitan's per-op policy (--sac-op): each block keeps its input, "
+                      "every other matmul's output and the attention kernel's; the rest re-run in its backward");
+  }
+  if (in.estimate.time.eager_elementwise) {
+    r.rules.push_back("elementwise ops as eager PyTorch runs them (--eager): each norm, rotary embedding, GQA copy, "
+                      "activation and residual add its own passes over memory");
   }
   r.rules.push_back(fmt::format("pp: divisors of the GPU count up to the {} layers; v in 1,2 (interleaved) when pp > 1",
                                 in.model.layers));

@@ -76,7 +76,8 @@ std::string Strategy::describe() const {
   if (sp) s += " sp";
   s += fmt::format(" zero={}", zero);
   if (dp_shard > 0) s += fmt::format(" hsdp-shard={}", dp_shard);
-  s += fmt::format(" recompute={} mb={} {}", to_string(recompute), micro_batch, to_string(precision));
+  s += fmt::format(" recompute={}{} mb={} {}", to_string(recompute), sac_op && recompute == Recompute::Selective ? "-op" : "",
+                   micro_batch, to_string(precision));
   if (pp > 1) s += fmt::format(" {}", to_string(schedule));
   if (offload) s += " offload";
   if (flash) s += " flash";

@@ -23,6 +23,7 @@ struct Fixed {
   std::optional<bool> sp;  // sequence parallelism with tp > 1 (default on; off: Korthikanti's tp without SP)
   std::optional<bool> offload;  // optimizer offload to the host (default off)
   std::optional<bool> flash;    // flash-style attention (default: where the GPU has such kernels)
+  bool sac_op = false;          // selective recomputation is torchtitan's per-op policy (Strategy::sac_op)
 };
 
 struct SearchInput {
