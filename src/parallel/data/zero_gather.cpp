@@ -21,6 +21,7 @@ void free_storage(const at::Tensor& t) {
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
 }
+
 void allocate_storage(const at::Tensor& t, int64_t numel) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(numel) * t.element_size();
