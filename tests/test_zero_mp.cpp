@@ -314,6 +314,9 @@ TEST(Zero, OptimizerOffloadStepsAsTheDeviceResidentRunBitwise) {
     EXPECT_EQ(m.optimizer, 0) << "stage " << stage;
     EXPECT_NEAR(static_cast<double>(m.host), 16 * psi / n, 0.05 * 16 * psi / n) << "stage " << stage;
     EXPECT_NEAR(static_cast<double>(m.params), 4 * psi, 0.05 * 4 * psi) << "stage " << stage;
+    // On the device: stage 1 the whole gradients, stage 2 the reduced slice finish() copies down.
+    const double grads = stage == 1 ? 4 * psi : 4 * psi / n;
+    EXPECT_NEAR(static_cast<double>(m.grads), grads, 0.05 * grads) << "stage " << stage;
   }
 }
 
@@ -379,6 +382,9 @@ TEST(Zero, OffloadWithBf16ParametersComputesWhatStage3InBf16Computes) {
     EXPECT_NEAR(static_cast<double>(m.params), 2 * psi, 0.05 * 2 * psi) << "stage " << r->zero.stage();
     EXPECT_NEAR(static_cast<double>(m.host), 16 * psi / n, 0.05 * 16 * psi / n) << "stage " << r->zero.stage();
     EXPECT_EQ(m.optimizer, 0);
+    // Stage 1: whole bf16 gradients; stage 2: the reduced fp32 slice.
+    const double grads = r->zero.stage() == 1 ? 2 * psi : 4 * psi / n;
+    EXPECT_NEAR(static_cast<double>(m.grads), grads, 0.05 * grads) << "stage " << r->zero.stage();
   }
 }
 

@@ -48,6 +48,9 @@ MemoryUse measure_memory(const std::vector<Param>& params, AdamW& opt, const Dat
     if (p->frozen) m.frozen += b;
   }
   for (const Param* p : all) m.grads += seen.add(p->tensor.grad());
+  for (ShardedDataParallel* z : zero) {
+    if (z) for (const at::Tensor& g : z->device_gradients()) m.grads += seen.add(g);  // offload's device slices
+  }
   for (const Param* p : host) m.host += seen.add(p->tensor) + seen.add(p->tensor.grad());
   for (const auto* moments : {&opt.exp_avg(), &opt.exp_avg_sq()}) {
     for (const auto& t : *moments) (offloaded ? m.host : m.optimizer) += seen.add(t);

@@ -33,6 +33,13 @@ std::vector<OwnedRange> ShardedDataParallel::owned_ranges() const {
 
 bool ShardedDataParallel::offloaded() const { return s_->o.offload; }
 
+std::vector<at::Tensor> ShardedDataParallel::device_gradients() const {
+  std::vector<at::Tensor> out;
+  if (!s_->o.offload) return out;
+  for (const Flat& f : s_->flats) out.push_back(f.device_grad);
+  return out;
+}
+
 bool ShardedDataParallel::slices_hold_the_weights() const { return s_->o.stage == 3 || s_->o.bf16_params; }
 
 void ShardedDataParallel::slices_loaded() {

@@ -128,6 +128,9 @@ class ShardedDataParallel : public UnitHooks {
   // reduced gradient slice after finish()). With offload, host tensors.
   std::vector<Param>& shard_params();
   bool offloaded() const;
+  // With offload: the device's reduced gradient slices, one per flat, that finish() copies down
+  // (stage 1: views of the whole gradients); empty otherwise (for memory accounting).
+  std::vector<at::Tensor> device_gradients() const;
   // With offload, after the model's parameters were written in place (a
   // checkpoint's load): the host master slices are read again from them.
   // Invariant: between steps the host masters equal the device's owned slices.
