@@ -25,6 +25,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Below this share of CPU time (process CPU seconds / (wall seconds x threads)) during the
+// all-core GEMMs, other processes shared the cores; unshared runs measure 0.95-1.06 here.
+constexpr double kSharedCpuShare = 0.75;
+
 // ATen's and OpenBLAS's thread counts (fp32 GEMM runs in OpenBLAS, which keeps its own: PLATFORM.md) set to
 // `threads` for the guard's life.
 class Threads {
@@ -63,6 +67,14 @@ double rate(double seconds, F f) {
   return static_cast<double>(calls) / dt;
 }
 
+// Seconds of CPU time of `clock` (CLOCK_PROCESS_CPUTIME_ID: every thread of the process;
+// CLOCK_THREAD_CPUTIME_ID: the calling thread).
+double cpu_seconds(clockid_t clock) {
+  timespec t{};
+  clock_gettime(clock, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 std::string machine_key(const std::string& what, int threads) {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -89,7 +101,7 @@ double measure(const std::string& what, int threads) {
 
 }  // namespace
 
-double measure_gemm_flops(int threads, double seconds, int n, bool bf16) {
+GemmRate measure_gemm_rate(int threads, double seconds, int n, bool bf16) {
   Threads guard(threads);
   const auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
   // x Wᵀ, the layout of every linear's forward: on CPUs without bf16 instructions libtorch 2.11's
@@ -101,12 +113,39 @@ double measure_gemm_flops(int threads, double seconds, int n, bool bf16) {
   // The fastest of ~10 slices: the host's rate is what its GEMMs reach when nothing interrupts them,
   // and another process's burst only ever lowers a slice (a peak, never a best-ever across runs).
   double best = 0;
+  const double cpu0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+  const auto t0 = std::chrono::steady_clock::now();
   for (double spent = 0; spent < seconds;) {
     const double slice = std::max(seconds / 10, 0.02);
     best = std::max(best, rate(slice, [&] { at::mm_out(c, a, wt); }));
     spent += slice;
   }
-  return 2.0 * n * n * static_cast<double>(n) * best;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  GemmRate out;
+  out.flops = 2.0 * n * n * static_cast<double>(n) * best;
+  out.cpu_share = (cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0) / (wall * threads);
+  return out;
+}
+
+double measure_gemm_flops(int threads, double seconds, int n, bool bf16) {
+  return measure_gemm_rate(threads, seconds, n, bf16).flops;
+}
+
+double measure_core_gemm_flops(double seconds, int n, bool bf16) {
+  Threads guard(1);  // one thread: the GEMM runs on the calling thread, whose CPU clock counts only it
+  const auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
+  const at::Tensor a = at::randn({n, n}).to(dtype), wt = at::randn({n, n}).to(dtype).t();
+  at::Tensor c = at::mm(a, wt);
+  rate(0.02, [&] { at::mm_out(c, a, wt); });
+  int64_t calls = 0;
+  const double cpu0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+  double cpu = 0;
+  do {
+    at::mm_out(c, a, wt);
+    ++calls;
+    cpu = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+  } while (cpu < seconds);
+  return 2.0 * n * n * static_cast<double>(n) * static_cast<double>(calls) / cpu;
 }
 
 double measure_cuda_gemm_flops(bool bf16, double seconds, int n) {
@@ -243,8 +282,16 @@ std::vector<std::string> gemm_health(const GemmHealthInputs& in) {
         "matrix instructions (avx512_bf16, amx_bf16); train.precision = \"fp32\" is faster on it",
         in.bf16_flops / in.fp32_flops, in.bf16_flops / 1e9, in.fp32_flops / 1e9, in.capability));
   }
+  if (in.cpu_share < kSharedCpuShare) {
+    out.push_back(fmt::format(
+        "other processes computed on these cores while the GEMM rate was measured: its {} threads ran {:.0f}% of "
+        "the time and reached {:.1f} GFLOP/s; the MFU divides by one core's rate per second of its CPU time x {} "
+        "cores ({:.1f} GFLOP/s), and this run's tokens/s are those of a shared host",
+        in.cores, 100 * in.cpu_share, in.all_core_flops / 1e9, in.cores,
+        (in.bf16_run ? in.bf16_flops : in.fp32_flops) / 1e9));
+  }
   const double now = in.bf16_run ? in.bf16_flops : in.fp32_flops;
-  if (in.best_flops > 0 && now < 0.7 * in.best_flops) {
+  if (in.cpu_share >= kSharedCpuShare && in.best_flops > 0 && now < 0.7 * in.best_flops) {
     out.push_back(fmt::format(
         "the {} GEMM rate now ({:.1f} GFLOP/s) is {:.2f}x this host's best ({:.1f} GFLOP/s, {}): other processes "
         "are using the cores; the run's MFU divides by the rate measured now",
@@ -264,9 +311,22 @@ HostPeak measure_host_peak(const std::string& what, int cores, const std::string
   const std::string key = machine_key(what, cores);
   nlohmann::json cache = read_cache(cache_file);
   in.best_flops = cached_value(cache, key);
-  in.fp32_flops = measure_gemm_flops(cores, 0.25);
+  const GemmRate fp32 = measure_gemm_rate(cores, 0.25);
+  in.fp32_flops = fp32.flops;
   // bf16 with 256-wide products: on a CPU without bf16 instructions one 512^3 product can take ~0.2 s.
   if (in.bf16_run) in.bf16_flops = measure_gemm_flops(cores, 0.25, 256, true);
+  // Cores shared with another process: its threads ran a fraction of the time, and a GEMM whose
+  // threads wait for a descheduled peer loses far more than that fraction (an AMD EPYC's 2 cores
+  // beside 3 busy threads: 0.33 of the CPU time, 1/17 of the rate). One core's rate per second of
+  // its own CPU time does not depend on the sharing; times the cores it bounds the all-core rate
+  // from above, so the run's MFU cannot exceed 100 % because the measurement was unlucky.
+  in.cpu_share = fp32.cpu_share;
+  const bool shared = fp32.cpu_share < kSharedCpuShare;
+  if (shared) {
+    in.all_core_flops = in.bf16_run ? in.bf16_flops : in.fp32_flops;
+    in.fp32_flops = std::max(in.fp32_flops, cores * measure_core_gemm_flops(0.1));
+    if (in.bf16_run) in.bf16_flops = std::max(in.bf16_flops, cores * measure_core_gemm_flops(0.1, 256, true));
+  }
   in.mhz = cpu_mhz();
   in.capability = at::get_cpu_capability();
   in.blas = blas_name();
@@ -278,7 +338,7 @@ HostPeak measure_host_peak(const std::string& what, int cores, const std::string
   // there the fp32 rate is the machine's peak. Dividing by the slower bf16 rate alone gave MFU > 1.
   out.value = std::max(own, in.fp32_flops);
   out.warnings = gemm_health(in);
-  if (own > in.best_flops) write_best(cache, key, own, cache_file);
+  if (own > in.best_flops && !shared) write_best(cache, key, own, cache_file);  // a bound is no measurement
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out.source = peak_source(in.bf16_run && in.fp32_flops > own ? "gemm_fp32" : what, cores, out.seconds);
   if (in.bf16_run && in.fp32_flops > own) out.source += " (faster here than bf16 GEMMs)";

@@ -8,7 +8,10 @@
 // A training run's MFU divides by measure_host_peak(): the launching process
 // measures the run's dtype on all of the host's cores before any rank starts
 // (nothing else of the run computing) and hands the value to its ranks through
-// the environment (kHostPeakEnv). The best value ever measured per machine
+// the environment (kHostPeakEnv). Where other processes share the cores meanwhile
+// (the GEMM threads got under 3/4 of their CPU time), the value is one core's rate per
+// second of its CPU time x the cores instead, an upper bound of the all-core rate that
+// the sharing does not lower, with a warning. The best value ever measured per machine
 // (hostname, CPU model, threads, what) is cached in a JSON file, with its date,
 // for the kernel-health check and the planner's `cpu` device, never as a run's
 // denominator: a best-ever depends on history.
@@ -22,6 +25,14 @@ namespace meshtrain {
 // FLOP/s of repeated n x n x n matmuls (fp32, or bf16) on `threads` compute threads for about `seconds`
 // (after one warm-up call), ATen and OpenBLAS both set to `threads`; restores both thread counts.
 double measure_gemm_flops(int threads, double seconds = 0.3, int n = 512, bool bf16 = false);
+struct GemmRate {
+  double flops = 0;      // as measure_gemm_flops
+  double cpu_share = 1;  // the process's CPU seconds / (wall seconds x threads) meanwhile: < 1 when the cores were shared
+};
+GemmRate measure_gemm_rate(int threads, double seconds = 0.3, int n = 512, bool bf16 = false);
+// One core's FLOP/s per second of the calling thread's CPU time (one compute thread, n x n x n
+// matmuls for `seconds` of CPU time): the same whether or not other processes share the core.
+double measure_core_gemm_flops(double seconds = 0.1, int n = 512, bool bf16 = false);
 // FLOP/s of n x n x n matmuls on the CUDA device this process computes on (random data,
 // after warm-up; what = "cuda_gemm_fp32" | "cuda_gemm_bf16" for machine_peak).
 double measure_cuda_gemm_flops(bool bf16, double seconds = 0.5, int n = 8192);
@@ -44,7 +55,7 @@ MachinePeak machine_peak(const std::string& what, int threads, double override_v
 
 // Kernel health (issue #44): what a pre-start measurement says about this host's GEMMs.
 struct GemmHealthInputs {
-  double fp32_flops = 0;  // measured now, all cores
+  double fp32_flops = 0;  // measured now, all cores (shared cores: one core's rate x cores)
   double bf16_flops = 0;  // measured now (0: not measured)
   int cores = 1;
   double mhz = 0;            // /proc/cpuinfo's clock (0: unknown)
@@ -53,10 +64,13 @@ struct GemmHealthInputs {
   double best_flops = 0;     // this host's best in the run's dtype, cached (0: none)
   std::string best_date;
   bool bf16_run = false;
+  double cpu_share = 1;       // measure_gemm_rate's, for the fp32 GEMMs
+  double all_core_flops = 0;  // what the all-core GEMMs reached in the run's dtype, when the cores were shared
 };
 // One warning per finding, each with its cause and fix: fp32 below a quarter of what one FMA unit
 // of the capability allows per cycle (generic BLAS kernels); a bf16 run whose bf16 GEMMs are slower
-// than fp32 ones (no bf16 instructions); the rate now under 0.7x this host's best (busy cores).
+// than fp32 ones (no bf16 instructions); cores shared during the measurement (cpu_share < 0.75:
+// the peak is one core's rate x cores); else the rate now under 0.7x this host's best (busy cores).
 std::vector<std::string> gemm_health(const GemmHealthInputs& in);
 
 struct HostPeak {
