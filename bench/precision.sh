@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # train.precision on this machine: the demo's training run (configs/kjv-tiny.toml,
-# 4 ranks as tp 2 x dp 2) in fp32, bf16 (autocast, fp32 master weights) and fp8
-# (the blocks' linears in FP8, current and delayed scaling; on CPU in emulation),
-# 20 steps each, alternating, 2 rounds. What the modes do is documented in
-# include/meshtrain/train/precision.h and include/meshtrain/nn/fp8.h; fp16 is a
-# GPU mode (a clear error on CPU).
+# 4 ranks as tp 2 x dp 2) in fp32, bf16 (autocast, fp32 master weights), fp16
+# (autocast with the dynamic loss scaler) and fp8 (the blocks' linears in FP8,
+# current and delayed scaling; on CPU in emulation), 20 steps each, alternating,
+# 2 rounds. What the modes do is documented in include/meshtrain/train/precision.h,
+# include/meshtrain/optim/loss_scaler.h and include/meshtrain/nn/fp8.h.
 # Writes docs/precision.md. Usage: bench/precision.sh [BUILD_DIR]
 set -euo pipefail
 source "$(dirname "$0")/header.sh"
@@ -26,7 +26,7 @@ trap 'rm -f "$table"' EXIT
   echo '```'
   printf '%-12s %12s %12s\n' precision "tokens/s@20" "loss@20" | tee "$table"
   for round in 1 2; do
-    for p in fp32 bf16 fp8 fp8-delayed; do
+    for p in fp32 bf16 fp16 fp8 fp8-delayed; do
       read -r _ tokens loss < <(demo_step 20 --set train.precision="${p%-delayed}" \
         --set train.fp8_scaling="$([ "$p" = fp8-delayed ] && echo delayed || echo current)")
       printf '%-12s %12s %12s\n' "$p" "$tokens" "$loss" | tee -a "$table"
@@ -42,6 +42,12 @@ fp32 gradients and fp32 reductions. Its speed on a CPU depends on native bf16 in
 without them oneDNN emulates bf16 GEMM and the mode is slower than fp32, so on such a machine bf16 is for testing
 the mode, not for speed. The losses differ by bf16's rounding.
 
+fp16 computes under autocast in IEEE half precision (10 mantissa bits, range to 65504) with the same fp32 masters,
+and multiplies the loss by a dynamic scale (2^16 at first; halved and the step skipped when any gradient on any
+rank overflows, doubled after 2000 clean steps) so small gradients do not underflow. On a CPU its GEMMs have no
+native half instructions (AVX-512 FP16 is rare), so fp16 is for testing the mode and its scaler here, and for
+GPUs without bf16 (before Ampere) in use.
+
 fp8 is bf16 with each transformer block's linears through FP8 (`include/meshtrain/nn/fp8.h`): inputs and weights
 quantised to e4m3, output gradients to e5m2, each tensor with one scale (current: from its own amax; delayed: from
 the last 16 steps' amaxes), the GEMM `at::_scaled_mm`. A CPU has no FP8 arithmetic: PyTorch's CPU `_scaled_mm`
@@ -51,8 +57,9 @@ reference of the same quantisation), not for speed; FP8 is fast on Hopper and la
 TEXT
   quotes_heading
   awk 'NR>1 && $1=="fp32"{f+=$2; nf++} NR>1 && $1=="bf16"{b+=$2; nb++}
-       NR>1 && $1=="fp8"{e+=$2; ne++; el=$3} NR>1 && $1=="bf16"{bl=$3}
+       NR>1 && $1=="fp8"{e+=$2; ne++; el=$3} NR>1 && $1=="fp16"{h+=$2; nh++} NR>1 && $1=="bf16"{bl=$3}
        END{printf "- `bf16_vs_fp32_tokens` = %.2fx: bf16 tokens/s / fp32 tokens/s, demo training, mean of the rounds\n", (b/nb)/(f/nf)
+           printf "- `fp16_vs_fp32_tokens` = %.2fx: fp16 (with the loss scaler) tokens/s / fp32 tokens/s, mean of the rounds\n", (h/nh)/(f/nf)
            printf "- `fp8_vs_bf16_tokens` = %.2fx: fp8 (current scaling, CPU emulation) tokens/s / bf16 tokens/s, mean of the rounds\n", (e/ne)/(b/nb)
            printf "- `fp8_vs_bf16_loss20` = %.2f%%: |fp8 loss - bf16 loss| / bf16 loss at step 20\n", 100 * (el > bl ? el - bl : bl - el) / bl}' "$table"
 } > "$OUT.tmp"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/train/memory.h"
 #include "tests/train_parity.h"
 #include <ATen/core/grad_mode.h>
@@ -317,6 +318,61 @@ TEST(Zero, OptimizerOffloadStepsAsTheDeviceResidentRunBitwise) {
     // On the device: stage 1 the whole gradients, stage 2 the reduced slice finish() copies down.
     const double grads = stage == 1 ? 4 * psi : 4 * psi / n;
     EXPECT_NEAR(static_cast<double>(m.grads), grads, 0.05 * grads) << "stage " << stage;
+  }
+}
+
+// ZeRO-Offload under fp16 with dynamic loss scaling (optim/loss_scaler.h): the
+// scaler unscales and checks the host gradient slices (the optimizer's params),
+// and a step it skips leaves the host masters and the device weights alone, so
+// the offloaded replica equals the device-resident one bitwise through an
+// overflow (the first scale, 2^40, overflows fp16's backward), the skips it
+// causes, clean steps, the scale's growth and gradient accumulation.
+TEST(Zero, OffloadWithFp16LossScalingStepsAsTheDeviceResidentRun) {
+  if (!dp_divides_batch()) GTEST_SKIP() << "the global batch of 8 needs dp dividing 8";
+  Comm& dp = runtime().world();
+  const plan::ModelSpec spec = model_spec();
+  Comm solo("solo", runtime().rank());
+  AdamWOptions o;
+  o.lr = 1e-2;
+  struct Replica {
+    Transformer model;
+    ShardedDataParallel zero;
+    AdamW opt;
+    LossScaler scaler{std::ldexp(1.0, 40), 2};
+    TrainStep step;
+    Replica(const plan::ModelSpec& spec, Comm& dp, Comm& solo, const AdamWOptions& o, ZeroOptions z)
+        : model(spec, solo, false, 5), zero(model, dp, solo, solo, o, z), opt(zero.shard_params(), o),
+          step(model, opt, dp, solo, {Precision::Fp16, &scaler, nullptr, &zero}) {}
+  };
+  const int64_t per_rank = kGlobal / dp.size();
+  for (int stage : {1, 2}) {
+    ZeroOptions resident_o{stage}, offload_o{stage};
+    offload_o.offload = true;
+    Replica a(spec, dp, solo, o, resident_o), b(spec, dp, solo, o, offload_o);
+    int skipped = 0, stepped = 0;
+    for (int s = 0; s < 40 && stepped < 3; ++s) {
+      const Batch g = global_batch(spec, s % 4);
+      const int64_t micro = s % 2 == 1 ? 1 : per_rank;  // odd steps accumulate micro-batches
+      const StepResult ra = a.step.run(split(g, dp.rank() * per_rank, per_rank, micro));
+      const StepResult rb = b.step.run(split(g, dp.rank() * per_rank, per_rank, micro));
+      ASSERT_EQ(ra.skipped, rb.skipped) << "stage " << stage << " step " << s;
+      EXPECT_EQ(ra.loss, rb.loss) << "stage " << stage << " step " << s;
+      EXPECT_EQ(ra.loss_scale, rb.loss_scale) << "stage " << stage << " step " << s;
+      if (ra.skipped) {
+        ++skipped;
+      } else {
+        ++stepped;
+        EXPECT_EQ(ra.grad_norm, rb.grad_norm) << "stage " << stage << " step " << s;
+      }
+    }
+    EXPECT_GE(skipped, 1) << "stage " << stage << ": the first scale must overflow";
+    EXPECT_EQ(stepped, 3) << "stage " << stage;
+    EXPECT_EQ(a.scaler.state().scale, b.scaler.state().scale);
+    const auto& pa = a.model.params().params();
+    const auto& pb = b.model.params().params();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(at::equal(pa[i].tensor, pb[i].tensor)) << pa[i].name << " stage " << stage;
+    }
   }
 }
 

@@ -48,7 +48,6 @@ double time_gemm(const plan::Gemm& g, at::ScalarType dtype, double min_seconds) 
 
 int run(const Opts& o) {
   const Precision precision = parse_train_precision(o.precision);
-  check_precision_supported(precision, "cpu");
   configure_threads(1);
   const plan::ModelSpec& m = plan::preset(o.model);
   const auto gemms = plan::step_gemms(m, o.micro_batch, o.seq);

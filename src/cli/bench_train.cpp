@@ -73,7 +73,6 @@ void add_bench_train(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& ru
     const Precision precision = parse_train_precision(o->precision);
     const DeviceKind device = resolve_device(parse_device(o->device), cuda_device_count(), 1);
     bind_compute_device(device, 0);
-    check_precision_supported(precision, o->device);
     if (precision == Precision::Fp16) {
       throw std::invalid_argument("bench train runs fp32, bf16 or fp8 (fp16 needs a loss scaler)");
     }

@@ -261,7 +261,6 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
   const auto layout = MeshLayout::create(world, {{"tp", c.tp}, {"cp", c.cp}, {"pp", c.pp}, {"ep", c.ep}});
   const DeviceKind device =
       resolve_device(parse_device(c.device), cuda_device_count(), ranks_per_node, c.comm_backend == "gloo");
-  check_precision_supported(parse_train_precision(c.precision), to_string(device));
   if (device == DeviceKind::Cpu && c.comm_backend == "nccl") {
     throw std::invalid_argument("comm.backend = \"nccl\" carries CUDA tensors: it needs train.device = \"cuda\" "
                                 "(this run computes on cpu); use comm.backend = \"auto\" or \"gloo\"");

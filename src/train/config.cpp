@@ -320,6 +320,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "\"{}\"), parallel.tp = 1 (it is {}) and parallel.zero = 0 (it is {})",
                                             path, c.lora.rank, c.init_from, c.tp, c.zero));
   }
+  if (c.precision == "fp16" && c.pp > 1) {
+    throw std::invalid_argument(fmt::format("{}: train.precision = \"fp16\" with parallel.pp = {}: the pipeline "
+                                            "schedules have no loss scaler (an overflow in one stage must skip the "
+                                            "step on every stage); use train.precision = \"bf16\" (no scaler "
+                                            "needed) or parallel.pp = 1",
+                                            path, c.pp));
+  }
   if (c.precision == "fp8") {
     // FP8 is tested (parity matrix rows fp8, fp8_delayed; ParityCli.Fp8UnderZero3ZeroBubbleAndRecomputation)
     // on dense pretraining and SFT; elsewhere it is refused until it is: a frozen reference or a critic

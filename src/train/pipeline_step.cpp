@@ -41,7 +41,9 @@ PipelineTrainStep::PipelineTrainStep(std::vector<Transformer*> chunks, PipelineE
     }
     exec_.set_finalize_grads(false);  // ZeRO sums sequence-partial gradients on its slices
   }
-  if (precision_ == Precision::Fp16) throw std::invalid_argument("fp16 pipeline training needs a GPU; use bf16");
+  if (precision_ == Precision::Fp16) {
+    throw std::invalid_argument("fp16 pipeline training: the schedules have no loss scaler; use bf16");
+  }
 }
 
 StepResult PipelineTrainStep::run(const std::vector<Batch>& micro, const UpdateGate& gate) {

@@ -35,21 +35,12 @@ c10::ScalarType compute_dtype(Precision p) {
   }
 }
 
-void check_precision_supported(Precision p, const std::string& device) {
-  if (p == Precision::Fp16 && device == "cpu") {
-    throw std::invalid_argument(
-        "precision fp16 needs a GPU: libtorch has no fp16 matmul, layer_norm or softmax on CPU; use bf16 (same "
-        "memory, no loss scaling) or fp32");
-  }
-}
-
 // Autocast on the device the run computes on (compat.h's device-type switches); the
 // other device type's switch is left alone, so host-side bookkeeping stays in its dtype.
 AutocastGuard::AutocastGuard(Precision p) : AutocastGuard(p, compute_device().type()) {}
 
 AutocastGuard::AutocastGuard(Precision p, c10::DeviceType device) : device_(device) {
   if (p == Precision::Fp32) return;
-  if (p == Precision::Fp16) check_precision_supported(p, device == c10::DeviceType::CUDA ? "cuda" : "cpu");
   active_ = true;
   was_ = autocast_switch(device);
   set_autocast_switch(device, {true, compute_dtype(p)});

@@ -40,8 +40,6 @@ enum class Precision { Fp32, Bf16, Fp16, Fp8 };
 Precision parse_train_precision(const std::string& s);
 const char* to_string(Precision p);
 c10::ScalarType compute_dtype(Precision p);  // fp8: bf16 (what autocast casts to)
-// Throws std::invalid_argument when `p` has no kernels on the device ("cpu" | "cuda").
-void check_precision_supported(Precision p, const std::string& device);
 
 // Casts eligible operations on `device` to compute_dtype(p) while alive (nothing for
 // fp32), then restores the previous state and drops autocast's cache of cast weights.
