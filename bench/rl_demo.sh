@@ -57,15 +57,15 @@ log_every = 40
 dir = "$dir/rm"
 TOML
 "$M" train "$dir/rm.toml" > "$dir/rm.log" 2>&1 || { cat "$dir/rm.log" >&2; exit 1; }
-rl_run() {  # TAG ARGS...
-  local tag=$1
-  shift
-  "$M" train configs/reverse-grpo.toml --set train.steps=4 --set train.eval_every=1000 --set rl.eval='""' \
+rl_run() {  # TAG CONFIG ARGS...
+  local tag=$1 config=$2
+  shift 2
+  "$M" train "$config" --set train.steps=4 --set train.eval_every=1000 --set rl.eval='""' \
     --set checkpoint.dir='""' --set train.metrics="\"$dir/$tag.metrics\"" "$@" > "$dir/$tag.log" 2>&1 ||
     { cat "$dir/$tag.log" >&2; exit 1; }
 }
-rl_run ppo --set train.method='"ppo"' --set rl.reward_model="\"$dir/rm\""
-rl_run grpo --set grpo.beta=0.04
+rl_run ppo configs/reverse-ppo.toml --set rl.reward_model="\"$dir/rm\""
+rl_run grpo configs/reverse-grpo.toml --set grpo.beta=0.04
 ledger() { sed -n '/memory per rank/,/^\[rank 0\] step/p' "$dir/$1.log" | grep -v '\] step' | sed 's/^\[rank 0\] //'; }
 
 python3 - "$dir" > "$dir/tables.md" <<'PY'

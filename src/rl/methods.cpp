@@ -118,6 +118,7 @@ Method rl_method(const char* name, const char* summary) {
   m.name = name;
   m.summary = summary;
   m.token_data = false;
+  m.sections = {"rl"};
   m.check = check_rl;
   m.run = [](const TrainConfig& c, Runtime& rt) { return train_rl(c, rt); };
   return m;
@@ -125,6 +126,7 @@ Method rl_method(const char* name, const char* summary) {
 
 Method grpo() {
   Method m = rl_method("grpo", "group relative policy optimisation on rl.prompts (rl/grpo.h)");
+  m.sections.push_back("grpo");
   // A frozen copy for the KL unless LoRA's adapters can be switched off instead.
   m.copy_reference = [](const TrainConfig& c, EngineRole role) {
     return role == EngineRole::Method && c.grpo.beta > 0 && c.lora.rank == 0;
@@ -135,6 +137,7 @@ Method grpo() {
 
 Method ppo() {
   Method m = rl_method("ppo", "proximal policy optimisation with a critic on rl.prompts (rl/ppo.h)");
+  m.sections.push_back("ppo");
   m.prepare_model = [](const TrainConfig&, EngineRole role, Transformer& model) {
     if (role == EngineRole::Critic) add_value_head(model);  // after LoRA, which freezes what came before it
   };

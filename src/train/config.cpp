@@ -1,8 +1,10 @@
 #include "meshtrain/train/config.h"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -68,6 +70,21 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
         throw std::invalid_argument(fmt::format("{}: {}", where, e.what()));
       }
     }
+  }
+}
+
+// A section that only some methods read ([dpo], [rl], [grpo], [ppo]: Method::sections), given to a
+// run whose method reads none of it: one error naming its first key and the methods that read it.
+void check_method_sections(const toml::table& t, const Method& method, const std::string& path) {
+  for (const auto& [section, node] : t) {
+    const std::string sec(section.str());
+    const toml::table* keys = node.as_table();
+    if (reads_section(method, sec) || !keys || keys->empty()) continue;
+    const std::string readers = fmt::format("{}", fmt::join(methods_reading(sec), " or "));
+    throw std::invalid_argument(fmt::format(
+        "{}: {}.{} is given, and train.method = \"{}\" reads no [{}] section (train.method {} does): remove [{}] "
+        "from the config (and --set {}.*), or set train.method to {}",
+        path, sec, keys->begin()->first.str(), method.name, sec, readers, sec, sec, readers));
   }
 }
 
@@ -157,6 +174,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     throw std::invalid_argument(fmt::format("{}: train.method = \"{}\": use one of \"{}\"", path, c.method,
                                             fmt::join(method_names(), "\", \"")));
   }
+  check_method_sections(t, *method, path);
   check_moe(c, path);
   if (c.train_shards.empty() && c.sources.empty() && method->token_data) {
     throw std::invalid_argument(fmt::format("{}: [data] train = \"...bin\" (or sources = [...]) is required", path));
@@ -355,6 +373,20 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   c.optim.total_steps = c.steps;
   return c;
+}
+
+std::string without_unread_sections(const std::string& toml_text) {
+  toml::table t = toml::parse(toml_text);
+  const Method* method = find_method(t["train"]["method"].value_or(std::string("pretrain")));
+  if (!method) return toml_text;  // load_train_config names the unknown method
+  std::vector<std::string> unread;
+  for (const auto& [section, node] : t) {
+    if (!reads_section(*method, std::string(section.str()))) unread.emplace_back(section.str());
+  }
+  for (const std::string& sec : unread) t.erase(sec);
+  std::ostringstream out;
+  out << t;
+  return out.str();
 }
 
 }  // namespace meshtrain

@@ -417,10 +417,12 @@ const ConfigKey* find_config_key(const std::string& name) {
   return nullptr;
 }
 
-std::string print_config(const TrainConfig& c) {
+std::string print_config(const TrainConfig& c, bool every_section) {
   std::string out, section;
+  const Method* method = find_method(c.method);
   for (const auto& k : config_keys()) {
     const std::string sec = k.name.substr(0, k.name.find('.'));
+    if (!every_section && method && !reads_section(*method, sec)) continue;
     if (sec != section) {
       out += fmt::format("{}[{}]\n", section.empty() ? "" : "\n", sec);
       section = sec;
@@ -440,7 +442,7 @@ std::string help_config() {
   for (const auto& name : method_names()) out += fmt::format("#   {:<10} {}\n", name, method_named(name).summary);
   TrainConfig defaults;
   defaults.model = plan::preset("gpt-tiny");  // as load_train_config starts
-  return out + "\n" + print_config(defaults);
+  return out + "\n" + print_config(defaults, true);
 }
 
 }  // namespace meshtrain

@@ -101,7 +101,7 @@ TrainConfig replay_config(const ckpt::Reader& r) {
                                             r.dir()));
   }
   const auto tmp = std::filesystem::temp_directory_path() / fmt::format("meshtrain-diagnose-{}.toml", getpid());
-  std::ofstream(tmp) << r.manifest()["config_toml"].get<std::string>();
+  std::ofstream(tmp) << without_unread_sections(r.manifest()["config_toml"].get<std::string>());
   const std::vector<std::string> one_process = {
       "parallel.tp=1",    "parallel.sp=false",     "parallel.cp=1",         "parallel.pp=1",  "parallel.ep=1",
       "parallel.virtual=1", "parallel.nproc=1",    "parallel.zero=0",       "parallel.dp_shard=0", "parallel.pp_layers=[]",

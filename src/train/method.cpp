@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -27,6 +28,7 @@ std::deque<Method> core_methods() {
   Method dpo;
   dpo.name = "dpo";
   dpo.summary = "direct preference optimisation on chosen/rejected pairs (tokenize prefs)";
+  dpo.sections = {"dpo"};
   dpo.copy_reference = [](const TrainConfig& c, EngineRole role) {
     return role == EngineRole::Method && c.dpo_reference == "copy";
   };
@@ -78,6 +80,20 @@ std::vector<std::string> method_names() {
   std::vector<std::string> out;
   for (const auto& m : r.methods) out.push_back(m.name);
   return out;
+}
+
+std::vector<std::string> methods_reading(const std::string& section) {
+  std::vector<std::string> out;
+  for (const std::string& name : method_names()) {
+    const auto& has = method_named(name).sections;
+    if (std::find(has.begin(), has.end(), section) != has.end()) out.push_back("\"" + name + "\"");
+  }
+  return out;
+}
+
+bool reads_section(const Method& m, const std::string& section) {
+  return std::find(m.sections.begin(), m.sections.end(), section) != m.sections.end() ||
+         methods_reading(section).empty();
 }
 
 }  // namespace meshtrain

@@ -174,8 +174,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 
 // `meshtrain train --print-config`: every key with its value, as TOML that
 // load_train_config reads back to the same config, each line commented with
-// the key's type, allowed range and help.
-std::string print_config(const TrainConfig& c);
+// the key's type, allowed range and help. The sections only other methods read
+// (Method::sections) are left out, unless `every_section`.
+std::string print_config(const TrainConfig& c, bool every_section = false);
+// A config's TOML text without the sections its train.method does not read: what
+// checkpoints written before that was an error hold (every section, at its default).
+std::string without_unread_sections(const std::string& toml_text);
 // `meshtrain train --help-config`: the registered methods (train/method.h), each with its line,
 // then every key at its default (the gpt-tiny preset), as print_config writes them.
 std::string help_config();

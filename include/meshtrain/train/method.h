@@ -25,6 +25,9 @@ enum class EngineRole;
 struct Method {
   std::string name;     // train.method's value
   std::string summary;  // one line, for the list of methods
+  // The config sections only the methods listing them read ("dpo"; "rl", "grpo"): a key of such a
+  // section given to a method that does not list it is one error, not silently ignored.
+  std::vector<std::string> sections;
   // Trains on [data] token shards (data.train or data.sources), which must then be given.
   // false: the method brings its own data (RL's prompts) and refuses them.
   bool token_data = true;
@@ -50,5 +53,10 @@ const Method* find_method(const std::string& name);
 const Method& method_named(const std::string& name);
 // Registered names, in registration order.
 std::vector<std::string> method_names();
+// The methods (quoted names) that list `section` in their Method::sections; empty for a section
+// every method reads.
+std::vector<std::string> methods_reading(const std::string& section);
+// Whether the run of method `m` reads `section`: every method reads the common sections.
+bool reads_section(const Method& m, const std::string& section);
 
 }  // namespace meshtrain
