@@ -3,6 +3,8 @@
 // these). scripts/gpu_check.sh runs them where a device is.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -166,7 +168,7 @@ TEST(Cuda, CheckpointsResumeOnTheDevice) {
   EXPECT_EQ(b.size(), 3u) << rest;
 }
 
-// fp16 with the dynamic loss scaler, which can run only on a GPU: it trains (finite
+// fp16 with the dynamic loss scaler on the device (the CPU runs it too: parity-matrix row fp16): it trains (finite
 // losses, the last below the first) and stays near the fp32 run (fp16's rounding, 1e-2).
 TEST(Cuda, Fp16TrainsWithTheLossScaler) {
   REQUIRE_CUDA();
@@ -207,6 +209,17 @@ TEST(Cuda, OffloadTrainsAsTheDeviceResidentRun) {
   test::expect_close_losses(train(d, cfg, bf16 + " --set parallel.zero=3", "stage3_bf16"),
                             train(d, cfg, bf16 + " --set parallel.zero=2 --set parallel.offload=true", "offload_bf16"),
                             0, 6, 1e-3, 1e-2);
+  // fp16: the loss scaler checks and unscales the host's gradient slices, and a skipped step leaves the
+  // host masters alone (bitwise on the CPU: Zero.OffloadWithFp16LossScalingStepsAsTheDeviceResidentRun);
+  // fp8: the linears quantise the weights the device holds, the masters stay on the host. Each against
+  // the resident run of its precision: fp16 within the bf16 case's bounds, fp8 within the parity
+  // matrix's fp8 bounds on dp (2e-3, 3e-2), where one master bit apart can move an e4m3 step.
+  for (const auto& [precision, loss_tol, norm_tol] : {std::tuple{"fp16", 1e-3, 1e-2}, std::tuple{"fp8", 2e-3, 3e-2}}) {
+    const std::string p = two + " --set parallel.zero=2 --set train.precision='\"" + precision + "\"'";
+    test::expect_close_losses(train(d, cfg, p, std::string("resident_") + precision),
+                              train(d, cfg, p + " --set parallel.offload=true", std::string("offload_") + precision),
+                              0, 6, loss_tol, norm_tol);
+  }
   const std::string off = two + " --set parallel.zero=2 --set parallel.offload=true";
   const auto r = test::run_command(std::string(MESHTRAIN_BIN) + " train " + cfg + off +
                                    " --check-plan --set train.stop_after=1");

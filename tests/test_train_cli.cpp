@@ -126,9 +126,10 @@ TEST(TrainConfig, PrintConfigIsTheWholeConfigAndLoadsBack) {
   Dir d;
   const std::string cfg = d.write("pc.toml", "[model]\npreset = \"llama-tiny\"\nlayers = 3\n[data]\ntrain = [\"a.bin\", \"b.bin\"]\n"
                                              "[train]\nlr = 2.5e-4\nmetrics = \"m \\\"q\\\".jsonl\"\n");
-  const TrainConfig c = load_train_config(cfg, {"parallel.zero=2", "rl.environment=calculator"});
+  // A method's own section ([dpo]) with a key set: printed with the method (test_toy_method.cpp: left out for others).
+  const TrainConfig c = load_train_config(cfg, {"parallel.zero=2", "train.method=\"dpo\"", "dpo.loss=\"ipo\""});
   const std::string printed = print_config(c);
-  for (const char* want : {"preset = \"llama-tiny\"", "layers = 3", "lr = 0.00025", "zero = 2", "environment = \"calculator\"",
+  for (const char* want : {"preset = \"llama-tiny\"", "layers = 3", "lr = 0.00025", "zero = 2", "loss = \"ipo\"",
                            "train = [\"a.bin\", \"b.bin\"]", "# integer, 0..3: 0 DDP", "# number, > 0: peak learning rate",
                            "[checkpoint]"}) {
     EXPECT_NE(printed.find(want), std::string::npos) << want << "\n" << printed;
