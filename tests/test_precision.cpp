@@ -45,6 +45,21 @@ AdamWOptions constant_lr() {
   return o;
 }
 
+// The cosine between two models' gradients (all parameters as one vector), after checking that
+// `b`'s parameters and gradients are fp32 (mixed precision keeps its masters and gradients fp32).
+double fp32_gradient_cosine(Transformer& a, Transformer& b) {
+  std::vector<at::Tensor> fa, fb;
+  for (size_t i = 0; i < a.params().params().size(); ++i) {
+    const auto& pb = b.params().params()[i];
+    EXPECT_EQ(pb.tensor.scalar_type(), at::kFloat) << pb.name;
+    EXPECT_EQ(pb.tensor.grad().scalar_type(), at::kFloat) << pb.name;
+    fa.push_back(a.params().params()[i].tensor.grad().reshape({-1}));
+    fb.push_back(pb.tensor.grad().reshape({-1}));
+  }
+  const at::Tensor ga = at::cat(fa).to(at::kDouble), gb = at::cat(fb).to(at::kDouble);
+  return (ga * gb).sum().item<double>() / (ga.norm().item<double>() * gb.norm().item<double>());
+}
+
 // bf16 rounds activations to 8 bits of mantissa (relative 2^-8 = 0.4%): the
 // loss of the bf16 forward is within 1% of fp32's, and the gradients point the
 // same way (cosine similarity > 0.99). Master weights and gradients stay fp32.
@@ -57,19 +72,7 @@ TEST(Precision, Bf16ComputesWithFp32MasterWeightsAndGradients) {
   StepResult ra = TrainStep(a, oa, solo, solo).run(data);
   StepResult rb = TrainStep(b, ob, solo, solo, {Precision::Bf16, nullptr}).run(data);
   EXPECT_NEAR(rb.loss, ra.loss, 0.01 * ra.loss);
-  at::Tensor ga, gb;
-  std::vector<at::Tensor> fa, fb;
-  for (size_t i = 0; i < a.params().params().size(); ++i) {
-    const auto& pb = b.params().params()[i];
-    EXPECT_EQ(pb.tensor.scalar_type(), at::kFloat) << pb.name;
-    EXPECT_EQ(pb.tensor.grad().scalar_type(), at::kFloat) << pb.name;
-    fa.push_back(a.params().params()[i].tensor.grad().reshape({-1}));
-    fb.push_back(pb.tensor.grad().reshape({-1}));
-  }
-  ga = at::cat(fa).to(at::kDouble);
-  gb = at::cat(fb).to(at::kDouble);
-  const double cosine = (ga * gb).sum().item<double>() / (ga.norm().item<double>() * gb.norm().item<double>());
-  EXPECT_GT(cosine, 0.99);
+  EXPECT_GT(fp32_gradient_cosine(a, b), 0.99);
   EXPECT_NEAR(rb.grad_norm, ra.grad_norm, 0.05 * ra.grad_norm);
 }
 
@@ -92,16 +95,7 @@ TEST(Precision, Fp16ComputesWithFp32MasterWeightsAndALossScaler) {
   EXPECT_EQ(rb.loss_scale, 65536.0);
   EXPECT_NEAR(rb.loss, ra.loss, 0.01 * ra.loss);
   EXPECT_NEAR(rb.grad_norm, ra.grad_norm, 0.05 * ra.grad_norm);
-  std::vector<at::Tensor> fa, fb;
-  for (size_t i = 0; i < a.params().params().size(); ++i) {
-    const auto& pb = b.params().params()[i];
-    EXPECT_EQ(pb.tensor.scalar_type(), at::kFloat) << pb.name;
-    EXPECT_EQ(pb.tensor.grad().scalar_type(), at::kFloat) << pb.name;
-    fa.push_back(a.params().params()[i].tensor.grad().reshape({-1}));
-    fb.push_back(pb.tensor.grad().reshape({-1}));
-  }
-  const at::Tensor ga = at::cat(fa).to(at::kDouble), gb = at::cat(fb).to(at::kDouble);
-  EXPECT_GT((ga * gb).sum().item<double>() / (ga.norm().item<double>() * gb.norm().item<double>()), 0.99);
+  EXPECT_GT(fp32_gradient_cosine(a, b), 0.99);
 }
 
 // Powers of two scale exactly: with a scaler (and no overflow), three steps

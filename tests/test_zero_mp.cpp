@@ -321,6 +321,19 @@ TEST(Zero, OptimizerOffloadStepsAsTheDeviceResidentRunBitwise) {
   }
 }
 
+// A ZeRO replica of the test model stepped by TrainStep in `precision`; fp16 with its own loss
+// scaler (first scale 2^40: fp16's backward overflows at once; growth after 2 clean steps).
+struct Replica {
+  Transformer model;
+  ShardedDataParallel zero;
+  AdamW opt;
+  LossScaler scaler{std::ldexp(1.0, 40), 2};
+  TrainStep step;
+  Replica(const plan::ModelSpec& spec, Comm& dp, Comm& solo, const AdamWOptions& o, ZeroOptions z, Precision precision)
+      : model(spec, solo, false, 5), zero(model, dp, solo, solo, o, z), opt(zero.shard_params(), o),
+        step(model, opt, dp, solo, {precision, precision == Precision::Fp16 ? &scaler : nullptr, nullptr, &zero}) {}
+};
+
 // ZeRO-Offload under fp16 with dynamic loss scaling (optim/loss_scaler.h): the
 // scaler unscales and checks the host gradient slices (the optimizer's params),
 // and a step it skips leaves the host masters and the device weights alone, so
@@ -334,21 +347,11 @@ TEST(Zero, OffloadWithFp16LossScalingStepsAsTheDeviceResidentRun) {
   Comm solo("solo", runtime().rank());
   AdamWOptions o;
   o.lr = 1e-2;
-  struct Replica {
-    Transformer model;
-    ShardedDataParallel zero;
-    AdamW opt;
-    LossScaler scaler{std::ldexp(1.0, 40), 2};
-    TrainStep step;
-    Replica(const plan::ModelSpec& spec, Comm& dp, Comm& solo, const AdamWOptions& o, ZeroOptions z)
-        : model(spec, solo, false, 5), zero(model, dp, solo, solo, o, z), opt(zero.shard_params(), o),
-          step(model, opt, dp, solo, {Precision::Fp16, &scaler, nullptr, &zero}) {}
-  };
   const int64_t per_rank = kGlobal / dp.size();
   for (int stage : {1, 2}) {
     ZeroOptions resident_o{stage}, offload_o{stage};
     offload_o.offload = true;
-    Replica a(spec, dp, solo, o, resident_o), b(spec, dp, solo, o, offload_o);
+    Replica a(spec, dp, solo, o, resident_o, Precision::Fp16), b(spec, dp, solo, o, offload_o, Precision::Fp16);
     int skipped = 0, stepped = 0;
     for (int s = 0; s < 40 && stepped < 3; ++s) {
       const Batch g = global_batch(spec, s % 4);
@@ -393,18 +396,10 @@ TEST(Zero, OffloadWithBf16ParametersComputesWhatStage3InBf16Computes) {
   Comm solo("solo", runtime().rank());
   AdamWOptions o;
   o.lr = 1e-2;
-  struct Replica {
-    Transformer model;
-    ShardedDataParallel zero;
-    AdamW opt;
-    TrainStep step;
-    Replica(const plan::ModelSpec& spec, Comm& dp, Comm& solo, const AdamWOptions& o, ZeroOptions z)
-        : model(spec, solo, false, 5), zero(model, dp, solo, solo, o, z), opt(zero.shard_params(), o),
-          step(model, opt, dp, solo, {Precision::Bf16, nullptr, nullptr, &zero}) {}
-  };
   ZeroOptions stage3{3, false, true, true}, stage2{2, false, true, true}, stage1{1, false, true, true};
   stage2.offload = stage1.offload = true;
-  Replica a(spec, dp, solo, o, stage3), b(spec, dp, solo, o, stage2), c(spec, dp, solo, o, stage1);
+  Replica a(spec, dp, solo, o, stage3, Precision::Bf16), b(spec, dp, solo, o, stage2, Precision::Bf16),
+      c(spec, dp, solo, o, stage1, Precision::Bf16);
   const int64_t per_rank = kGlobal / dp.size();
   double worst_loss = 0, worst_norm = 0;
   for (int s = 0; s < 4; ++s) {
