@@ -258,18 +258,23 @@ TEST(Fp8, TrainsLikeBf16) {
 TEST(Fp8, UntestedCombinationsAreRefusedByName) {
   test::Dir d;
   const std::string cfg = test::tiny_config(d, "c.toml", "");
-  EXPECT_EQ(test::error_of(cfg, {"train.precision=\"fp8\"", "train.method=\"sft\""}), "");
-  for (const auto& [set, named] : std::vector<std::pair<std::string, std::string>>{
-           {"train.method=\"dpo\"", "train.method = \"dpo\""},
-           {"lora.rank=4", "lora.rank = 4 (LoRA, QLoRA)"},
-           {"adapters.bottleneck=8", "adapters.bottleneck = 8"},
-           {"model.experts=4", "model.experts = 4 (MoE)"}}) {
-    std::vector<std::string> sets{"train.precision=\"fp8\"", set};
-    if (set == "model.experts=4") sets.push_back("model.top_k=2");
-    const std::string e = test::error_of(cfg, sets);
-    EXPECT_NE(e.find("train.precision = \"fp8\" with " + named + ": FP8 is tested on dense pretraining and SFT only"),
-              std::string::npos)
-        << set << ": " << e;
+  // fp16 (the same list: its parity rows cover dense pretraining only) alike.
+  for (const auto& [precision, label] : {std::pair{"fp8", "FP8"}, std::pair{"fp16", "fp16"}}) {
+    const std::string p = std::string("train.precision=\"") + precision + "\"";
+    EXPECT_EQ(test::error_of(cfg, {p, "train.method=\"sft\""}), "");
+    for (const auto& [set, named] : std::vector<std::pair<std::string, std::string>>{
+             {"train.method=\"dpo\"", "train.method = \"dpo\""},
+             {"lora.rank=4", "lora.rank = 4 (LoRA, QLoRA)"},
+             {"adapters.bottleneck=8", "adapters.bottleneck = 8"},
+             {"model.experts=4", "model.experts = 4 (MoE)"}}) {
+      std::vector<std::string> sets{p, set};
+      if (set == "model.experts=4") sets.push_back("model.top_k=2");
+      const std::string e = test::error_of(cfg, sets);
+      EXPECT_NE(e.find(std::string("train.precision = \"") + precision + "\" with " + named + ": " + label +
+                       " is tested on dense pretraining and SFT only"),
+                std::string::npos)
+          << set << ": " << e;
+    }
   }
   EXPECT_NE(test::error_of(cfg, {"train.precision=\"fp8\"", "train.fp8_scaling=\"hybrid\""})
                 .find("train.fp8_scaling 'hybrid' unknown; use current or delayed"),

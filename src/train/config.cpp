@@ -345,19 +345,20 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             "needed) or parallel.pp = 1",
                                             path, c.pp));
   }
-  if (c.precision == "fp8") {
-    // FP8 is tested (parity matrix rows fp8, fp8_delayed; ParityCli.Fp8UnderZero3ZeroBubbleAndRecomputation)
-    // on dense pretraining and SFT; elsewhere it is refused until it is: a frozen reference or a critic
-    // would compute in another precision than the policy, adapters and experts have no FP8 product.
+  if (c.precision == "fp8" || c.precision == "fp16") {
+    // FP8 and fp16 are tested (parity matrix rows fp8, fp8_delayed, fp16, fp16_zero3;
+    // ParityCli.Fp8UnderZero3ZeroBubbleAndRecomputation) on dense pretraining and SFT; elsewhere they are
+    // refused until they are: a frozen reference or a critic would compute in another precision than the
+    // policy, adapters and experts have no FP8 product, and no test covers them in fp16.
     std::string what;
     if (c.method != "pretrain" && c.method != "sft") what = fmt::format("train.method = \"{}\"", c.method);
     else if (c.lora.rank > 0) what = fmt::format("lora.rank = {} (LoRA, QLoRA)", c.lora.rank);
     else if (c.adapters.bottleneck > 0) what = fmt::format("adapters.bottleneck = {}", c.adapters.bottleneck);
     else if (c.model.experts > 0) what = fmt::format("model.experts = {} (MoE)", c.model.experts);
     if (!what.empty()) {
-      throw std::invalid_argument(fmt::format("{}: train.precision = \"fp8\" with {}: FP8 is tested on dense "
+      throw std::invalid_argument(fmt::format("{}: train.precision = \"{}\" with {}: {} is tested on dense "
                                               "pretraining and SFT only; use train.precision = \"bf16\"",
-                                              path, what));
+                                              path, c.precision, what, c.precision == "fp8" ? "FP8" : "fp16"));
     }
   }
   try {

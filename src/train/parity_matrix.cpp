@@ -178,6 +178,13 @@ std::vector<MatrixRow> build() {
   fp16.norm_tol = 1e-2;
   fp16.weight_tol = 0.5;
   rows.push_back(fp16);
+  // fp16 under ZeRO-3: the scaler checks and unscales the sharded gradients.
+  MatrixRow fp16_zero3 = row("fp16_zero3", "fp16 autocast under ZeRO-3", {"train.precision=\"fp16\"", "parallel.zero=3"}, 2,
+                              {T, T, T, T, refused("with parallel.pp = 2: stage 2 would reduce-scatter, and stage 3 "
+                                                   "re-gather"),
+                               refused(kNoExperts)});
+  fp16_zero3.loss_tol = fp16.loss_tol, fp16_zero3.norm_tol = fp16.norm_tol, fp16_zero3.weight_tol = fp16.weight_tol;
+  rows.push_back(fp16_zero3);
   // FP8 (nn/fp8.h): the blocks' linears in e4m3/e5m2 with per-tensor scales, the rest bf16. Every
   // amax is reduced over the ranks that split the tensor (tp, cp) and, for delayed scaling, over the
   // data replicas, so each mesh quantises what one process quantises. pp computes exactly what one
