@@ -23,6 +23,7 @@
 #include "meshtrain/nn/recompute.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
+#include "meshtrain/parallel/tensor/tied_grad.h"
 #include "meshtrain/train/precision.h"
 #include "tests/parity.h"
 #include "tests/same_step.h"
@@ -151,6 +152,50 @@ TEST(FusedLoss, Bf16WithinItsBound) {
   }
 }
 
+// A tied head (tied_grad.h): the lookup's rows go into the loss's dW, which autograd then
+// delivers as the weight's gradient; equal to at::embedding + the unfused pair. The lookup feeds
+// the loss through a product, so both gradients of W are non-trivial. Without the loss's offer
+// (another weight, a chunked backward that recomputes) the lookup's gradient is dense.
+TEST(FusedLoss, ATiedLookupAddsItsRowsIntoTheLossesDw) {
+  Comm solo("solo", 0);
+  for (bool uniform : {true, false}) {
+    const Case c = make_case(uniform);
+    const at::Tensor ids = c.targets.abs();  // [37] in [0, 70)
+    at::Tensor ref_w = c.w.clone().requires_grad_();
+    const at::Tensor ref_x = at::embedding(ref_w, ids) * c.x;
+    vocab_parallel_cross_entropy(at::mm(ref_x, ref_w.t()), c.targets, solo, 0, kVocab).backward(c.upstream);
+    for (bool offered : {true, false}) {
+      const std::string what = fmt::format("uniform={} offered={}", uniform, offered);
+      at::Tensor w = c.w.clone().requires_grad_();
+      const TiedGrad tied(offered ? w : at::Tensor());
+      const at::Tensor x = tied_lookup(w, ids, tied) * c.x;
+      fused_linear_cross_entropy(x, w, c.targets, solo, 0, kVocab, 8, &tied).backward(c.upstream);
+      EXPECT_EQ(tied.merged(), offered ? 1 : 0) << what;
+      EXPECT_FALSE(tied.take().defined()) << what;  // the lookup emptied the slot
+      expect_close(w.grad(), ref_w.grad(), 1e-5, what + " dW");
+    }
+    // Two forwards through the weight, one backward of their sum: the second loss's dW is summed
+    // with the first's before either lookup runs, so neither merges, and the gradient is still whole.
+    at::Tensor ref2 = c.w.clone().requires_grad_();
+    at::Tensor w = c.w.clone().requires_grad_();
+    at::Tensor sum_ref, sum;
+    std::vector<TiedGrad> slots;
+    for (int64_t k = 0; k < 2; ++k) {
+      const at::Tensor ids_k = (ids + k) % kVocab;
+      const at::Tensor lr = vocab_parallel_cross_entropy(at::mm(at::embedding(ref2, ids_k) * c.x, ref2.t()), c.targets,
+                                                         solo, 0, kVocab);
+      slots.emplace_back(w);
+      const at::Tensor l = fused_linear_cross_entropy(tied_lookup(w, ids_k, slots.back()) * c.x, w, c.targets, solo, 0,
+                                                      kVocab, 8, &slots.back());
+      sum_ref = k == 0 ? lr : sum_ref + lr;
+      sum = k == 0 ? l : sum + l;
+    }
+    sum_ref.backward(c.upstream);
+    sum.backward(c.upstream);
+    expect_close(w.grad(), ref2.grad(), 1e-5, fmt::format("uniform={} two forwards dW", uniform));
+  }
+}
+
 TEST(FusedLoss, ShapeErrorsAreClear) {
   Comm solo("solo", 0);
   const at::Tensor x = at::zeros({4, 8}), w = at::zeros({16, 8}), t = at::zeros({4}, at::kLong);
@@ -177,7 +222,6 @@ TEST(FusedLoss, TheModelTrainsTheSameWithItOnAndOff) {
       fused.set_recompute(recompute);
       plain.set_recompute(recompute);
       expect_same_step(fused, plain, b, false, what, [&](const Param& f, const Param& p) {
-        // The tied weight's embedding rows arrive sparse and are added into the head's dense dW.
         ASSERT_FALSE(f.tensor.grad().is_sparse()) << what << " " << f.name;
         expect_close(f.tensor.grad(), p.tensor.grad(), 1e-5, what + " " + f.name);
       });

@@ -22,6 +22,7 @@
 #include "meshtrain/platform/fault.h"
 #include "meshtrain/parallel/tensor/cross_entropy.h"
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
+#include "meshtrain/parallel/tensor/tied_grad.h"
 #include "model/dropout_sites.h"
 
 namespace meshtrain {
@@ -218,7 +219,7 @@ at::Tensor Transformer::embed_tokens(const at::Tensor& tokens, bool train, KVCac
   unit_begin(0);
   std::optional<SegmentProfiler::Scope> rest;
   if (profiler_) rest.emplace(SegmentProfiler::Scope{profiler_, "forward rest"});
-  at::Tensor x = embed_.forward(tokens, sparse_embedding_grad_);  // [s(/tp), b, h]
+  at::Tensor x = embed_.forward(tokens, tied_grad_);  // [s(/tp), b, h]
   if (pos_.defined()) {
     const int64_t rows = x.size(0), first = tp_.sequence_parallel ? tp_.rank() * rows : 0;
     if (docs.defined()) {  // [b, s] positions -> [rows, b, h]
@@ -261,18 +262,20 @@ at::Tensor Transformer::run_blocks(at::Tensor x, bool train, KVCache* cache, con
 
 namespace {
 
-// Sets a flag for one scope.
-struct ScopedFlag {
-  bool& flag;
-  bool was;
-  ScopedFlag(bool& f, bool value) : flag(f), was(f) { f = value; }
-  ~ScopedFlag() { flag = was; }
+// Sets a value for one scope.
+template <class T>
+struct Scoped {
+  T& value;
+  T was;
+  Scoped(T& v, T now) : value(v), was(v) { v = now; }
+  ~Scoped() { value = was; }
 };
 
 }  // namespace
 
 at::Tensor Transformer::stage_forward(const at::Tensor& x, const at::Tensor& targets, bool train) {
-  ScopedFlag sparse(sparse_embedding_grad_, tied_loss_forward());
+  const std::optional<TiedGrad> tied = tied_loss_forward() ? std::optional<TiedGrad>(embed_.weight) : std::nullopt;
+  Scoped<const TiedGrad*> slot(tied_grad_, tied ? &*tied : nullptr);
   at::Tensor h = part_.embedding ? embed_tokens(x, train, nullptr) : x;
   h = run_blocks(h, train, nullptr);
   if (!part_.head) return h;
@@ -304,7 +307,7 @@ at::Tensor Transformer::head_loss(const at::Tensor& h, const at::Tensor& targets
   const at::Tensor x = tp_.enter(h);  // [s, b, h]
   const at::Tensor& w = spec_.tied ? embed_.weight : head_.weight;
   const at::Tensor loss = fused_linear_cross_entropy(x.reshape({-1, x.size(-1)}), w, targets.t().reshape({-1}), comm_,
-                                                     vocab_start(), spec_.vocab);
+                                                     vocab_start(), spec_.vocab, 0, tied_grad_);
   return loss.view({x.size(0), x.size(1)});
 }
 
@@ -331,7 +334,8 @@ at::Tensor Transformer::decode(const at::Tensor& tokens, KVCache& cache) {
 at::Tensor Transformer::forward(const at::Tensor& tokens, const at::Tensor& targets, bool train,
                                 const at::Tensor& doc_ids) {
   if (targets.sizes() != tokens.sizes()) throw std::invalid_argument("targets must have the shape of tokens");
-  ScopedFlag sparse(sparse_embedding_grad_, tied_loss_forward());
+  const std::optional<TiedGrad> tied = tied_loss_forward() ? std::optional<TiedGrad>(embed_.weight) : std::nullopt;
+  Scoped<const TiedGrad*> slot(tied_grad_, tied ? &*tied : nullptr);
   return through_head(trunk(tokens, train, nullptr, doc_ids),
                       [&](const at::Tensor& n) { return head_loss(n, targets); });
 }

@@ -178,13 +178,18 @@ std::vector<MatrixRow> build() {
   fp16.norm_tol = 1e-2;
   fp16.weight_tol = 0.5;
   rows.push_back(fp16);
-  // fp16 under ZeRO-3: the scaler checks and unscales the sharded gradients.
-  MatrixRow fp16_zero3 = row("fp16_zero3", "fp16 autocast under ZeRO-3", {"train.precision=\"fp16\"", "parallel.zero=3"}, 2,
-                              {T, T, T, T, refused("with parallel.pp = 2: stage 2 would reduce-scatter, and stage 3 "
-                                                   "re-gather"),
-                               refused(kNoExperts)});
-  fp16_zero3.loss_tol = fp16.loss_tol, fp16_zero3.norm_tol = fp16.norm_tol, fp16_zero3.weight_tol = fp16.weight_tol;
-  rows.push_back(fp16_zero3);
+  // fp16 under ZeRO-1/2/3: the scaler checks and unscales the sharded gradients (ZeRO-2, -3) or
+  // the whole gradients before the sharded step (ZeRO-1).
+  for (int zero : {1, 2, 3}) {
+    const MatrixCell pp = zero == 3   ? refused("with parallel.pp = 2: stage 2 would reduce-scatter, and stage 3 re-gather")
+                          : zero == 2 ? refused(kShardedPipeline)
+                                      : refused("the pipeline schedules have no loss scaler");
+    MatrixRow r = row(fmt::format("fp16_zero{}", zero), fmt::format("fp16 autocast under ZeRO-{}", zero),
+                      {"train.precision=\"fp16\"", fmt::format("parallel.zero={}", zero)}, 2,
+                      {T, T, T, T, pp, refused(kNoExperts)});
+    r.loss_tol = fp16.loss_tol, r.norm_tol = fp16.norm_tol, r.weight_tol = fp16.weight_tol;
+    rows.push_back(r);
+  }
   // FP8 (nn/fp8.h): the blocks' linears in e4m3/e5m2 with per-tensor scales, the rest bf16. Every
   // amax is reduced over the ranks that split the tensor (tp, cp) and, for delayed scaling, over the
   // data replicas, so each mesh quantises what one process quantises. pp computes exactly what one

@@ -258,9 +258,8 @@ class Transformer {
   bool fused_loss_ = true;
   bool fused_ops_ = true;
   // While a loss forward runs through the fused loss with the head tied to the
-  // embedding on this rank: the embedding's gradient is sparse, added into the
-  // head's dense dW (VocabParallelEmbedding::forward).
-  bool sparse_embedding_grad_ = false;
+  // embedding on this rank: where the lookup's rows meet the loss's dW (tied_grad.h).
+  const TiedGrad* tied_grad_ = nullptr;
   // forward()/stage_forward(): whether this forward's embedding may be sparse.
   bool tied_loss_forward() const { return fused_loss_ && spec_.tied && part_.embedding && part_.head; }
   double moe_loss_weight_ = 1;

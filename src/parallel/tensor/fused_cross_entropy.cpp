@@ -13,6 +13,7 @@
 #include "meshtrain/comm/comm.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/nn/linear.h"
+#include "meshtrain/parallel/tensor/tied_grad.h"
 
 namespace meshtrain {
 namespace {
@@ -88,7 +89,7 @@ at::ScalarType compute_dtype(const at::Tensor& x) {
 struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& targets, Comm* tp, int64_t vocab_start, int64_t vocab, int64_t chunk,
-                            bool need_dx, bool need_dw) {
+                            bool need_dx, bool need_dw, const TiedGrad* tied) {
     const int64_t n = x.size(0), local_v = weight.size(0);
     const int64_t valid = std::clamp<int64_t>(vocab - vocab_start, 0, local_v);
     const at::ScalarType dtype = compute_dtype(x);
@@ -133,6 +134,7 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
     ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
     ctx->saved_data["deferrable"] = nn::weight_grads_deferrable();
     ctx->saved_data["consumed"] = false;
+    if (tied && tied->is_for(weight)) ctx->saved_data["tied"] = tied->to_ivalue();
     return loss;
   }
 
@@ -160,7 +162,8 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
       stash->add_ready(weight, dw);  // zero-bubble schedules: W's gradient waits for the W pass
       dw = at::Tensor();
     }
-    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (dw.defined() && ctx->saved_data.count("tied")) TiedGrad::from_ivalue(ctx->saved_data["tied"]).offer(dw);
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
   // Per-token upstream gradients g: each chunk's probabilities again from its logits and lse, rows weighted by g.
@@ -195,7 +198,8 @@ int64_t default_chunk_rows(int64_t n, int64_t local_vocab) {
 }
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                      Comm& tp, int64_t vocab_start, int64_t vocab, int64_t chunk_rows) {
+                                      Comm& tp, int64_t vocab_start, int64_t vocab, int64_t chunk_rows,
+                                      const TiedGrad* tied) {
   if (x.dim() != 2 || weight.dim() != 2 || x.size(1) != weight.size(1) || targets.dim() != 1 ||
       targets.size(0) != x.size(0)) {
     throw std::invalid_argument("fused_linear_cross_entropy: x [N, h], weight [V, h] and targets [N] expected");
@@ -204,7 +208,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& wei
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk_rows(x.size(0), weight.size(0));
   const bool grad_mode = at::GradMode::is_enabled();
   return FusedLinearCE::apply(x, weight, targets, &tp, vocab_start, vocab, chunk, grad_mode && x.requires_grad(),
-                              grad_mode && weight.requires_grad());
+                              grad_mode && weight.requires_grad(), tied);
 }
 
 }  // namespace meshtrain

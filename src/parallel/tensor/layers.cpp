@@ -8,6 +8,7 @@
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/comm/comm.h"
+#include "meshtrain/parallel/tensor/tied_grad.h"
 
 namespace meshtrain {
 
@@ -80,15 +81,16 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParamStore& store, const std::str
   weight = store.create(name + ".weight", {padded_vocab, hidden}, Init::Normal, std, 0, false, vocab);
 }
 
-at::Tensor VocabParallelEmbedding::forward(const at::Tensor& tokens, bool sparse_grad) const {
+at::Tensor VocabParallelEmbedding::forward(const at::Tensor& tokens, const TiedGrad* tied) const {
+  const auto lookup = [&](const at::Tensor& ids) { return tied ? tied_lookup(weight, ids, *tied) : at::embedding(weight, ids); };
   at::Tensor t = tokens.t();  // [s, b]
   at::Tensor out;
   if (tp_.size() == 1) {
-    out = at::embedding(weight, t, -1, false, sparse_grad);
+    out = lookup(t);
   } else {
     at::Tensor local = t - start_;
     at::Tensor outside = (local < 0).logical_or(local >= rows_);
-    at::Tensor rows = at::embedding(weight, local.masked_fill(outside, 0), -1, false, sparse_grad);
+    at::Tensor rows = lookup(local.masked_fill(outside, 0));
     out = rows.masked_fill(outside.unsqueeze(-1), 0.0);
   }
   return tp_.leave(out);

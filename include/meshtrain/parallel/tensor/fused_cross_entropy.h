@@ -35,13 +35,16 @@
 namespace meshtrain {
 
 class Comm;
+class TiedGrad;
 
 // x: [N, h] the head's input (already entered into tp); weight: [V/tp, h];
 // targets: [N] int64, < 0 ignored (loss 0, no gradient). `chunk_rows` tokens
 // per chunk, 0 = default_chunk_rows. Returns the per-token loss [N] in fp32,
-// identical on every tp rank.
+// identical on every tp rank. `tied`: weight is also the embedding's, whose lookup
+// adds its rows into this loss's dW (tied_grad.h).
 at::Tensor fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
-                                      Comm& tp, int64_t vocab_start, int64_t vocab, int64_t chunk_rows = 0);
+                                      Comm& tp, int64_t vocab_start, int64_t vocab, int64_t chunk_rows = 0,
+                                      const TiedGrad* tied = nullptr);
 
 // Rows per chunk: N split evenly into the fewest chunks whose fp32 logits
 // (rows x local_vocab x 4 bytes) stay within 64 MiB.

@@ -23,6 +23,8 @@
 
 namespace meshtrain {
 
+class TiedGrad;
+
 class Comm;
 
 struct TensorParallel {
@@ -81,12 +83,10 @@ class VocabParallelEmbedding {
   VocabParallelEmbedding() = default;
   VocabParallelEmbedding(ParamStore& store, const std::string& name, int64_t vocab, int64_t padded_vocab,
                          int64_t hidden, double std, TensorParallel tp);
-  // tokens [b, s] -> [s(/tp with SP), b, hidden]. `sparse_grad`: the weight's
-  // gradient from this lookup is sparse (its rows only), for a caller that
-  // knows a dense gradient of the same weight meets it in autograd (a tied
-  // output layer): the rows are then added into that one, instead of a dense
-  // zero-filled [V/tp, h] of their own plus a [V/tp, h] sum.
-  at::Tensor forward(const at::Tensor& tokens, bool sparse_grad = false) const;
+  // tokens [b, s] -> [s(/tp with SP), b, hidden]. `tied`: the weight is also the
+  // output layer's, whose fused loss offers its dW there; the lookup's rows are
+  // added into it (tied_grad.h).
+  at::Tensor forward(const at::Tensor& tokens, const TiedGrad* tied = nullptr) const;
   int64_t vocab_start() const { return start_; }
   at::Tensor weight;
 
