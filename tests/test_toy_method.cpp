@@ -46,6 +46,28 @@ TEST(ToyMethod, RegisteredInATestFileTrainsOnDp2AsOnOneProcess) {
   EXPECT_NE(toy.at(1), pretrain.at(1));
 }
 
+// The toy method's section, declared in its file: its key sets what the method reads (a quarter of
+// each window trains from 0.75 on), is range-checked, and is one error under a method that does not
+// read the section.
+TEST(ToyMethod, ItsOwnSectionIsDeclaredWithIt) {
+  Dir d;
+  const std::string cfg = test::tiny_config(d, "toy.toml", "") + " train.steps=2 second_half.from=0.75";
+  const auto shares = test::metric(run_toy(d, cfg, 1, "second_half", "quarter"), "window_share");
+  ASSERT_EQ(shares.size(), 2u);
+  for (const auto& [step, share] : shares) EXPECT_DOUBLE_EQ(share, 0.25) << "step " << step;
+  const auto toy = [&](const std::string& sets) {
+    return test::run_command(std::string(MESHTRAIN_TOY_METHOD_BIN) + " " + cfg + " " + sets);
+  };
+  const auto pretrain = toy("'train.method=\"pretrain\"'");
+  EXPECT_NE(pretrain.code, 0);
+  EXPECT_NE(pretrain.output.find("second_half.from is given, and train.method = \"pretrain\" reads no [second_half] "
+                                 "section (train.method \"second_half\" does)"),
+            std::string::npos)
+      << pretrain.output;
+  const auto range = toy("'train.method=\"second_half\"' second_half.from=1");
+  EXPECT_NE(range.output.find("second_half.from = 1 must be in [0, 1)"), std::string::npos) << range.output;
+}
+
 TEST(ToyMethod, TheTableNamesWhatIsRegistered) {
   Dir d;
   const std::string cfg = test::tiny_config(d, "m.toml", "");

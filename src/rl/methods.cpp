@@ -8,8 +8,11 @@
 #include <string>
 #include <utility>
 
+#include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/data/tasks.h"
+#include "meshtrain/plan/spec_json.h"
 #include "meshtrain/platform/subprocess.h"
+#include "meshtrain/rl/config_keys.h"
 #include "meshtrain/rl/critic.h"
 #include "meshtrain/rl/environment.h"
 #include "meshtrain/rl/grpo.h"
@@ -17,16 +20,19 @@
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/rl/reward_model.h"
 #include "meshtrain/rl/rl_trainer.h"
+#include "meshtrain/rl/settings.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/config_keys.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/method.h"
+#include "meshtrain/train/state.h"
 
 namespace meshtrain {
 namespace {
 
 // train.method = "grpo" | "ppo": the [rl], [grpo] and [ppo] settings.
 void check_rl(const TrainConfig& c, const std::string& path) {
-  const auto& r = c.rl;
+  const auto& r = rl_settings(c);
   const std::string& m = c.method;
   if (r.prompts.empty()) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" needs rl.prompts", path, m));
   if (m == "grpo" && r.group < 2) {
@@ -88,11 +94,11 @@ void check_rl(const TrainConfig& c, const std::string& path) {
     if (set) throw std::invalid_argument(fmt::format("{}: train.method = \"{}\" with {}", path, m, why));
   }
   try {
-    parse_grpo_loss(c.grpo.loss);
+    parse_grpo_loss(grpo_settings(c).loss);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}: grpo.loss: {}", path, e.what()));
   }
-  const auto& p = c.ppo;
+  const auto& p = ppo_settings(c);
   try {
     parse_kl_estimator(p.kl_estimator);
   } catch (const std::invalid_argument& e) {
@@ -105,14 +111,45 @@ void check_rl(const TrainConfig& c, const std::string& path) {
 std::unique_ptr<Objective> policy_objective(const TrainConfig& c, Transformer* reference) {
   const bool ppo = c.method == "ppo";
   GrpoOptions g;
-  g.epsilon_low = c.rl.epsilon, g.epsilon_high = c.rl.epsilon_high, g.beta = ppo ? 0.0 : c.grpo.beta;
-  g.loss = ppo ? GrpoLoss::Dapo : parse_grpo_loss(c.grpo.loss);
-  g.kl_ratio = !ppo && c.grpo.kl_ratio;
-  g.max_completion = c.rl.max_new;
-  return std::make_unique<GrpoObjective>(g, c.rl.temperature, CharVocab::size(), reference);
+  g.epsilon_low = rl_settings(c).epsilon, g.epsilon_high = rl_settings(c).epsilon_high, g.beta = ppo ? 0.0 : grpo_settings(c).beta;
+  g.loss = ppo ? GrpoLoss::Dapo : parse_grpo_loss(grpo_settings(c).loss);
+  g.kl_ratio = !ppo && grpo_settings(c).kl_ratio;
+  g.max_completion = rl_settings(c).max_new;
+  return std::make_unique<GrpoObjective>(g, rl_settings(c).temperature, CharVocab::size(), reference);
 }
 
 // What GRPO and PPO share: rl.prompts instead of token shards, the [rl] checks, the rollout loop.
+// What an RL run reads, checked before ranks start: the task's prompts (and held-out examples),
+// the starting and reward checkpoints; a step's prompts split over the `dp` data ranks.
+void check_rl_start(const TrainConfig& c, int dp) {
+  read_task_examples(rl_settings(c).prompts);
+  if (!rl_settings(c).eval.empty()) read_task_examples(rl_settings(c).eval);
+  if (c.model.vocab < CharVocab::size()) {
+    throw std::invalid_argument(fmt::format("model.vocab {} is smaller than the task vocabulary ({} characters)",
+                                            c.model.vocab, CharVocab::size()));
+  }
+  if (c.global_batch % dp != 0) {
+    throw std::invalid_argument(fmt::format("train.global_batch {} prompts do not divide over {} data-parallel "
+                                            "ranks", c.global_batch, dp));
+  }
+  if (!c.init_from.empty()) check_same_model(ckpt::Reader(ckpt::resolve(c.init_from)), c.model);
+  if (rl_settings(c).reward_model.empty()) return;
+  const ckpt::Reader r(ckpt::resolve(rl_settings(c).reward_model));
+  if (!r.has("model/value_head.weight")) {
+    throw std::invalid_argument(fmt::format("rl.reward_model = {} is not a reward model (it has no value head): "
+                                            "train one with train.method = \"reward\"",
+                                            rl_settings(c).reward_model));
+  }
+  const plan::ModelSpec rm = spec_from_json(r.manifest().at("config").at("model"));
+  if (rm.vocab < CharVocab::size() || rm.seq < c.model.seq || rm.heads % c.tp != 0 || rm.kv_heads % c.tp != 0) {
+    throw std::invalid_argument(fmt::format("rl.reward_model = {}: its model (vocab {}, seq {}, {} heads) must "
+                                            "hold the task's {} characters, the policy's sequence of {} and "
+                                            "split over tp = {}",
+                                            rl_settings(c).reward_model, rm.vocab, rm.seq, rm.heads, CharVocab::size(),
+                                            c.model.seq, c.tp));
+  }
+}
+
 Method rl_method(const char* name, const char* summary) {
   Method m;
   m.name = name;
@@ -120,6 +157,7 @@ Method rl_method(const char* name, const char* summary) {
   m.token_data = false;
   m.sections = {"rl"};
   m.check = check_rl;
+  m.check_start = check_rl_start;
   m.run = [](const TrainConfig& c, Runtime& rt) { return train_rl(c, rt); };
   return m;
 }
@@ -129,7 +167,7 @@ Method grpo() {
   m.sections.push_back("grpo");
   // A frozen copy for the KL unless LoRA's adapters can be switched off instead.
   m.copy_reference = [](const TrainConfig& c, EngineRole role) {
-    return role == EngineRole::Method && c.grpo.beta > 0 && c.lora.rank == 0;
+    return role == EngineRole::Method && grpo_settings(c).beta > 0 && c.lora.rank == 0;
   };
   m.objective = [](const TrainConfig& c, EngineRole, Transformer* reference) { return policy_objective(c, reference); };
   return m;
@@ -142,10 +180,10 @@ Method ppo() {
     if (role == EngineRole::Critic) add_value_head(model);  // after LoRA, which freezes what came before it
   };
   m.copy_reference = [](const TrainConfig& c, EngineRole role) {
-    return role == EngineRole::Method && c.ppo.kl_coef > 0 && c.lora.rank == 0;
+    return role == EngineRole::Method && ppo_settings(c).kl_coef > 0 && c.lora.rank == 0;
   };
   m.objective = [](const TrainConfig& c, EngineRole role, Transformer* reference) -> std::unique_ptr<Objective> {
-    if (role == EngineRole::Critic) return std::make_unique<ValueObjective>(c.ppo.value_clip, c.ppo.vf_coef);
+    if (role == EngineRole::Critic) return std::make_unique<ValueObjective>(ppo_settings(c).value_clip, ppo_settings(c).vf_coef);
     return policy_objective(c, reference);
   };
   return m;
@@ -155,6 +193,8 @@ Method reward() {
   Method m;
   m.name = "reward";
   m.summary = "a Bradley-Terry reward model on preference pairs (rl/reward_model.h)";
+  m.pairs = true;
+  m.packed_info = "dpo.json", m.tokenize = "prefs";
   m.check = [](const TrainConfig& c, const std::string& path) {
     if (c.pp > 1 || c.cp > 1 || c.sp) {
       // A sequence's score is one position's value: the sequence whole on one rank, its hidden states whole.
@@ -175,6 +215,7 @@ Method reward() {
 void register_rl_methods() {
   static std::once_flag once;
   std::call_once(once, [] {
+    register_config_keys(rl_config_keys());
     register_method(reward());
     register_method(grpo());
     register_method(ppo());

@@ -29,6 +29,7 @@
 #include "meshtrain/rl/ppo.h"
 #include "meshtrain/rl/reward_model.h"
 #include "meshtrain/rl/rollout.h"
+#include "meshtrain/rl/settings.h"
 #include "meshtrain/plan/posttrain.h"
 #include "meshtrain/runtime/mesh.h"
 #include "meshtrain/runtime/runtime.h"
@@ -65,7 +66,7 @@ size_t prompt_at(uint64_t pos, size_t n, uint64_t seed, std::map<uint64_t, std::
 std::vector<Episode> collect(Transformer& model, const TrainConfig& c, int64_t s, int64_t first,
                              const std::vector<TaskExample>& prompts, const std::vector<size_t>& which,
                              const RewardFn& score, Environment* env, int rank, std::vector<double>& rewards) {
-  const int64_t G = c.rl.group, mine = static_cast<int64_t>(which.size());
+  const int64_t G = rl_settings(c).group, mine = static_cast<int64_t>(which.size());
   std::vector<std::vector<int64_t>> encoded;
   std::vector<const TaskExample*> examples;
   std::vector<uint64_t> seeds;
@@ -79,16 +80,16 @@ std::vector<Episode> collect(Transformer& model, const TrainConfig& c, int64_t s
     }
   }
   EpisodeOptions o;
-  o.rollout.sample.max_new_tokens = c.rl.max_new;
-  o.rollout.sample.temperature = c.rl.temperature;
+  o.rollout.sample.max_new_tokens = rl_settings(c).max_new;
+  o.rollout.sample.temperature = rl_settings(c).temperature;
   o.rollout.sample.stop_token = CharVocab::end();
   o.rollout.sample.vocab_limit = CharVocab::size();
   o.rollout.pad = CharVocab::end();
   o.env = env;
-  o.max_turns = env ? c.rl.max_turns : 1;
+  o.max_turns = env ? rl_settings(c).max_turns : 1;
   std::vector<Episode> eps = run_episodes(model, encoded, examples, seeds, o);
   rewards.assign(eps.size(), 0.0);
-  if (c.rl.reward_command.empty()) {
+  if (rl_settings(c).reward_command.empty()) {
     for (size_t i = 0; i < eps.size(); ++i) rewards[i] = score(*examples[i], eps[i].answer);
   } else {
     // One call of the user's command for this rank's answers.
@@ -98,7 +99,7 @@ std::vector<Episode> collect(Transformer& model, const TrainConfig& c, int64_t s
       ex.push_back(*examples[i]);
       answers.push_back(eps[i].answer);
     }
-    rewards = command_rewards({c.rl.reward_command, c.rl.reward_shell, c.rl.reward_timeout}, ex, answers);
+    rewards = command_rewards({rl_settings(c).reward_command, rl_settings(c).reward_shell, rl_settings(c).reward_timeout}, ex, answers);
   }
   return eps;
 }
@@ -148,7 +149,7 @@ void report_memory(const TrainConfig& c, TrainEngine& actor, TrainEngine* critic
     plan::Strategy s;
     s.tp = c.tp, s.dp = dp, s.precision = plan::Precision::Fp32, s.micro_batch = c.micro_batch;
     s.seq = c.model.seq, s.global_batch = c.micro_batch * dp;
-    const plan::RlhfOptions o{rows, c.model.seq - c.rl.max_new, c.rl.max_new};
+    const plan::RlhfOptions o{rows, c.model.seq - rl_settings(c).max_new, rl_settings(c).max_new};
     planned = c.method == "ppo" ? plan::rlhf_ledger(c.model, s, o) : plan::grpo_ledger(c.model, s, o, actor.reference());
   } catch (const std::exception& e) {
     fmt::print("memory: no plan for this model ({})\n", e.what());
@@ -172,22 +173,22 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   DeviceMesh mesh(rt, layout);
   Comm& dp = mesh.group({"dp", "cp"});
   const bool lead = rt.rank() == 0;
-  const int64_t P = c.global_batch, G = c.rl.group;
+  const int64_t P = c.global_batch, G = rl_settings(c).group;
   if (P % dp.size() != 0) {
     throw std::invalid_argument(fmt::format("train.global_batch {} prompts do not divide over {} data-parallel ranks", P,
                                             dp.size()));
   }
-  const auto prompts = read_task_examples(c.rl.prompts);
+  const auto prompts = read_task_examples(rl_settings(c).prompts);
   std::vector<TaskExample> eval;
-  if (!c.rl.eval.empty()) {
-    eval = read_task_examples(c.rl.eval);
-    if (static_cast<int64_t>(eval.size()) > c.rl.eval_examples) eval.resize(c.rl.eval_examples);
+  if (!rl_settings(c).eval.empty()) {
+    eval = read_task_examples(rl_settings(c).eval);
+    if (static_cast<int64_t>(eval.size()) > rl_settings(c).eval_examples) eval.resize(rl_settings(c).eval_examples);
   }
   TrainEngine engine(c, rt, mesh, 1, lead);
   // PPO's critic: the same trunk (from the same [init] weights) with a value
   // head, trained by its own engine at ppo.critic_lr.
   TrainConfig critic_config = c;
-  if (c.ppo.critic_lr > 0) critic_config.optim.lr = c.ppo.critic_lr;
+  if (ppo_settings(c).critic_lr > 0) critic_config.optim.lr = ppo_settings(c).critic_lr;
   std::unique_ptr<TrainEngine> critic;
   if (ppo) critic = std::make_unique<TrainEngine>(critic_config, rt, mesh, 1, false, EngineRole::Critic);
   // The saver first: it takes the directory's lock and recovers what a crash left.
@@ -231,20 +232,20 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   auto& objective = dynamic_cast<GrpoObjective&>(engine.objective());
   // A learned reward model (frozen, tensor-parallel like the policy): the fourth model of PPO (RLHF).
   const std::unique_ptr<Transformer> reward_model =
-      c.rl.reward_model.empty() ? nullptr : load_reward_model(c.rl.reward_model, engine.model().tp_comm());
-  const std::unique_ptr<Environment> env = make_environment(c.rl.environment);
+      rl_settings(c).reward_model.empty() ? nullptr : load_reward_model(rl_settings(c).reward_model, engine.model().tp_comm());
+  const std::unique_ptr<Environment> env = make_environment(rl_settings(c).environment);
   Transformer& model = engine.model();
   const int64_t mine = P / dp.size(), first = dp.rank() * mine;
   if (lead) {
     fmt::print("{} on {} ({} prompts): {} prompts per step x {} completions, {} per data-parallel rank; epsilon "
                "{}/{}, {} epoch(s) per rollout; ",
-               ppo ? "PPO" : "GRPO", c.rl.task, prompts.size(), P, G, mine * G, c.rl.epsilon, c.rl.epsilon_high,
-               c.rl.epochs);
+               ppo ? "PPO" : "GRPO", rl_settings(c).task, prompts.size(), P, G, mine * G, rl_settings(c).epsilon, rl_settings(c).epsilon_high,
+               rl_settings(c).epochs);
     if (ppo) {
       fmt::print("critic with a value head, KL penalty {} ({}) in the reward, GAE gamma {} lambda {}, value clip {}\n",
-                 c.ppo.kl_coef, c.ppo.kl_estimator, c.ppo.gamma, c.ppo.lambda, c.ppo.value_clip);
+                 ppo_settings(c).kl_coef, ppo_settings(c).kl_estimator, ppo_settings(c).gamma, ppo_settings(c).lambda, ppo_settings(c).value_clip);
     } else {
-      fmt::print("loss {}, beta {}\n", c.grpo.loss, c.grpo.beta);
+      fmt::print("loss {}, beta {}\n", grpo_settings(c).loss, grpo_settings(c).beta);
     }
   }
   std::ofstream metrics;
@@ -257,13 +258,13 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
   auto evaluate = [&](int64_t s, nlohmann::json& j) {
     if (eval.empty()) return;
     // Greedy, and sampled at the rollout temperature (what RL optimises).
-    const TaskScore e = evaluate_task(model, eval, c.rl.max_new, 64, 0, 0, env.get(), c.rl.max_turns);
+    const TaskScore e = evaluate_task(model, eval, rl_settings(c).max_new, 64, 0, 0, env.get(), rl_settings(c).max_turns);
     const TaskScore sampled =
-        evaluate_task(model, eval, c.rl.max_new, 64, c.rl.temperature, c.seed, env.get(), c.rl.max_turns);
+        evaluate_task(model, eval, rl_settings(c).max_new, 64, rl_settings(c).temperature, c.seed, env.get(), rl_settings(c).max_turns);
     if (lead) {
       fmt::print("step {:>5} | held-out accuracy {:.3f} greedy ({}/{}), {:.3f} sampled at temperature {} | mean "
                  "reward {:.3f}\n",
-                 s, e.accuracy(), e.exact, e.examples, sampled.accuracy(), c.rl.temperature, e.reward);
+                 s, e.accuracy(), e.exact, e.examples, sampled.accuracy(), rl_settings(c).temperature, e.reward);
       j["eval_accuracy"] = e.accuracy();
       j["eval_sampled_accuracy"] = sampled.accuracy();
       j["eval_reward"] = e.reward;
@@ -307,9 +308,9 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       b.advantages = group_advantages(at::tensor(rewards, at::kDouble), G).to(at::kFloat);
     } else {
       at::NoGradGuard no_grad;
-      const double t = c.rl.temperature;
+      const double t = rl_settings(c).temperature;
       at::Tensor ref = b.old_logp;  // kl_coef = 0: no penalty, no reference
-      if (c.ppo.kl_coef > 0) {
+      if (ppo_settings(c).kl_coef > 0) {
         if (Transformer* frozen = engine.reference()) {
           ref = token_logprobs(*frozen, b.tokens, t, CharVocab::size(), false);
         } else {
@@ -322,9 +323,9 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       const int64_t T = b.tokens.size(1) - 1;
       const at::Tensor old_values = values(critic->model(), b.tokens, false).narrow(1, 0, T);
       const at::Tensor shaped = kl_shaped_rewards(b.old_logp, ref, b.mask, at::tensor(rewards, at::kDouble).to(at::kFloat),
-                                                  c.ppo.kl_coef, parse_kl_estimator(c.ppo.kl_estimator));
-      const Gae g = gae(shaped, old_values, b.mask, c.ppo.gamma, c.ppo.lambda);
-      if (c.ppo.whiten) {
+                                                  ppo_settings(c).kl_coef, parse_kl_estimator(ppo_settings(c).kl_estimator));
+      const Gae g = gae(shaped, old_values, b.mask, ppo_settings(c).gamma, ppo_settings(c).lambda);
+      if (ppo_settings(c).whiten) {
         at::Tensor moments = masked_moments(g.advantages, b.mask);
         dp.all_reduce(moments);  // the global batch's mean and variance
         b.advantages = masked_whiten(g.advantages, b.mask, moments);
@@ -337,9 +338,9 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
     // Optimisation: rl.epochs steps over the rollout batch (actor, then critic).
     StepResult r, rc;
     nlohmann::json spike_event;
-    for (int64_t e = 0; e < c.rl.epochs; ++e) {
+    for (int64_t e = 0; e < rl_settings(c).epochs; ++e) {
       // Each of the rl.epochs updates is an optimizer step of its own (its own dropout masks).
-      const int64_t update = (s - 1) * c.rl.epochs + e + 1;
+      const int64_t update = (s - 1) * rl_settings(c).epochs + e + 1;
       r = engine.step(update,
                       micro_batches(R, c.micro_batch, dp.rank() * R, [&](const auto& ids) { return objective.rows(ids); }),
                       spike.gate());

@@ -38,11 +38,11 @@
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/memory.h"
+#include "meshtrain/train/method.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/run_strategy.h"
 #include "meshtrain/train/trainer.h"
-#include "meshtrain/data/tasks.h"
 #include "meshtrain/train/step.h"
 #include "train/checks.h"
 
@@ -273,37 +273,9 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
   }
   check_start_paths(c);
   const int dp = layout.size("dp") * layout.size("ep");  // the replicas reading different data
-  if (c.method == "grpo" || c.method == "ppo") {
-    // RL reads prompts of a shipped task, not token shards; dp = the world over tp.
-    read_task_examples(c.rl.prompts);
-    if (!c.rl.eval.empty()) read_task_examples(c.rl.eval);
-    if (c.model.vocab < CharVocab::size()) {
-      throw std::invalid_argument(fmt::format("model.vocab {} is smaller than the task vocabulary ({} characters)",
-                                              c.model.vocab, CharVocab::size()));
-    }
-    if (c.global_batch % dp != 0) {
-      throw std::invalid_argument(fmt::format("train.global_batch {} prompts do not divide over {} data-parallel "
-                                              "ranks", c.global_batch, dp));
-    }
-    if (!c.init_from.empty()) check_same_model(ckpt::Reader(ckpt::resolve(c.init_from)), c.model);
-    if (!c.rl.reward_model.empty()) {
-      const ckpt::Reader r(ckpt::resolve(c.rl.reward_model));
-      if (!r.has("model/value_head.weight")) {
-        throw std::invalid_argument(fmt::format("rl.reward_model = {} is not a reward model (it has no value head): "
-                                                "train one with train.method = \"reward\"",
-                                                c.rl.reward_model));
-      }
-      const plan::ModelSpec rm = spec_from_json(r.manifest().at("config").at("model"));
-      if (rm.vocab < CharVocab::size() || rm.seq < c.model.seq || rm.heads % c.tp != 0 || rm.kv_heads % c.tp != 0) {
-        throw std::invalid_argument(fmt::format("rl.reward_model = {}: its model (vocab {}, seq {}, {} heads) must "
-                                                "hold the task's {} characters, the policy's sequence of {} and "
-                                                "split over tp = {}",
-                                                c.rl.reward_model, rm.vocab, rm.seq, rm.heads, CharVocab::size(),
-                                                c.model.seq, c.tp));
-      }
-    }
-    return device;
-  }
+  const Method& method = method_named(c.method);
+  if (method.check_start) method.check_start(c, dp);
+  if (!method.token_data) return device;
   if (!c.eval_tasks.empty()) {
     if (c.method != "pretrain" && c.method != "sft") {
       throw std::invalid_argument(fmt::format("eval.tasks score next-token log-likelihoods: train.method \"{}\" has "
@@ -338,18 +310,17 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
                                               c.model.vocab, top, shard));
     }
   }
-  if (c.method == "sft" || pairwise(c.method)) {
+  if (!method.packed_info.empty()) {
     // Blocks packed for another length would cut conversations: the data's sft.json (dpo.json) names its seq.
-    const bool sft = c.method == "sft";
     std::vector<std::string> shards = train_shards_of(c);
     shards.insert(shards.end(), c.val_shards.begin(), c.val_shards.end());
     for (const auto& shard : shards) {
-      const auto info = std::filesystem::path(shard).parent_path() / (sft ? "sft.json" : "dpo.json");
+      const auto info = std::filesystem::path(shard).parent_path() / method.packed_info;
       if (!std::filesystem::exists(TokenLoader::mask_path(shard)) || !std::filesystem::exists(info)) {
         throw std::invalid_argument(fmt::format("train.method = \"{}\" needs {} and {} beside {}: make them with "
                                                 "meshtrain tokenize {}",
                                                 c.method, TokenLoader::mask_path(shard), info.string(), shard,
-                                                sft ? "chat" : "prefs"));
+                                                method.tokenize));
       }
       nlohmann::json j;
       std::ifstream(info) >> j;
@@ -357,7 +328,7 @@ DeviceKind check_run(const TrainConfig& c, int world, int ranks_per_node, bool p
         throw std::invalid_argument(fmt::format("{} was packed into blocks of {} tokens but train.seq = {}: set "
                                                 "train.seq = {} or re-run meshtrain tokenize {} --seq {}",
                                                 shard, j.value("seq", int64_t{0}), c.seq, j.value("seq", int64_t{0}),
-                                                sft ? "chat" : "prefs", c.seq));
+                                                method.tokenize, c.seq));
       }
     }
   }

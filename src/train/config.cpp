@@ -19,7 +19,7 @@
 #include "meshtrain/platform/device.h"
 #include "meshtrain/nn/fp8.h"
 #include "meshtrain/train/precision.h"
-#include "train/config_keys.h"
+#include "meshtrain/train/config_keys.h"
 
 namespace meshtrain {
 
@@ -57,11 +57,14 @@ void apply(TrainConfig& c, const toml::table& t, const std::string& where) {
       }
       if (!k) {
         std::string known;
+        std::vector<std::string> sections;
         for (const auto& other : config_keys()) {
           if (other.name.rfind(sec + ".", 0) == 0) known += (known.empty() ? "" : ", ") + other.name;
+          const std::string s = other.name.substr(0, other.name.find('.'));
+          if (std::find(sections.begin(), sections.end(), s) == sections.end()) sections.push_back(s);
         }
         throw std::invalid_argument(fmt::format("{}: unknown config key '{}'{}", where, full,
-                                                known.empty() ? "; sections are model, data, train, checkpoint, init, lora, adapters, dpo, rl, grpo, ppo, parallel, ddp, zero"
+                                                known.empty() ? fmt::format("; sections are {}", fmt::join(sections, ", "))
                                                               : fmt::format("; known in [{}]: {}", sec, known)));
       }
       try {

@@ -1,16 +1,10 @@
-// The training config's keys: one row each (name, type, allowed range, help,
-// and the field it sets). Parsing, --set, range checks, error messages and
-// `meshtrain train --print-config` all read this table.
-#include "train/config_keys.h"
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+// The core's config keys, one row each (train/config_keys.h), the registry that methods add
+// theirs to, and --print-config / --help-config over them.
+#include "meshtrain/train/config_keys.h"
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
-#include <stdexcept>
-#include <type_traits>
+#include <mutex>
 
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/plan/spec.h"
@@ -19,130 +13,7 @@
 namespace meshtrain {
 namespace {
 
-constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-[[noreturn]] void wrong_type(const std::string& key, const char* want) {
-  throw std::invalid_argument(fmt::format("config key {} must be {}", key, want));
-}
-int64_t as_int(const toml::node& n, const std::string& key) {
-  if (auto v = n.value_exact<int64_t>()) return *v;
-  wrong_type(key, "an integer");
-}
-double as_double(const toml::node& n, const std::string& key) {
-  if (auto v = n.value<double>(); v && (n.is_floating_point() || n.is_integer())) {
-    // TOML spells nan and inf; no key of a training config means them (lr = nan would train to NaN).
-    if (!std::isfinite(*v)) throw std::invalid_argument(fmt::format("config key {} = {} must be a finite number", key, *v));
-    return *v;
-  }
-  wrong_type(key, "a number");
-}
-bool as_bool(const toml::node& n, const std::string& key) {
-  if (auto v = n.value_exact<bool>()) return *v;
-  wrong_type(key, "true or false");
-}
-std::string as_string(const toml::node& n, const std::string& key) {
-  if (auto v = n.value_exact<std::string>()) return *v;
-  wrong_type(key, "a string");
-}
-std::vector<std::string> as_strings(const toml::node& n, const std::string& key) {
-  if (n.is_string()) return {as_string(n, key)};
-  std::vector<std::string> out;
-  if (auto arr = n.as_array()) {
-    for (const auto& e : *arr) out.push_back(as_string(e, key));
-    return out;
-  }
-  wrong_type(key, "a string or a list of strings");
-}
-
-std::string toml_string(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) out += ch == '"' || ch == '\\' ? std::string("\\") + ch : std::string(1, ch);
-  return out + "\"";
-}
-
-template <class F>
-using FieldType = std::remove_reference_t<decltype(std::declval<F>()(std::declval<TrainConfig&>()))>;
-
-[[noreturn]] void out_of_range(const std::string& key, const std::string& value, const ConfigKey& k) {
-  throw std::invalid_argument(fmt::format("{} = {} must be {} ({})", key, value, k.range, k.help));
-}
-
-// An integer in [lo, hi].
-template <class F>
-ConfigKey integer(const char* name, F field, int64_t lo, int64_t hi, const char* help) {
-  ConfigKey k{name, "integer", hi == kMaxInt ? fmt::format("at least {}", lo) : fmt::format("{}..{}", lo, hi), help, {}, {}};
-  k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
-    const int64_t v = as_int(n, name);
-    if (v < lo || v > hi) out_of_range(name, std::to_string(v), range);
-    field(c) = static_cast<FieldType<F>>(v);
-  };
-  k.show = [=](const TrainConfig& c) { return fmt::format("{}", field(const_cast<TrainConfig&>(c))); };
-  return k;
-}
-
-// A finite number between lo and hi, each bound included unless open.
-template <class F>
-ConfigKey number(const char* name, F field, double lo, bool lo_open, double hi, bool hi_open, const char* help) {
-  std::string range = hi == kInf ? fmt::format("{} {}", lo_open ? ">" : ">=", lo)
-                                 : fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
-  ConfigKey k{name, "number", range, help, {}, {}};
-  k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
-    const double v = as_double(n, name);
-    if (v < lo || v > hi || (lo_open && v == lo) || (hi_open && v == hi)) out_of_range(name, fmt::format("{}", v), range);
-    field(c) = v;
-  };
-  k.show = [=](const TrainConfig& c) { return fmt::format("{}", field(const_cast<TrainConfig&>(c))); };
-  return k;
-}
-
-template <class F>
-ConfigKey boolean(const char* name, F field, const char* help) {
-  ConfigKey k{name, "bool", "", help, {}, {}};
-  k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_bool(n, name); };
-  k.show = [=](const TrainConfig& c) { return field(const_cast<TrainConfig&>(c)) ? "true" : "false"; };
-  return k;
-}
-
-// A string; `choices` documents the values the config's checks accept.
-template <class F>
-ConfigKey text(const char* name, F field, const char* choices, const char* help) {
-  ConfigKey k{name, "string", choices, help, {}, {}};
-  k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_string(n, name); };
-  k.show = [=](const TrainConfig& c) { return toml_string(field(const_cast<TrainConfig&>(c))); };
-  return k;
-}
-
-template <class F>
-ConfigKey texts(const char* name, F field, const char* help) {
-  ConfigKey k{name, "strings", "", help, {}, {}};
-  k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_strings(n, name); };
-  k.show = [=](const TrainConfig& c) {
-    std::vector<std::string> q;
-    for (const auto& s : field(const_cast<TrainConfig&>(c))) q.push_back(toml_string(s));
-    return fmt::format("[{}]", fmt::join(q, ", "));
-  };
-  return k;
-}
-
-// A list of integers, each at least `lo`.
-template <class F>
-ConfigKey integers(const char* name, F field, int64_t lo, const char* help) {
-  ConfigKey k{name, "integers", fmt::format("each at least {}", lo), help, {}, {}};
-  k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
-    const toml::array* arr = n.as_array();
-    if (!arr) wrong_type(name, "a list of integers");
-    std::vector<int64_t> out;
-    for (const auto& e : *arr) {
-      const int64_t v = as_int(e, name);
-      if (v < lo) out_of_range(name, std::to_string(v), range);
-      out.push_back(v);
-    }
-    field(c) = std::move(out);
-  };
-  k.show = [=](const TrainConfig& c) { return fmt::format("[{}]", fmt::join(field(const_cast<TrainConfig&>(c)), ", ")); };
-  return k;
-}
+using namespace config_key;
 
 // [data] sources: a list of tables {name, path, weight, val} (data/mixture.h).
 ConfigKey sources_key() {
@@ -202,27 +73,11 @@ ConfigKey sources_key() {
   return k;
 }
 
-// An enumeration spelled as a string: `parse` names the bad value, `name` the good one.
-template <class F, class P, class N>
-ConfigKey choice(const char* name, F field, P parse, N show_name, const char* choices, const char* help) {
-  ConfigKey k{name, "string", choices, help, {}, {}};
-  k.set = [=](TrainConfig& c, const toml::node& n) {
-    const std::string s = as_string(n, name);
-    try {
-      field(c) = parse(s);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("{} = {}: {}", name, toml_string(s), e.what()));
-    }
-  };
-  k.show = [=](const TrainConfig& c) { return toml_string(show_name(field(const_cast<TrainConfig&>(c)))); };
-  return k;
-}
-
 const char* schedule_name(LrSchedule s) {
   return s == LrSchedule::Constant ? "constant" : s == LrSchedule::Linear ? "linear" : "cosine";
 }
 
-#define FIELD(member) [](TrainConfig& c) -> auto& { return c.member; }
+#define FIELD(member) [](auto& c) -> auto& { return c.member; }
 
 std::vector<ConfigKey> make_keys() {
   return {
@@ -258,7 +113,7 @@ std::vector<ConfigKey> make_keys() {
       texts("data.val", FIELD(val_shards), "token shards to validate on"),
       sources_key(),
       // [train]
-      text("train.method", FIELD(method), "pretrain | sft | dpo | reward | grpo | ppo", "what the run trains"),
+      text("train.method", FIELD(method), "a registered method", "what the run trains (--help-config lists them)"),
       integer("train.steps", FIELD(steps), 1, kMaxInt, "optimizer steps"),
       integer("train.micro_batch", FIELD(micro_batch), 1, kMaxInt, "sequences per rank per forward"),
       integer("train.global_batch", FIELD(global_batch), 1, kMaxInt, "sequences per optimizer step, all ranks"),
@@ -368,46 +223,35 @@ std::vector<ConfigKey> make_keys() {
       number("dpo.beta", FIELD(dpo_beta), 0, true, kInf, false, "DPO's inverse temperature"),
       text("dpo.loss", FIELD(dpo_loss), "sigmoid | ipo | hinge", "DPO loss"),
       text("dpo.reference", FIELD(dpo_reference), "auto | copy | adapters", "the reference model"),
-      // [rl], [grpo], [ppo]
-      text("rl.task", FIELD(rl.task), "arithmetic | reverse", "the shipped task"),
-      text("rl.prompts", FIELD(rl.prompts), "", "task prompts (JSONL, meshtrain tokenize task)"),
-      text("rl.eval", FIELD(rl.eval), "", "held-out task examples"),
-      text("rl.reward_command", FIELD(rl.reward_command), "",
-           "a program that scores completions (split into words, no shell: rl/reward.h)"),
-      boolean("rl.reward_shell", FIELD(rl.reward_shell), "run rl.reward_command through /bin/sh -c"),
-      number("rl.reward_timeout", FIELD(rl.reward_timeout), 0, true, kInf, false,
-             "seconds one call of rl.reward_command may take (then it is killed)"),
-      text("rl.reward_model", FIELD(rl.reward_model), "", "a reward model checkpoint"),
-      text("rl.environment", FIELD(rl.environment), "\"\" | calculator", "multi-turn environment"),
-      integer("rl.max_turns", FIELD(rl.max_turns), 1, kMaxInt, "policy turns per episode"),
-      integer("rl.group", FIELD(rl.group), 1, kMaxInt, "completions per prompt"),
-      integer("rl.max_new", FIELD(rl.max_new), 1, kMaxInt, "tokens per completion (per turn)"),
-      integer("rl.epochs", FIELD(rl.epochs), 1, kMaxInt, "optimizer steps per rollout batch"),
-      integer("rl.eval_examples", FIELD(rl.eval_examples), 1, kMaxInt, "held-out examples per evaluation"),
-      number("rl.temperature", FIELD(rl.temperature), 0, false, kInf, false, "sampling temperature"),
-      number("rl.epsilon", FIELD(rl.epsilon), 0, false, kInf, false, "ratio clip below 1"),
-      number("rl.epsilon_high", FIELD(rl.epsilon_high), 0, false, kInf, false, "ratio clip above 1"),
-      number("grpo.beta", FIELD(grpo.beta), 0, false, kInf, false, "KL weight (a frozen reference when > 0)"),
-      boolean("grpo.kl_ratio", FIELD(grpo.kl_ratio), "the KL term times the importance ratio (trl's use_bias_correction_kl)"),
-      text("grpo.loss", FIELD(grpo.loss), "grpo | bnpo | dr_grpo | dapo", "how token losses are averaged"),
-      number("ppo.kl_coef", FIELD(ppo.kl_coef), 0, false, kInf, false, "KL penalty in the reward"),
-      text("ppo.kl_estimator", FIELD(ppo.kl_estimator), "k1 | k3", "KL estimator"),
-      number("ppo.gamma", FIELD(ppo.gamma), 0, false, 1, false, "discount"),
-      number("ppo.lambda", FIELD(ppo.lambda), 0, false, 1, false, "GAE lambda"),
-      number("ppo.value_clip", FIELD(ppo.value_clip), 0, true, kInf, false, "value loss clip"),
-      number("ppo.vf_coef", FIELD(ppo.vf_coef), 0, true, kInf, false, "value loss weight"),
-      number("ppo.critic_lr", FIELD(ppo.critic_lr), 0, false, kInf, false, "critic learning rate (0: train.lr)"),
-      boolean("ppo.whiten", FIELD(ppo.whiten), "whiten advantages over the global batch"),
   };
 }
 
 #undef FIELD
 
+struct KeyRegistry {
+  std::mutex mu;
+  std::deque<ConfigKey> keys;  // a deque: what find_config_key returned stays put
+  KeyRegistry() {
+    for (auto& k : make_keys()) keys.push_back(std::move(k));
+  }
+};
+
+KeyRegistry& key_registry() {
+  static KeyRegistry r;
+  return r;
+}
+
 }  // namespace
 
-const std::vector<ConfigKey>& config_keys() {
-  static const std::vector<ConfigKey> keys = make_keys();
-  return keys;
+const std::deque<ConfigKey>& config_keys() { return key_registry().keys; }
+
+void register_config_keys(std::vector<ConfigKey> keys) {
+  KeyRegistry& r = key_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto& k : keys) {
+    if (find_config_key(k.name)) throw std::logic_error(fmt::format("config key {} is declared twice", k.name));
+    r.keys.push_back(std::move(k));
+  }
 }
 
 const ConfigKey* find_config_key(const std::string& name) {

@@ -179,10 +179,11 @@ Comm& data_group(const TrainConfig& c, DeviceMesh& mesh) {
   return c.ep > 1 ? mesh.group({"dp", "ep"}) : mesh.axis("dp");
 }
 
-// What the method's data needs from the loader: documents for the mask, loss
-// masks for SFT and DPO, pairs kept together for DPO.
+// What the method's data needs from the loader (Method::packed_info, pairs): documents for the
+// mask, loss masks for SFT, DPO and reward models, pairs kept together for the last two.
 LoaderOptions loader_options(const TrainConfig& c) {
-  LoaderOptions o{c.document_mask, c.method == "sft" || pairwise(c.method), pairwise(c.method) ? 2 : 1};
+  const Method* m = find_method(c.method);
+  LoaderOptions o{c.document_mask, m && !m->packed_info.empty(), m && m->pairs ? 2 : 1};
   o.repack = c.method == "sft" && c.repack;  // SFT: conversations shuffled and packed afresh each epoch
   return o;
 }

@@ -25,10 +25,13 @@ std::deque<Method> core_methods() {
   Method sft;
   sft.name = "sft";
   sft.summary = "next-token loss on the assistant tokens of conversations (tokenize chat)";
+  sft.packed_info = "sft.json", sft.tokenize = "chat";
   Method dpo;
   dpo.name = "dpo";
   dpo.summary = "direct preference optimisation on chosen/rejected pairs (tokenize prefs)";
   dpo.sections = {"dpo"};
+  dpo.pairs = true;
+  dpo.packed_info = "dpo.json", dpo.tokenize = "prefs";
   dpo.copy_reference = [](const TrainConfig& c, EngineRole role) {
     return role == EngineRole::Method && c.dpo_reference == "copy";
   };
@@ -72,6 +75,11 @@ const Method& method_named(const std::string& name) {
   if (const Method* m = find_method(name)) return *m;
   throw std::invalid_argument(fmt::format("train.method = \"{}\": use one of \"{}\"", name,
                                           fmt::join(method_names(), "\", \"")));
+}
+
+bool pairwise(const std::string& name) {
+  const Method* m = find_method(name);
+  return m && m->pairs;
 }
 
 std::vector<std::string> method_names() {

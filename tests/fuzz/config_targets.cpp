@@ -10,7 +10,7 @@
 #include "meshtrain/comm/hang_report.h"
 #include "meshtrain/plan/hf_config.h"
 #include "meshtrain/train/config.h"
-#include "train/config_keys.h"
+#include "meshtrain/train/config_keys.h"
 
 namespace fs = std::filesystem;
 

@@ -4,7 +4,9 @@
 // file), before anything starts.
 #pragma once
 
+#include <any>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -89,43 +91,12 @@ struct TrainConfig {
   // [dpo] beta, loss (sigmoid | ipo | hinge), reference: "copy" (a frozen copy
   // of the starting weights), "adapters" (the policy with its LoRA adapters
   // off: no second copy; needs LoRA) or "auto" (adapters with LoRA, else copy).
-  // [rl] (train.method = "grpo" or "ppo", rl/rl_trainer.h): prompts and eval
-  // are {"prompt", "answer"} JSONL of a shipped task (meshtrain tokenize task);
-  // train.global_batch counts prompts per step, each with `group` completions;
-  // `epochs` optimisation steps over each rollout batch, the policy's ratio
-  // clipped to [1 - epsilon, 1 + epsilon_high].
-  struct Rl {
-    std::string task = "arithmetic", prompts, eval;
-    std::string reward_command;  // "" = the task's reward; else rl/reward.h's protocol
-    bool reward_shell = false;   // run reward_command through /bin/sh -c (else split into words, no shell)
-    double reward_timeout = 60;  // seconds one call of reward_command may take
-    std::string reward_model;    // a checkpoint of train.method = "reward": its score replaces the task's (rl/reward_model.h)
-    // A multi-turn environment (rl/environment.h: "calculator"; "" single-turn),
-    // at most max_turns policy turns of at most max_new tokens each.
-    std::string environment;
-    int64_t max_turns = 4;
-    int64_t group = 8, max_new = 8, epochs = 1, eval_examples = 256;
-    double temperature = 1.0, epsilon = 0.2, epsilon_high = 0.2;
-  } rl;
-  // [grpo] beta (the k3 KL's weight; a frozen reference when > 0), kl_ratio (the KL weighted by the
-  // importance ratio, trl's use_bias_correction_kl), loss (rl/grpo.h).
-  struct Grpo {
-    double beta = 0.0;
-    bool kl_ratio = false;
-    std::string loss = "dapo";
-  } grpo;
-  // [ppo] (rl/ppo.h; TRL's defaults): the KL penalty in the reward (kl_coef,
-  // kl_estimator k1 | k3), GAE's gamma and lambda, the critic's value clip,
-  // loss weight and learning rate (0: train.lr), whether advantages are
-  // whitened.
-  struct Ppo {
-    double kl_coef = 0.05, gamma = 1.0, lambda = 0.95, value_clip = 0.2, vf_coef = 0.1, critic_lr = 0;
-    std::string kl_estimator = "k1";
-    bool whiten = true;
-  } ppo;
   double dpo_beta = 0.1;
   std::string dpo_loss = "sigmoid";
   std::string dpo_reference = "auto";
+  // The sections a method declares itself (train/config_keys.h; [rl], [grpo], [ppo]: rl/settings.h):
+  // each method's own struct, by section name, default until a key sets it (settings<T> below).
+  std::map<std::string, std::any> method_settings;
   // [ddp] (used when the data-parallel group has more than one rank)
   int64_t ddp_bucket_mb = 25;
   bool ddp_overlap = true;
@@ -188,10 +159,22 @@ std::string help_config();
 // balanced by parallel.pp_balance (plan/partition.h); {layers} without pipeline parallelism.
 std::vector<int64_t> stage_layer_counts(const TrainConfig& c);
 
+// A method's own section of the config: its struct T (with T::kSection, the section's name),
+// kept in TrainConfig::method_settings; the defaults until a key sets it.
+template <class T>
+T& settings(TrainConfig& c) {
+  std::any& a = c.method_settings[T::kSection];
+  if (!a.has_value()) a = T{};
+  return std::any_cast<T&>(a);
+}
+template <class T>
+const T& settings(const TrainConfig& c) {
+  static const T defaults{};
+  const auto it = c.method_settings.find(T::kSection);
+  return it == c.method_settings.end() ? defaults : std::any_cast<const T&>(it->second);
+}
+
 // The shards a run trains on: data.train, or every source's.
 std::vector<std::string> train_shards_of(const TrainConfig& c);
-
-// Methods trained on preference pairs (data/preference.h): DPO and the reward model.
-inline bool pairwise(const std::string& method) { return method == "dpo" || method == "reward"; }
 
 }  // namespace meshtrain

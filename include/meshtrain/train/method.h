@@ -31,6 +31,16 @@ struct Method {
   // Trains on [data] token shards (data.train or data.sources), which must then be given.
   // false: the method brings its own data (RL's prompts) and refuses them.
   bool token_data = true;
+  // Its examples are pairs of sequences (a chosen and a rejected completion): the loader reads
+  // two rows an example, and a step's tokens count both.
+  bool pairs = false;
+  // Its shards carry a loss mask and were packed to train.seq by `meshtrain tokenize <tokenize>`,
+  // which records the length in `packed_info` beside each ({"sft.json", "chat"}). Empty: documents.
+  std::string packed_info, tokenize;
+  // Checks in the launching process of what the run reads (task files, checkpoints) against the
+  // mesh's `dp` data ranks (std::invalid_argument naming the key). Empty: none. A method without
+  // token data has no other data checks.
+  std::function<void(const TrainConfig&, int dp)> check_start;
   // Settings checks in the launching process, after the core's (std::invalid_argument naming the
   // key, prefixed with `path`). Empty: none.
   std::function<void(const TrainConfig&, const std::string& path)> check;
@@ -56,6 +66,8 @@ std::vector<std::string> method_names();
 // The methods (quoted names) that list `section` in their Method::sections; empty for a section
 // every method reads.
 std::vector<std::string> methods_reading(const std::string& section);
+// Whether train.method `name` trains on pairs of sequences (Method::pairs; false for a name not registered).
+bool pairwise(const std::string& name);
 // Whether the run of method `m` reads `section`: every method reads the common sections.
 bool reads_section(const Method& m, const std::string& section);
 
