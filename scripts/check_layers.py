@@ -13,7 +13,8 @@ import sys
 
 LAYERS = [
     ["cli", "labs"],                      # the binary: parses arguments, calls the library
-    ["rl"],                               # methods with their own loop (GRPO, PPO, reward model)
+    ["methods"],                          # registers the methods below with the core (builtin.h)
+    ["rl", "dpo"],                        # methods: their section, checks, objective (rl: their own loop)
     ["train"],                            # the trainer core: loop, engine, checkpoints, metrics
     ["ckpt"],                             # sharded checkpoints, import/export
     ["parallel/pipeline"],                # stages and schedules over a model

@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "meshtrain/platform/cuda_loader.h"
-#include "meshtrain/rl/methods.h"
+#include "meshtrain/methods/builtin.h"
 #include "tests/ledger.h"
 #include "tests/mp.h"
 
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   ::testing::InitGoogleTest(&argc, argv);
   meshtrain::load_cuda_where_a_driver_is();  // before any ATen call (platform/cuda_loader.h)
-  meshtrain::register_rl_methods();          // train.method = reward, grpo, ppo (train/method.h)
+  meshtrain::register_builtin_methods();     // train.method = dpo, reward, grpo, ppo (train/method.h)
   meshtrain::RuntimeOptions opts;
   opts.timeout = std::chrono::seconds(60);  // a desync fails in a minute, not five
   meshtrain::test::g_runtime = meshtrain::Runtime::init(meshtrain::DistEnv::from_environment(), opts);

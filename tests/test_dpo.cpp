@@ -1,4 +1,4 @@
-// DPO (train/dpo.h): the loss, rewards, margin and accuracy equal a hand
+// DPO (dpo/dpo.h): the loss, rewards, margin and accuracy equal a hand
 // computation on a two-pair batch for each variant, and the gradient is the
 // paper's (−β σ(−h) / n on the chosen log-prob); sequence log-probs are sums
 // of log-softmax entries; with LoRA, the policy with adapters disabled as the
@@ -24,7 +24,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/peft/lora.h"
-#include "meshtrain/train/dpo.h"
+#include "meshtrain/dpo/dpo.h"
 #include "meshtrain/train/step.h"
 #include "tests/train_cli.h"
 

@@ -13,7 +13,7 @@
 
 #include "cli/commands.h"
 #include "meshtrain/platform/cuda_loader.h"
-#include "meshtrain/rl/methods.h"
+#include "meshtrain/methods/builtin.h"
 #include "meshtrain/runtime/env.h"
 #include "meshtrain/platform/threads.h"
 
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     }
   }
   meshtrain::load_cuda_where_a_driver_is();  // before any ATen call (platform/cuda_loader.h)
-  meshtrain::register_rl_methods();          // train.method = reward, grpo, ppo (train/method.h)
+  meshtrain::register_builtin_methods();     // train.method = dpo, reward, grpo, ppo (train/method.h)
   CLI::App app{"meshtrain: distributed LLM training in C++ (launch, train, sample, ckpt, tokenize, plan, mesh, matrix, bench, lab)"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, meshtrain::cli::Run>> commands;

@@ -14,7 +14,6 @@
 #include <toml.hpp>  // third_party/tomlplusplus (see its README.md)
 
 #include "meshtrain/plan/strategy.h"
-#include "meshtrain/train/dpo.h"
 #include "meshtrain/train/method.h"
 #include "meshtrain/platform/device.h"
 #include "meshtrain/nn/fp8.h"
@@ -277,29 +276,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                                             path, c.cp, c.model.dropout));
   }
   if (method->check) method->check(c, path);
-  if (c.method == "dpo") {
-    // A pair's loss needs each sequence's whole log-probability on one rank.
-    if (c.pp > 1 || c.cp > 1) {
-      throw std::invalid_argument(fmt::format("{}: train.method = \"dpo\" needs each sequence whole on one rank: "
-                                              "parallel.pp and cp must be 1 (they are {}, {}); tp, dp and ZeRO work",
-                                              path, c.pp, c.cp));
-    }
-    try {
-      parse_dpo_loss(c.dpo_loss);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(fmt::format("{}: dpo.loss: {}", path, e.what()));
-    }
-    if (c.dpo_reference == "auto") c.dpo_reference = c.lora.rank > 0 ? "adapters" : "copy";
-    if (c.dpo_reference != "copy" && c.dpo_reference != "adapters") {
-      throw std::invalid_argument(fmt::format("{}: dpo.reference = \"{}\": use \"copy\", \"adapters\" or \"auto\"",
-                                              path, c.dpo_reference));
-    }
-    if (c.dpo_reference == "adapters" && c.lora.rank == 0) {
-      throw std::invalid_argument(fmt::format("{}: dpo.reference = \"adapters\" is the policy with its LoRA adapters "
-                                              "off; set lora.rank or use dpo.reference = \"copy\"",
-                                              path));
-    }
-  }
   if (c.model.attention == plan::AttentionImpl::Sdpa && (c.document_mask || c.cp > 1 || c.model.dropout > 0)) {
     throw std::invalid_argument(fmt::format(
         "{}: model.attention = \"sdpa\" is plain causal attention without dropout: it needs train.document_mask = "

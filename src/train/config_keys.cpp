@@ -219,10 +219,6 @@ std::vector<ConfigKey> make_keys() {
       text("lora.quantize", FIELD(lora_quantize), "none | nf4", "nf4: QLoRA"),
       boolean("lora.double_quant", FIELD(lora_double_quant), "QLoRA: block scales in int8"),
       integer("adapters.bottleneck", FIELD(adapters.bottleneck), 0, kMaxInt, "Houlsby adapter width (0: off)"),
-      // [dpo]
-      number("dpo.beta", FIELD(dpo_beta), 0, true, kInf, false, "DPO's inverse temperature"),
-      text("dpo.loss", FIELD(dpo_loss), "sigmoid | ipo | hinge", "DPO loss"),
-      text("dpo.reference", FIELD(dpo_reference), "auto | copy | adapters", "the reference model"),
   };
 }
 

@@ -9,7 +9,6 @@
 #include <stdexcept>
 
 #include "meshtrain/train/config.h"
-#include "meshtrain/train/dpo.h"
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/objective.h"
 
@@ -17,7 +16,7 @@ namespace meshtrain {
 namespace {
 
 // The methods the core holds: next-token training on documents and on
-// conversations (the loss mask is in the data), and DPO (train/dpo.h).
+// conversations (the loss mask is in the data).
 std::deque<Method> core_methods() {
   Method pretrain;
   pretrain.name = "pretrain";
@@ -26,19 +25,7 @@ std::deque<Method> core_methods() {
   sft.name = "sft";
   sft.summary = "next-token loss on the assistant tokens of conversations (tokenize chat)";
   sft.packed_info = "sft.json", sft.tokenize = "chat";
-  Method dpo;
-  dpo.name = "dpo";
-  dpo.summary = "direct preference optimisation on chosen/rejected pairs (tokenize prefs)";
-  dpo.sections = {"dpo"};
-  dpo.pairs = true;
-  dpo.packed_info = "dpo.json", dpo.tokenize = "prefs";
-  dpo.copy_reference = [](const TrainConfig& c, EngineRole role) {
-    return role == EngineRole::Method && c.dpo_reference == "copy";
-  };
-  dpo.objective = [](const TrainConfig& c, EngineRole, Transformer* reference) -> std::unique_ptr<Objective> {
-    return std::make_unique<DpoObjective>(DpoOptions{c.dpo_beta, parse_dpo_loss(c.dpo_loss)}, reference);
-  };
-  return {pretrain, sft, dpo};
+  return {pretrain, sft};
 }
 
 struct Registry {

@@ -1,4 +1,4 @@
-// Preference data for DPO (train/dpo.h): JSONL, one pair per line,
+// Preference data for DPO (dpo/dpo.h): JSONL, one pair per line,
 //   {"prompt": "..." | [messages], "chosen": "...", "rejected": "..."}
 // where a string prompt is one user message and a list is the conversation so
 // far (data/chat.h's messages). Each answer is rendered through the chat

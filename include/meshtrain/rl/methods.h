@@ -5,9 +5,8 @@
 
 namespace meshtrain {
 
-// Registers them; later calls do nothing. main() calls it before reading a
-// config (the CLI, the test binaries); a program linking the library calls it
-// to train with them.
+// Registers them with their sections; later calls do nothing (methods/builtin.h
+// calls it).
 void register_rl_methods();
 
 }  // namespace meshtrain

@@ -82,19 +82,14 @@ struct TrainConfig {
   bool document_mask = false;
   // [train] method: "pretrain" (every next token) | "sft" (the shards' loss
   // masks from `meshtrain tokenize chat`: assistant tokens only, data/chat.h)
-  // | "dpo" (pairs from `meshtrain tokenize prefs`, data/preference.h; batch
-  // sizes count pairs; train/dpo.h).
+  // | a registered method (train/method.h: "dpo", dpo/dpo.h, whose batch
+  // sizes count pairs; "reward", "grpo", "ppo", rl/methods.h).
   std::string method = "pretrain";
   // [train] repack (SFT): shuffle the conversations and pack them afresh each
   // epoch (data/loader.h), rather than shuffling the blocks tokenize packed.
   bool repack = true;
-  // [dpo] beta, loss (sigmoid | ipo | hinge), reference: "copy" (a frozen copy
-  // of the starting weights), "adapters" (the policy with its LoRA adapters
-  // off: no second copy; needs LoRA) or "auto" (adapters with LoRA, else copy).
-  double dpo_beta = 0.1;
-  std::string dpo_loss = "sigmoid";
-  std::string dpo_reference = "auto";
-  // The sections a method declares itself (train/config_keys.h; [rl], [grpo], [ppo]: rl/settings.h):
+  // The sections a method declares itself (train/config_keys.h; [dpo]: dpo/settings.h; [rl], [grpo],
+  // [ppo]: rl/settings.h):
   // each method's own struct, by section name, default until a key sets it (settings<T> below).
   std::map<std::string, std::any> method_settings;
   // [ddp] (used when the data-parallel group has more than one rank)

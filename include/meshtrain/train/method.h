@@ -3,9 +3,9 @@
 //
 // The core (train/) names no method it does not own: it looks the run's
 // train.method up here and calls the hooks a method gives. train/ registers
-// the methods it holds (pretrain, sft, dpo); a method in a folder above
-// registers itself through one call (rl/methods.h: grpo, ppo, reward), so a
-// new method touches its own folder and one registration line. A hook left
+// the methods it holds (pretrain, sft); a method in a folder above registers
+// itself (dpo/method.h: dpo; rl/methods.h: reward, grpo, ppo), through one line
+// in methods/builtin.cpp, so a new method touches its own folder and that line. A hook left
 // empty means the core's default, written beside it.
 #pragma once
 

@@ -6,7 +6,7 @@
 // micro-batch and data-parallel rank), so the accumulated gradient is that of
 // the global mean whatever the split. Units are target tokens for next-token
 // methods (pretraining, SFT: the loader has already masked the targets not
-// trained) and pairs for DPO (train/dpo.h).
+// trained) and pairs for DPO (dpo/dpo.h).
 #pragma once
 
 #include <string>

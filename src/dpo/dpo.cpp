@@ -1,4 +1,4 @@
-#include "meshtrain/train/dpo.h"
+#include "meshtrain/dpo/dpo.h"
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
