@@ -81,7 +81,10 @@ TEST(ToyMethod, TheTableNamesWhatIsRegistered) {
   EXPECT_EQ(method_named("grpo").token_data, false);
   // meshtrain train --help-config: the methods with their lines, then every key at its default.
   const std::string help = help_config();
-  for (const char* line : {"#   pretrain ", "#   grpo ", "method = \"pretrain\"", "[rl]", "lr = "}) {
+  // A method's own section names the methods that read it; a common section does not.
+  for (const char* line : {"#   pretrain ", "#   grpo ", "method = \"pretrain\"", "lr = ",
+                           "[rl]                             # read only by train.method \"grpo\", \"ppo\"\n",
+                           "[dpo]                            # read only by train.method \"dpo\"\n", "\n[train]\n"}) {
     EXPECT_NE(help.find(line), std::string::npos) << line << " in:\n" << help;
   }
 }

@@ -120,6 +120,48 @@ TEST(TrainCli, TokenIdsBeyondTheVocabularyAreOneErrorBeforeStart) {
   }
 }
 
+// One schema (issue #47): a key set away from its default that the run does not read (a pipeline
+// schedule without a pipeline, DDP's buckets under ZeRO, checkpoint.keep without checkpoint.dir, ...)
+// is one error naming the key, why the run does not read it and what would; at its default, or in a
+// run that reads it, it loads. From the file and from --set alike.
+TEST(TrainConfig, AKeyTheRunDoesNotReadIsOneError) {
+  Dir d;
+  const std::string cfg = test::tiny_config(d, "u.toml", "");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> unread{
+      {{"parallel.schedule=\"gpipe\""},
+       "parallel.schedule = \"gpipe\" is set, and this run does not read it: parallel.pp = 1: the run has no "
+       "pipeline (set parallel.pp); or remove parallel.schedule"},
+      {{"parallel.virtual=2"}, "parallel.virtual = 2 is set, and this run does not read it: parallel.pp = 1"},
+      {{"parallel.cp_impl=\"ulysses\""}, "parallel.cp = 1: the run has no context parallelism"},
+      {{"parallel.zero=1", "ddp.bucket_mb=50"},
+       "ddp.bucket_mb = 50 is set, and this run does not read it: parallel.zero = 1: ZeRO reduces the gradients "
+       "itself"},
+      {{"parallel.zero=2", "ddp.overlap=false"}, "ddp.overlap = false is set"},
+      {{"train.fp8_history=4"}, "train.precision = \"fp32\": no FP8 linears"},
+      {{"checkpoint.keep=3"}, "checkpoint.dir = \"\": the run saves no checkpoint"},
+      {{"spike.policy=\"log\"", "spike.max_rollbacks=5"}, "spike.policy = \"log\": only \"rollback\""},
+      {{"spike.policy=\"off\"", "spike.window=90"}, "spike.policy = \"off\": nothing is detected"},
+      {{"lora.alpha=32"}, "lora.rank = 0: the run trains no LoRA adapters"},
+      {{"eval.tokenizer=\"t.model\""}, "eval.tasks = []: no task is scored"},
+  };
+  for (const auto& [sets, want] : unread) {
+    EXPECT_NE(test::error_of(cfg, sets).find(want), std::string::npos) << sets.back() << ": " << test::error_of(cfg, sets);
+  }
+  // Read by the run, or at the default: loads.
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{"parallel.pp=2", "parallel.schedule=\"gpipe\"", "parallel.nproc=4"},
+        {"parallel.schedule=\"1f1b\""}, {"ddp.bucket_mb=50"}, {"parallel.zero=1", "ddp.bucket_mb=25"},
+        {"checkpoint.dir=\"c\"", "checkpoint.keep=3"}, {"lora.rank=4", "lora.alpha=32"},
+        {"spike.policy=\"rollback\"", "checkpoint.dir=\"c\"", "checkpoint.every=2", "spike.max_rollbacks=5"}}) {
+    EXPECT_EQ(test::error_of(cfg, sets), "") << sets.back();
+  }
+  // In the file as with --set.
+  const std::string file = d.write("u2.toml", "[model]\npreset = \"gpt-tiny\"\n[data]\ntrain = \"" +
+                                                  (d.path / "train.bin").string() + "\"\n[checkpoint]\nevery = 5\n");
+  EXPECT_NE(test::error_of(file).find("checkpoint.every = 5 is set, and this run does not read it"), std::string::npos)
+      << test::error_of(file);
+}
+
 // --print-config prints every key of the table with its type, range and help,
 // as TOML that loads back to the same config.
 TEST(TrainConfig, PrintConfigIsTheWholeConfigAndLoadsBack) {

@@ -38,6 +38,7 @@
 #include "meshtrain/train/engine.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/state.h"
+#include "meshtrain/train/run_checkpoints.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {

@@ -42,6 +42,7 @@
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/run_strategy.h"
+#include "meshtrain/train/run_checkpoints.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/train/step.h"
 #include "train/checks.h"

@@ -90,6 +90,26 @@ void check_method_sections(const toml::table& t, const Method& method, const std
   }
 }
 
+// A key set away from its default that this run does not read (ConfigKey::unread: schedule with
+// parallel.pp = 1, checkpoint.keep without checkpoint.dir): one error naming the key and what would
+// read it. A key at its default is left alone (--print-config writes every key).
+void check_unread_keys(const toml::table& t, const TrainConfig& c, const std::string& path) {
+  TrainConfig defaults;
+  defaults.model = c.model;
+  for (const auto& [section, node] : t) {
+    const toml::table* keys = node.as_table();
+    if (!keys) continue;
+    for (const auto& [key, value] : *keys) {
+      const ConfigKey* k = find_config_key(std::string(section.str()) + "." + std::string(key.str()));
+      if (!k || !k->unread) continue;
+      const std::string why = k->unread(c);
+      if (why.empty() || k->show(c) == k->show(defaults)) continue;
+      throw std::invalid_argument(fmt::format("{}: {} = {} is set, and this run does not read it: {}; or remove {}",
+                                              path, k->name, k->show(c), why, k->name));
+    }
+  }
+}
+
 // Mixture of experts and expert parallelism (moe/layer.h).
 void check_moe(const TrainConfig& c, const std::string& path) {
   const plan::ModelSpec& m = c.model;
@@ -351,6 +371,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.comm_backend != "auto" && c.comm_backend != "nccl" && c.comm_backend != "gloo") {
     throw std::invalid_argument(fmt::format("{}: comm.backend '{}' unknown; use auto, nccl or gloo", path, c.comm_backend));
   }
+  check_unread_keys(t, c, path);
   c.optim.total_steps = c.steps;
   return c;
 }

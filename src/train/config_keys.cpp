@@ -2,6 +2,9 @@
 // theirs to, and --print-config / --help-config over them.
 #include "meshtrain/train/config_keys.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -15,10 +18,59 @@ namespace {
 
 using namespace config_key;
 
+// `k`, read only by the runs for which `why` returns "" (ConfigKey::unread).
+ConfigKey read_when(ConfigKey k, std::function<std::string(const TrainConfig&)> why) {
+  k.unread = std::move(why);
+  return k;
+}
+
+// Why a run does not read a key of the pipeline, of context parallelism, of DDP, of FP8, of the spike
+// detector, of checkpoints, of the evaluation tasks, of LoRA, of QLoRA, and what would ("" where it does).
+std::string unless_pipeline(const TrainConfig& c) {
+  return c.pp > 1 ? "" : "parallel.pp = 1: the run has no pipeline (set parallel.pp)";
+}
+std::string unless_context_parallel(const TrainConfig& c) {
+  return c.cp > 1 ? "" : "parallel.cp = 1: the run has no context parallelism (set parallel.cp)";
+}
+std::string unless_ddp(const TrainConfig& c) {
+  return c.zero == 0 ? "" : fmt::format("parallel.zero = {}: ZeRO reduces the gradients itself, without DDP's buckets "
+                                        "(parallel.zero = 0 is DDP)", c.zero);
+}
+std::string unless_fp8(const TrainConfig& c) {
+  return c.precision == "fp8"
+             ? ""
+             : fmt::format("train.precision = \"{}\": no FP8 linears (set train.precision = \"fp8\")", c.precision);
+}
+std::string unless_spike_detector(const TrainConfig& c) {
+  return c.spike.policy != SpikePolicy::Off ? "" : "spike.policy = \"off\": nothing is detected (set spike.policy)";
+}
+std::string unless_rollback(const TrainConfig& c) {
+  return c.spike.policy == SpikePolicy::Rollback
+             ? ""
+             : fmt::format("spike.policy = \"{}\": only \"rollback\" reloads a checkpoint and drops batches",
+                           spike_policy_name(c.spike.policy));
+}
+std::string unless_saving(const TrainConfig& c) {
+  return !c.ckpt_dir.empty() ? "" : "checkpoint.dir = \"\": the run saves no checkpoint (set checkpoint.dir)";
+}
+std::string unless_eval_tasks(const TrainConfig& c) {
+  return !c.eval_tasks.empty() ? "" : "eval.tasks = []: no task is scored (set eval.tasks)";
+}
+std::string unless_lora(const TrainConfig& c) {
+  return c.lora.rank > 0 ? "" : "lora.rank = 0: the run trains no LoRA adapters (set lora.rank)";
+}
+std::string unless_qlora(const TrainConfig& c) {
+  return c.lora_quantize == "nf4"
+             ? ""
+             : fmt::format("lora.quantize = \"{}\": the base is not quantised (set lora.quantize = \"nf4\")",
+                           c.lora_quantize);
+}
+
 // [data] sources: a list of tables {name, path, weight, val} (data/mixture.h).
 ConfigKey sources_key() {
   const char* name = "data.sources";
-  ConfigKey k{name, "list of {name, path, weight, val}", "weight > 0", "a mixture: token shards blended by weight", {}, {}};
+  ConfigKey k{name, "list of {name, path, weight, val}", "weight > 0", "a mixture: token shards blended by weight",
+              {}, {}, {}};
   k.set = [=](TrainConfig& c, const toml::node& n) {
     const toml::array* arr = n.as_array();
     if (!arr) wrong_type(name, "a list of tables: [{name = \"a\", path = \"a/train.bin\", weight = 0.7}, ...]");
@@ -129,10 +181,12 @@ std::vector<ConfigKey> make_keys() {
       text("train.recompute", FIELD(recompute), "none | selective | full", "activation recomputation"),
       text("train.precision", FIELD(precision), "fp32 | bf16 | fp16 | fp8",
            "compute precision (fp32 master weights; fp8: the blocks' linears in FP8, the rest bf16)"),
-      text("train.fp8_scaling", FIELD(fp8_scaling), "current | delayed",
-           "fp8: each scale from the tensor's own amax, or from the last fp8_history steps' amaxes"),
-      integer("train.fp8_history", FIELD(fp8_history), 1, kMaxInt, "fp8 delayed scaling: steps of amax history"),
-      integer("train.fp8_margin", FIELD(fp8_margin), 0, 16, "fp8: scales divided by 2^margin (headroom)"),
+      read_when(text("train.fp8_scaling", FIELD(fp8_scaling), "current | delayed",
+           "fp8: each scale from the tensor's own amax, or from the last fp8_history steps' amaxes"), unless_fp8),
+      read_when(integer("train.fp8_history", FIELD(fp8_history), 1, kMaxInt, "fp8 delayed scaling: steps of amax history"),
+                unless_fp8),
+      read_when(integer("train.fp8_margin", FIELD(fp8_margin), 0, 16, "fp8: scales divided by 2^margin (headroom)"),
+                unless_fp8),
       text("train.device", FIELD(device), "cpu | cuda | auto",
            "where the run computes (auto: cuda when this machine has a CUDA device, else cpu)"),
       number("train.peak_tflops", FIELD(peak_tflops), 0, false, kInf, false,
@@ -147,22 +201,27 @@ std::vector<ConfigKey> make_keys() {
       integer("train.stop_after", FIELD(stop_after), 0, kMaxInt, "stop (and save) after this step (0: run all)"),
       // [eval]
       texts("eval.tasks", FIELD(eval_tasks), "multiple-choice tasks scored at each validation (JSON lines)"),
-      text("eval.tokenizer", FIELD(eval_tokenizer), "", "SentencePiece model of the tasks (\"\": beside data.train)"),
+      read_when(text("eval.tokenizer", FIELD(eval_tokenizer), "", "SentencePiece model of the tasks (\"\": beside data.train)"),
+                unless_eval_tasks),
       // [parallel]
       integer("parallel.nproc", FIELD(nproc), 1, kMaxInt, "ranks meshtrain train starts on this machine"),
       integer("parallel.tp", FIELD(tp), 1, kMaxInt, "tensor-parallel size"),
       boolean("parallel.sp", FIELD(sp), "sequence parallelism (with tp)"),
       integer("parallel.cp", FIELD(cp), 1, kMaxInt, "context-parallel size"),
-      text("parallel.cp_impl", FIELD(cp_impl), "ring | ulysses | allgather", "context-parallel attention"),
+      read_when(text("parallel.cp_impl", FIELD(cp_impl), "ring | ulysses | allgather", "context-parallel attention"),
+                unless_context_parallel),
       integer("parallel.ep", FIELD(ep), 1, kMaxInt, "expert-parallel size (experts split across ep ranks)"),
       integer("parallel.pp", FIELD(pp), 1, kMaxInt, "pipeline stages"),
-      integer("parallel.virtual", FIELD(virtual_stages), 1, kMaxInt, "model chunks per pipeline rank (interleaved)"),
-      text("parallel.schedule", FIELD(schedule), "gpipe | 1f1b | interleaved | zb-h1", "pipeline schedule"),
-      integers("parallel.pp_layers", FIELD(pp_layers), 1,
+      read_when(integer("parallel.virtual", FIELD(virtual_stages), 1, kMaxInt, "model chunks per pipeline rank (interleaved)"),
+                unless_pipeline),
+      read_when(text("parallel.schedule", FIELD(schedule), "gpipe | 1f1b | interleaved | zb-h1", "pipeline schedule"),
+                unless_pipeline),
+      read_when(integers("parallel.pp_layers", FIELD(pp_layers), 1,
                "layers of each pipeline stage in order, pp x virtual of them ([]: balanced by pp_balance)"),
-      choice("parallel.pp_balance", FIELD(pp_balance), plan::parse_balance, plan::balance_name, "parameters | compute",
+                unless_pipeline),
+      read_when(choice("parallel.pp_balance", FIELD(pp_balance), plan::parse_balance, plan::balance_name, "parameters | compute",
              "what the stages' layers balance: parameters (memory) or compute (matmul work per token: the head's "
-             "multiply counted, the embedding lookup free)"),
+             "multiply counted, the embedding lookup free)"), unless_pipeline),
       integer("parallel.zero", FIELD(zero), 0, 3,
               "0 DDP, 1 optimizer states sharded, 2 + gradients, 3 + parameters (FSDP)"),
       integer("parallel.dp_shard", FIELD(dp_shard), 0, kMaxInt, "HSDP: shard within groups of this many dp ranks (0: all)"),
@@ -170,8 +229,8 @@ std::vector<ConfigKey> make_keys() {
               "ZeRO-Offload, CUDA runs with parallel.zero 1 or 2: the fp32 master slices and Adam states in "
               "pinned host memory, AdamW on the host"),
       // [ddp]
-      integer("ddp.bucket_mb", FIELD(ddp_bucket_mb), 1, kMaxInt, "gradient bucket size"),
-      boolean("ddp.overlap", FIELD(ddp_overlap), "all-reduce buckets during backward"),
+      read_when(integer("ddp.bucket_mb", FIELD(ddp_bucket_mb), 1, kMaxInt, "gradient bucket size"), unless_ddp),
+      read_when(boolean("ddp.overlap", FIELD(ddp_overlap), "all-reduce buckets during backward"), unless_ddp),
       boolean("ddp.find_unused", FIELD(ddp_find_unused), "parameters without a gradient count as zero"),
       // [zero]
       text("zero.param_dtype", FIELD(zero_param_dtype), "fp32 | bf16",
@@ -187,9 +246,11 @@ std::vector<ConfigKey> make_keys() {
               "Gloo: the ranks compare their calls every N-th collective (1: every call, 0: never; shared memory: always)"),
       // [checkpoint]
       text("checkpoint.dir", FIELD(ckpt_dir), "", "directory of step_N checkpoints (\"\": none)"),
-      integer("checkpoint.every", FIELD(ckpt_every), 0, kMaxInt, "steps between saves (0: at the end only)"),
-      integer("checkpoint.keep", FIELD(ckpt_keep), 1, kMaxInt, "newest checkpoints kept"),
-      boolean("checkpoint.async", FIELD(ckpt_async), "snapshot, then write in a background thread"),
+      read_when(integer("checkpoint.every", FIELD(ckpt_every), 0, kMaxInt, "steps between saves (0: at the end only)"),
+                unless_saving),
+      read_when(integer("checkpoint.keep", FIELD(ckpt_keep), 1, kMaxInt, "newest checkpoints kept"), unless_saving),
+      read_when(boolean("checkpoint.async", FIELD(ckpt_async), "snapshot, then write in a background thread"),
+                unless_saving),
       integer("checkpoint.staging_mb", FIELD(ckpt_staging_mb), 1, kMaxInt, "memory a load streams shards through"),
       number("checkpoint.timeout", FIELD(ckpt_timeout), 0, true, kInf, false,
              "seconds the checkpoint's collectives wait for a slow rank"),
@@ -197,15 +258,18 @@ std::vector<ConfigKey> make_keys() {
       // [spike]
       choice("spike.policy", FIELD(spike.policy), parse_spike_policy, spike_policy_name, "off | log | skip | rollback",
              "what a loss spike does: report it, drop the update, or reload the newest checkpoint and drop the batches"),
-      integer("spike.window", FIELD(spike.window), 2, kMaxInt, "steps the detector's median and MAD are taken over"),
-      integer("spike.warmup", FIELD(spike.warmup), 1, kMaxInt, "steps seen before a finite value can be a spike"),
-      number("spike.loss_z", FIELD(spike.loss_z), 0, true, kInf, false, "robust z-score of the loss that is a spike"),
-      number("spike.grad_z", FIELD(spike.grad_z), 0, true, kInf, false,
-             "robust z-score of the gradient norm that is a spike"),
-      integer("spike.skip_batches", FIELD(spike.skip_batches), 1, kMaxInt,
-              "rollback: global batches dropped, ending with the spike's"),
-      integer("spike.max_rollbacks", FIELD(spike.max_rollbacks), 1, kMaxInt,
-              "rollback: rollbacks to one checkpoint before the run stops"),
+      read_when(integer("spike.window", FIELD(spike.window), 2, kMaxInt, "steps the detector's median and MAD are taken over"),
+                unless_spike_detector),
+      read_when(integer("spike.warmup", FIELD(spike.warmup), 1, kMaxInt, "steps seen before a finite value can be a spike"),
+                unless_spike_detector),
+      read_when(number("spike.loss_z", FIELD(spike.loss_z), 0, true, kInf, false, "robust z-score of the loss that is a spike"),
+                unless_spike_detector),
+      read_when(number("spike.grad_z", FIELD(spike.grad_z), 0, true, kInf, false,
+             "robust z-score of the gradient norm that is a spike"), unless_spike_detector),
+      read_when(integer("spike.skip_batches", FIELD(spike.skip_batches), 1, kMaxInt,
+              "rollback: global batches dropped, ending with the spike's"), unless_rollback),
+      read_when(integer("spike.max_rollbacks", FIELD(spike.max_rollbacks), 1, kMaxInt,
+              "rollback: rollbacks to one checkpoint before the run stops"), unless_rollback),
       // [check]
       integer("check.replicas_every", FIELD(check_replicas_every), 0, kMaxInt,
               "every N steps the data-parallel replicas compare their parameters' hashes (0: never)"),
@@ -213,11 +277,14 @@ std::vector<ConfigKey> make_keys() {
       text("init.from", FIELD(init_from), "", "start from this checkpoint's weights (new optimizer, step 0)"),
       // [lora], [adapters]
       integer("lora.rank", FIELD(lora.rank), 0, kMaxInt, "LoRA rank (0: off)"),
-      number("lora.alpha", FIELD(lora.alpha), 0, true, kInf, false, "LoRA scale numerator (scale = alpha / rank)"),
-      number("lora.dropout", FIELD(lora.dropout), 0, false, 1, true, "dropout on the adapters' input"),
-      texts("lora.targets", FIELD(lora.targets), "linears that get adapters (names, or \"all\")"),
-      text("lora.quantize", FIELD(lora_quantize), "none | nf4", "nf4: QLoRA"),
-      boolean("lora.double_quant", FIELD(lora_double_quant), "QLoRA: block scales in int8"),
+      read_when(number("lora.alpha", FIELD(lora.alpha), 0, true, kInf, false, "LoRA scale numerator (scale = alpha / rank)"),
+                unless_lora),
+      read_when(number("lora.dropout", FIELD(lora.dropout), 0, false, 1, true, "dropout on the adapters' input"),
+                unless_lora),
+      read_when(texts("lora.targets", FIELD(lora.targets), "linears that get adapters (names, or \"all\")"),
+                unless_lora),
+      read_when(text("lora.quantize", FIELD(lora_quantize), "none | nf4", "nf4: QLoRA"), unless_lora),
+      read_when(boolean("lora.double_quant", FIELD(lora_double_quant), "QLoRA: block scales in int8"), unless_qlora),
       integer("adapters.bottleneck", FIELD(adapters.bottleneck), 0, kMaxInt, "Houlsby adapter width (0: off)"),
   };
 }
@@ -264,7 +331,12 @@ std::string print_config(const TrainConfig& c, bool every_section) {
     const std::string sec = k.name.substr(0, k.name.find('.'));
     if (!every_section && method && !reads_section(*method, sec)) continue;
     if (sec != section) {
-      out += fmt::format("{}[{}]\n", section.empty() ? "" : "\n", sec);
+      // A method's own section says whose it is (Method::sections): a run of another method refuses it.
+      const std::vector<std::string> readers = methods_reading(sec);
+      const std::string header = fmt::format("[{}]", sec);
+      out += section.empty() ? "" : "\n";
+      out += readers.empty() ? header + "\n"
+                             : fmt::format("{:<32} # read only by train.method {}\n", header, fmt::join(readers, ", "));
       section = sec;
       if (sec == "model") {  // the preset sets the fields no key names (norm, positions, activation, bias, ...)
         out += fmt::format("{:<32} # string: the preset the fields below modify\n",

@@ -27,6 +27,7 @@
 #include "meshtrain/runtime/runtime.h"
 #include "meshtrain/train/config.h"
 #include "meshtrain/train/engine.h"
+#include "meshtrain/train/run_checkpoints.h"
 #include "meshtrain/train/trainer.h"
 #include "train/spike_defence.h"
 

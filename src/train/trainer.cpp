@@ -46,6 +46,7 @@
 #include "meshtrain/train/method.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
+#include "meshtrain/train/run_checkpoints.h"
 #include "meshtrain/train/run_strategy.h"
 #include "meshtrain/train/trainer.h"
 
@@ -59,8 +60,6 @@
 
 namespace meshtrain {
 namespace {
-
-
 
 // Validation over `dp` (the data-parallel x cp group): the same windows on
 // every mesh (data/validation.h), split by data-parallel replica (`data`),
@@ -116,156 +115,7 @@ std::string metrics_text(const std::vector<std::string>& names, const std::vecto
   return out;
 }
 
-
-
-
 }  // namespace
-
-nlohmann::json common_checkpoint_fields(const TrainConfig& c, const ckpt::Pin* init) {
-  return {// The whole config, as `--print-config` writes it: what `meshtrain diagnose step` replays with.
-          {"config_toml", print_config(c)},
-          {"config", {{"model", spec_to_json(c.model)}, {"train", {{"seed", c.seed}, {"method", c.method}}}}},
-          {"lora", c.lora.rank > 0 ? nlohmann::json{{"rank", c.lora.rank}, {"alpha", c.lora.alpha},
-                                                    {"dropout", c.lora.dropout}, {"targets", c.lora.targets}}
-                                   : nlohmann::json(nullptr)},
-          // The pinned starting weights (ckpt/pin.h). Adapters on a frozen base: the checkpoint
-          // holds what trains, and the base is that pinned step (ckpt::model_weights, load_model); QLoRA's in NF4.
-          {"init", init ? ckpt::to_json(*init) : nlohmann::json(nullptr)},
-          {"base", init && adapter_checkpoints(c) ? ckpt::to_json(*init) : nlohmann::json(nullptr)}};
-}
-
-namespace {
-
-// Manifest fields besides the tensors (train/state.h).
-nlohmann::json checkpoint_fields(const TrainConfig& c, const AdamW& opt, const TokenLoader& loader, int dp,
-                                 const LossScaler* scaler, const SpikeDefence& spike, const ckpt::Pin* init) {
-  const LoaderState ls = loader.state();
-  nlohmann::json scaler_state = nullptr;
-  if (scaler) {
-    scaler_state = {{"scale", scaler->state().scale}, {"good_steps", scaler->state().good_steps},
-                    {"skipped", scaler->state().skipped}};
-  }
-  nlohmann::json f = common_checkpoint_fields(c, init);
-  f["config"]["train"].update({{"seq", c.seq}, {"micro_batch", c.micro_batch}, {"global_batch", c.global_batch},
-                               {"steps", c.steps}, {"data", train_shards_of(c)}});
-  f.update({{"scaler", scaler_state},
-            {"spike", spike.state()},
-            {"precision", c.precision},
-            {"mesh", {{"tp", c.tp}, {"pp", c.pp}, {"virtual", c.virtual_stages}, {"dp", dp}, {"sp", c.sp},
-                      {"cp", c.cp}, {"cp_impl", c.cp_impl}, {"zero", c.zero}, {"dp_shard", c.dp_shard}, {"ep", c.ep}}},
-            {"optimizer", {{"steps", opt.steps()}}},
-            {"qlora", c.lora_quantize != "none" ? nlohmann::json{{"block", 64}, {"double_quant", c.lora_double_quant}}
-                                                : nlohmann::json(nullptr)},
-            {"loader", {{"epoch", ls.epoch}, {"windows", ls.step * c.micro_batch * dp}}}});
-  return f;
-}
-
-
-
-// The largest of every rank's `x` (collective).
-double max_over(Comm& group, double x) {
-  at::Tensor t = at::full({1}, x, at::kDouble);
-  group.all_reduce(t, ReduceOp::Max, Transport::Native);
-  return t.item<double>();
-}
-
-// Loads the checkpoint at `path` (none: returns 0) into the engine, the loader
-// and the spike defence; `rollback`: a spike's rollback within the run.
-int64_t resume(const TrainConfig& c, const std::string& path, TrainEngine& engine, TokenLoader& loader, int dp,
-               Comm& world, bool lead, SpikeDefence& spike, bool rollback) {
-  if (path.empty()) return 0;
-  ckpt::Reader r(path, c.ckpt_staging_mb << 20);
-  const auto& m = r.manifest();
-  const auto& t = m.at("config").at("train");
-  if (t.at("seq") != c.seq || t.at("seed") != c.seed || t.at("global_batch") != c.global_batch) {
-    throw std::runtime_error(fmt::format("checkpoint {} was trained with seq {}, seed {}, global batch {}; the config "
-                                         "has {}, {}, {} (they must match to resume the same run; use "
-                                         "checkpoint.resume = \"none\" to start afresh)",
-                                         path, t.at("seq").dump(), t.at("seed").dump(), t.at("global_batch").dump(),
-                                         c.seq, c.seed, c.global_batch));
-  }
-  const auto& mesh = m.at("mesh");
-  const PeakProbe probe;
-  const auto t0 = std::chrono::steady_clock::now();
-  engine.load(r);
-  const double extra = max_over(world, probe.extra_bytes());
-  const double seconds = max_over(world, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  const uint64_t windows = m.at("loader").at("windows").get<uint64_t>();
-  const uint64_t per_step = static_cast<uint64_t>(c.micro_batch) * dp;
-  if (windows % per_step != 0) {
-    throw std::runtime_error(fmt::format("checkpoint {}: {} windows consumed is not a whole number of micro-steps of "
-                                         "{} x {} ranks; resume with a micro-batch that divides it",
-                                         path, windows, c.micro_batch, dp));
-  }
-  loader.restore({m.at("loader").at("epoch").get<uint64_t>(), windows / per_step});
-  LossScaler* scaler = engine.scaler();
-  if (scaler && m.contains("scaler") && !m["scaler"].is_null()) {
-    scaler->restore({m["scaler"].at("scale").get<double>(), m["scaler"].at("good_steps").get<int64_t>(),
-                     m["scaler"].at("skipped").get<int64_t>()});
-  }
-  spike.restore(m.value("spike", nlohmann::json()), rollback);
-  const int64_t step = m.at("step").get<int64_t>();
-  if (lead) {
-    fmt::print("{}{} {} (step {}, saved on tp={} cp={} dp={} pp={} ep={}; loaded in {:.2f} s, peak extra memory "
-               "{} per rank)\n",
-               rollback ? fmt::format("step {:>5} | ", step) : "", rollback ? "rolled back to" : "resumed from", path,
-               step, mesh["tp"].dump(), mesh.value("cp", 1), mesh["dp"].dump(), mesh.value("pp", 1), mesh.value("ep", 1),
-               seconds, plan::human_bytes(extra));
-  }
-  return step;
-}
-
-}  // namespace
-
-// The checkpoint to resume from. After a restart (the launcher's
-// --max-restarts) the newest one that verifies: rank 0 checks every shard's
-// checksum, newest first, and tells the others which (a crash may have hit
-// the disk, not only the process).
-std::string resume_path(const TrainConfig& c, Comm& world, int restart) {
-  if (c.resume == "none") return "";
-  if (c.resume != "auto") return ckpt::resolve(c.resume);
-  if (c.ckpt_dir.empty()) return "";
-  if (restart == 0) {
-    auto l = ckpt::latest(c.ckpt_dir);
-    return l ? *l : "";
-  }
-  at::Tensor step = at::full({1}, int64_t{-1}, at::kLong);
-  if (world.rank() == 0) {
-    std::vector<std::string> skipped;
-    const auto l = ckpt::latest_verified(c.ckpt_dir, &skipped);
-    for (const auto& why : skipped) fmt::print("restart {}: skipping {}\n", restart, why);
-    int64_t s = -1;
-    if (l && ckpt::parse_step_dir(std::filesystem::path(*l).filename().string(), s)) step[0] = s;
-    fmt::print("restart {}: resuming from {}\n", restart, l ? *l : "the start (no checkpoint verifies)");
-  }
-  world.broadcast(step, 0, Transport::Native);
-  const int64_t s = step.item<int64_t>();
-  return s < 0 ? "" : (std::filesystem::path(c.ckpt_dir) / ckpt::step_dir_name(s)).string();
-}
-
-std::unique_ptr<ckpt::Checkpointer> checkpoint_saver(const TrainConfig& c, Runtime& rt) {
-  if (c.ckpt_dir.empty()) return nullptr;
-  std::vector<int> all(static_cast<size_t>(rt.world_size()));
-  for (int r = 0; r < rt.world_size(); ++r) all[static_cast<size_t>(r)] = r;
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(c.ckpt_timeout * 1000));
-  return std::make_unique<ckpt::Checkpointer>(ckpt::SaveOptions{c.ckpt_dir, c.ckpt_keep, c.ckpt_async},
-                                              rt.new_group(all, "checkpoint", timeout));
-}
-
-bool adapter_checkpoints(const TrainConfig& c) {
-  return (c.lora.rank > 0 || c.adapters.bottleneck > 0) && !c.init_from.empty();
-}
-
-ckpt::Pin starting_weights(const TrainConfig& c, const std::string& resumed) {
-  if (!resumed.empty()) {
-    std::ifstream f(std::filesystem::path(resumed) / "manifest.json");
-    const nlohmann::json m = nlohmann::json::parse(f, nullptr, false);
-    for (const char* key : {"init", "base"}) {
-      if (m.is_object() && m.contains(key) && m[key].is_object()) return ckpt::pinned(m[key], resumed);
-    }
-  }
-  return ckpt::pin(c.init_from);  // a new run (or a checkpoint written before pins that holds no base)
-}
 
 int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
   if (const Method& method = method_named(c.method); method.run) return method.run(c, runtime);
@@ -378,7 +228,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     }
   }
   SpikeDefence spike(c.spike, accumulation, static_cast<uint64_t>(c.micro_batch * data.size()));
-  const int64_t start = resume(c, resumed, engine, loader, data.size(), mesh.world(), lead, spike, false);
+  const int64_t start = resume_training(c, resumed, engine, loader, data.size(), mesh.world(), lead, spike, false);
   const int64_t last = c.stop_after > 0 ? std::min(c.stop_after, c.steps) : c.steps;
   int64_t newest = resumed.empty() ? -1 : start;  // the newest checkpoint's step: where a rollback goes
   auto save = [&](int64_t s) {
@@ -387,8 +237,8 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     const PeakProbe probe;
     // Every pipeline stage writes its own layers under their global names.
     saver->save(s, engine.pieces(dp.rank(), adapter_checkpoints(c)),
-                checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler(), spike,
-                                  init ? &*init : nullptr),
+                training_checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler(), spike,
+                                           init ? &*init : nullptr),
                 nlohmann::json::object());
     newest = s;
     spike.saved(s);
@@ -455,7 +305,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
       }
       if (saver) saver->finish();
       const std::string to = (std::filesystem::path(c.ckpt_dir) / ckpt::step_dir_name(newest)).string();
-      s = resume(c, to, engine, loader, data.size(), mesh.world(), lead, spike, true);
+      s = resume_training(c, to, engine, loader, data.size(), mesh.world(), lead, spike, true);
       continue;
     }
     if (spike.spiked()) {

@@ -1,9 +1,10 @@
 // The training config's keys as one table: each key declared once (name, type, allowed range,
-// help line, and the field it sets), read by the TOML loader, --set, --print-config, the range
-// checks and `meshtrain train --help-config`.
+// help line, the field it sets, and which runs read it), read by the TOML loader, --set,
+// --print-config, the range checks and `meshtrain train --help-config`.
 //
 // The core's keys are config_keys.cpp's; a method that reads a section of its own declares that
-// section's keys where it lives and registers them with its methods (rl/methods.cpp), its values
+// section's keys where it lives and registers them with its methods (dpo/method.cpp,
+// rl/config_keys.cpp), its values
 // in its own struct (TrainConfig::settings). The builders below make a key from a field accessor:
 // a generic lambda [](auto& c) -> auto& { return c.member; }, called with TrainConfig& to set and
 // with const TrainConfig& to show.
@@ -35,6 +36,10 @@ struct ConfigKey {
   std::string help;
   std::function<void(TrainConfig&, const toml::node&)> set;
   std::function<std::string(const TrainConfig&)> show;
+  // Empty for a key every run reads; else, for a run that does not read it, why and what would
+  // (for a run that does: ""). A key set away from its default that the run does not read is one
+  // error (load_train_config), not a setting silently without effect.
+  std::function<std::string(const TrainConfig&)> unread;
 };
 
 // Every key, in the order --print-config prints them (by section): the core's, then the
@@ -99,7 +104,8 @@ using FieldType = std::remove_reference_t<decltype(std::declval<F>()(std::declva
 // An integer in [lo, hi].
 template <class F>
 ConfigKey integer(const char* name, F field, int64_t lo, int64_t hi, const char* help) {
-  ConfigKey k{name, "integer", hi == kMaxInt ? fmt::format("at least {}", lo) : fmt::format("{}..{}", lo, hi), help, {}, {}};
+  ConfigKey k{name, "integer", hi == kMaxInt ? fmt::format("at least {}", lo) : fmt::format("{}..{}", lo, hi), help,
+              {}, {}, {}};
   k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
     const int64_t v = as_int(n, name);
     if (v < lo || v > hi) out_of_range(name, std::to_string(v), range);
@@ -114,7 +120,7 @@ template <class F>
 ConfigKey number(const char* name, F field, double lo, bool lo_open, double hi, bool hi_open, const char* help) {
   std::string range = hi == kInf ? fmt::format("{} {}", lo_open ? ">" : ">=", lo)
                                  : fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
-  ConfigKey k{name, "number", range, help, {}, {}};
+  ConfigKey k{name, "number", range, help, {}, {}, {}};
   k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
     const double v = as_double(n, name);
     if (v < lo || v > hi || (lo_open && v == lo) || (hi_open && v == hi)) out_of_range(name, fmt::format("{}", v), range);
@@ -126,7 +132,7 @@ ConfigKey number(const char* name, F field, double lo, bool lo_open, double hi, 
 
 template <class F>
 ConfigKey boolean(const char* name, F field, const char* help) {
-  ConfigKey k{name, "bool", "", help, {}, {}};
+  ConfigKey k{name, "bool", "", help, {}, {}, {}};
   k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_bool(n, name); };
   k.show = [=](const TrainConfig& c) { return field(c) ? "true" : "false"; };
   return k;
@@ -135,7 +141,7 @@ ConfigKey boolean(const char* name, F field, const char* help) {
 // A string; `choices` documents the values the config's checks accept.
 template <class F>
 ConfigKey text(const char* name, F field, const char* choices, const char* help) {
-  ConfigKey k{name, "string", choices, help, {}, {}};
+  ConfigKey k{name, "string", choices, help, {}, {}, {}};
   k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_string(n, name); };
   k.show = [=](const TrainConfig& c) { return toml_string(field(c)); };
   return k;
@@ -143,7 +149,7 @@ ConfigKey text(const char* name, F field, const char* choices, const char* help)
 
 template <class F>
 ConfigKey texts(const char* name, F field, const char* help) {
-  ConfigKey k{name, "strings", "", help, {}, {}};
+  ConfigKey k{name, "strings", "", help, {}, {}, {}};
   k.set = [=](TrainConfig& c, const toml::node& n) { field(c) = as_strings(n, name); };
   k.show = [=](const TrainConfig& c) {
     std::vector<std::string> q;
@@ -156,7 +162,7 @@ ConfigKey texts(const char* name, F field, const char* help) {
 // A list of integers, each at least `lo`.
 template <class F>
 ConfigKey integers(const char* name, F field, int64_t lo, const char* help) {
-  ConfigKey k{name, "integers", fmt::format("each at least {}", lo), help, {}, {}};
+  ConfigKey k{name, "integers", fmt::format("each at least {}", lo), help, {}, {}, {}};
   k.set = [=, range = k](TrainConfig& c, const toml::node& n) {
     const toml::array* arr = n.as_array();
     if (!arr) wrong_type(name, "a list of integers");
@@ -175,7 +181,7 @@ ConfigKey integers(const char* name, F field, int64_t lo, const char* help) {
 // An enumeration spelled as a string: `parse` names the bad value, `name` the good one.
 template <class F, class P, class N>
 ConfigKey choice(const char* name, F field, P parse, N show_name, const char* choices, const char* help) {
-  ConfigKey k{name, "string", choices, help, {}, {}};
+  ConfigKey k{name, "string", choices, help, {}, {}, {}};
   k.set = [=](TrainConfig& c, const toml::node& n) {
     const std::string s = as_string(n, name);
     try {

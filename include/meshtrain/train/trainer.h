@@ -11,7 +11,6 @@
 #include <memory>
 #include <string>
 
-#include "meshtrain/ckpt/pin.h"
 #include "meshtrain/compat.h"
 
 #include "meshtrain/plan/strategy.h"
@@ -19,38 +18,7 @@
 #include "meshtrain/train/config.h"
 
 namespace meshtrain {
-namespace ckpt {
-class Checkpointer;
-}
-
-class Comm;
 class Runtime;
-
-// Whether the run's checkpoints hold only what trains: adapters (LoRA or
-// bottleneck) on a frozen base that [init] from names (small checkpoints; the
-// base is loaded from there again on resume and export).
-bool adapter_checkpoints(const TrainConfig& c);
-
-// The checkpoint to resume from ("" to start afresh): checkpoint.resume's
-// choice; after a restart (the launcher's --max-restarts) the newest one that
-// verifies: rank 0 checks every shard's checksum, newest first, and tells the
-// others which (a crash may have hit the disk, not only the process). Collective
-// after a restart.
-std::string resume_path(const TrainConfig& c, Comm& world, int restart);
-
-// The starting weights of a run with [init] from, pinned (ckpt/pin.h): a
-// resumed run's are its checkpoint's pin, checked against the disk (a base
-// that moved or changed is one error naming both); a new run pins init.from now.
-ckpt::Pin starting_weights(const TrainConfig& c, const std::string& resumed);
-// The manifest fields every training checkpoint holds, whatever its method (train/state.h):
-// the config (its TOML, the model, seed and method), LoRA's settings, the pinned starting
-// weights and, for adapters on a frozen base, that base. Each trainer adds its own.
-nlohmann::json common_checkpoint_fields(const TrainConfig& c, const ckpt::Pin* init);
-
-// The run's checkpoint saver (null without checkpoint.dir), over a group of
-// all ranks of its own whose collectives wait checkpoint.timeout seconds.
-// Collective.
-std::unique_ptr<ckpt::Checkpointer> checkpoint_saver(const TrainConfig& c, Runtime& rt);
 
 // What can be checked from the config and the data before any rank starts
 // work, for a job of `world` ranks: the mesh fits the world, the batch divides
