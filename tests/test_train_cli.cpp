@@ -129,14 +129,14 @@ TEST(TrainConfig, AKeyTheRunDoesNotReadIsOneError) {
   const std::string cfg = test::tiny_config(d, "u.toml", "");
   const std::vector<std::pair<std::vector<std::string>, std::string>> unread{
       {{"parallel.schedule=\"gpipe\""},
-       "parallel.schedule = \"gpipe\" is set, and this run does not read it: parallel.pp = 1: the run has no "
+       "parallel.schedule = \"gpipe\" is set (--set), and this run does not read it: parallel.pp = 1: the run has no "
        "pipeline (set parallel.pp); or remove parallel.schedule"},
-      {{"parallel.virtual=2"}, "parallel.virtual = 2 is set, and this run does not read it: parallel.pp = 1"},
+      {{"parallel.virtual=2"}, "parallel.virtual = 2 is set (--set), and this run does not read it: parallel.pp = 1"},
       {{"parallel.cp_impl=\"ulysses\""}, "parallel.cp = 1: the run has no context parallelism"},
       {{"parallel.zero=1", "ddp.bucket_mb=50"},
-       "ddp.bucket_mb = 50 is set, and this run does not read it: parallel.zero = 1: ZeRO reduces the gradients "
+       "ddp.bucket_mb = 50 is set (--set), and this run does not read it: parallel.zero = 1: ZeRO reduces the gradients "
        "itself"},
-      {{"parallel.zero=2", "ddp.overlap=false"}, "ddp.overlap = false is set"},
+      {{"parallel.zero=2", "ddp.overlap=false"}, "ddp.overlap = false is set (--set)"},
       {{"train.fp8_history=4"}, "train.precision = \"fp32\": no FP8 linears"},
       {{"checkpoint.keep=3"}, "checkpoint.dir = \"\": the run saves no checkpoint"},
       {{"spike.policy=\"log\"", "spike.max_rollbacks=5"}, "spike.policy = \"log\": only \"rollback\""},
@@ -155,11 +155,19 @@ TEST(TrainConfig, AKeyTheRunDoesNotReadIsOneError) {
         {"spike.policy=\"rollback\"", "checkpoint.dir=\"c\"", "checkpoint.every=2", "spike.max_rollbacks=5"}}) {
     EXPECT_EQ(test::error_of(cfg, sets), "") << sets.back();
   }
-  // In the file as with --set.
-  const std::string file = d.write("u2.toml", "[model]\npreset = \"gpt-tiny\"\n[data]\ntrain = \"" +
-                                                  (d.path / "train.bin").string() + "\"\n[checkpoint]\nevery = 5\n");
+  // In the file as with --set; a file's key is judged by the file, so a --set that switches its feature
+  // off (checkpoint.dir = "", parallel.pp = 1) takes the file's settings of it along.
+  const std::string head = "[model]\npreset = \"gpt-tiny\"\n[data]\ntrain = \"" + (d.path / "train.bin").string() + "\"\n";
+  const std::string file = d.write("u2.toml", head + "[checkpoint]\nevery = 5\n");
   EXPECT_NE(test::error_of(file).find("checkpoint.every = 5 is set, and this run does not read it"), std::string::npos)
       << test::error_of(file);
+  const std::string saving = d.write("u3.toml", head + "[checkpoint]\ndir = \"c\"\nevery = 5\n"
+                                                       "[parallel]\npp = 2\nschedule = \"gpipe\"\n");
+  EXPECT_EQ(test::error_of(saving), "");
+  EXPECT_EQ(test::error_of(saving, {"checkpoint.dir=\"\"", "parallel.pp=1"}), "");
+  EXPECT_NE(test::error_of(saving, {"parallel.pp=1", "parallel.schedule=\"zb-h1\""}).find("parallel.schedule = "
+                                                                                         "\"zb-h1\" is set (--set)"),
+            std::string::npos);
 }
 
 // --print-config prints every key of the table with its type, range and help,

@@ -90,22 +90,35 @@ void check_method_sections(const toml::table& t, const Method& method, const std
   }
 }
 
-// A key set away from its default that this run does not read (ConfigKey::unread: schedule with
-// parallel.pp = 1, checkpoint.keep without checkpoint.dir): one error naming the key and what would
-// read it. A key at its default is left alone (--print-config writes every key).
-void check_unread_keys(const toml::table& t, const TrainConfig& c, const std::string& path) {
-  TrainConfig defaults;
-  defaults.model = c.model;
+// A key set away from its default that the run does not read (ConfigKey::unread: a pipeline
+// schedule with parallel.pp = 1, checkpoint.keep without checkpoint.dir): one error naming the key,
+// why and what would read it. A key from the file is judged by the file alone, so that a --set
+// which switches a feature off (checkpoint.dir = "", parallel.pp = 1: the guides, `diagnose step`)
+// takes the file's settings of it along; a key from --set is judged by the run. A key at its
+// default is left alone (--print-config writes every key).
+void check_unread_keys(const toml::table& file, const toml::table& t, const std::set<std::string>& from_set,
+                       const TrainConfig& c, const std::string& path) {
+  TrainConfig defaults, file_only;
+  defaults.model = file_only.model = plan::preset(file["model"]["preset"].value_or(std::string("gpt-tiny")));
+  bool file_alone = true;
+  try {
+    apply(file_only, file, path);
+  } catch (const std::invalid_argument&) {
+    file_alone = false;  // a value only --set makes valid: judge the file's keys by the run
+  }
   for (const auto& [section, node] : t) {
     const toml::table* keys = node.as_table();
     if (!keys) continue;
     for (const auto& [key, value] : *keys) {
-      const ConfigKey* k = find_config_key(std::string(section.str()) + "." + std::string(key.str()));
+      const std::string name = std::string(section.str()) + "." + std::string(key.str());
+      const ConfigKey* k = find_config_key(name);
       if (!k || !k->unread) continue;
-      const std::string why = k->unread(c);
-      if (why.empty() || k->show(c) == k->show(defaults)) continue;
-      throw std::invalid_argument(fmt::format("{}: {} = {} is set, and this run does not read it: {}; or remove {}",
-                                              path, k->name, k->show(c), why, k->name));
+      const TrainConfig& judge = from_set.count(name) || !file_alone ? c : file_only;
+      const std::string why = k->unread(judge);
+      if (why.empty() || k->show(judge) == k->show(defaults)) continue;
+      throw std::invalid_argument(fmt::format("{}: {} = {} is set{}, and this run does not read it: {}; or remove {}",
+                                              path, k->name, k->show(judge),
+                                              from_set.count(name) ? " (--set)" : "", why, k->name));
     }
   }
 }
@@ -156,6 +169,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   } catch (const toml::parse_error& e) {
     throw std::invalid_argument(fmt::format("{}: {} (line {})", path, e.description(), e.source().begin.line));
   }
+  const toml::table file = t;  // before --set
+  std::set<std::string> from_set;
   // --set section.key=value: parsed as TOML values ("3e-4", "true", "\"text\"").
   for (const auto& o : overrides) {
     const auto eq = o.find('='), dot = o.find('.');
@@ -180,6 +195,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     auto* tab = t[sec].as_table();
     if (!tab) throw std::invalid_argument(fmt::format("--set '{}': [{}] is not a table in {}", o, sec, path));
     tab->insert_or_assign(key, *one.get("v"));
+    from_set.insert(sec + "." + key);
   }
   TrainConfig c;
   const std::string preset = t["model"]["preset"].value_or(std::string("gpt-tiny"));
@@ -371,7 +387,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (c.comm_backend != "auto" && c.comm_backend != "nccl" && c.comm_backend != "gloo") {
     throw std::invalid_argument(fmt::format("{}: comm.backend '{}' unknown; use auto, nccl or gloo", path, c.comm_backend));
   }
-  check_unread_keys(t, c, path);
+  check_unread_keys(file, t, from_set, c, path);
   c.optim.total_steps = c.steps;
   return c;
 }
