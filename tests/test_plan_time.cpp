@@ -88,6 +88,36 @@ TEST(PlanValidation, EveryRowIsPredicted) {
   }
 }
 
+// What a source states holds, what it leaves unstated is searched. Llama 3's 8K rows state no recomputation and
+// an interleaved schedule with V unstated (sec. 3.3.2): the prediction keeps both. Where no setting fits the
+// device's memory by the ledger, the prediction is the fastest valid setting, flagged: the same one an unlimited
+// memory would pick.
+TEST(PlanValidation, StatedFieldsHoldAndUnstatedOnesAreSearched) {
+  int dubey_8k = 0;
+  for (const PublishedRun& run : published_runs()) {
+    if (run.source.rfind("Dubey", 0) != 0 || run.strategy.seq != 8192) continue;
+    ++dubey_8k;
+    EXPECT_FALSE(run.unstated.recompute) << run.label;
+    const Prediction p = predict_run(run);
+    EXPECT_EQ(p.strategy.recompute, Recompute::None) << run.label;
+    EXPECT_GT(p.strategy.vpp, 1) << run.label;
+    EXPECT_EQ(p.strategy.schedule, Schedule::Interleaved) << run.label;
+  }
+  EXPECT_EQ(dubey_8k, 2);
+  PublishedRun run = fitting_runs()[0];
+  for (const PublishedRun& r : fitting_runs())
+    if (r.source.rfind("Dubey", 0) == 0) run = r;
+  run.unstated.recompute = true;
+  run.memory_bytes = 1e9;  // nothing fits
+  const Prediction tight = predict_run(run);
+  run.memory_bytes = 1e15;  // everything fits
+  const Prediction loose = predict_run(run);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_TRUE(loose.fits);
+  EXPECT_EQ(tight.strategy.describe(), loose.strategy.describe());
+  EXPECT_DOUBLE_EQ(tight.value, loose.value);
+}
+
 // NeMo 24.07's SFT and LoRA rows through the post-training search, their layouts fixed: each is predicted
 // (reported in `plan validate`, never fitted). The ledger says 70B SFT on tp 4 x pp 4 without data parallelism
 // does not fit (16 B a parameter of 4.4e9 per GPU before activations): NeMo ran it, so it holds its states in

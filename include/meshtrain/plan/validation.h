@@ -43,7 +43,9 @@ struct PublishedRun {
   double published = 0;
   Half half = Half::Fitting;
   // Layout fields the source does not give: predict() searches them and takes the fastest setting that fits the
-  // device's memory (the published runs were tuned; the planner asked the same question searches too).
+  // device's memory (the published runs were tuned; the planner asked the same question searches too), or, where
+  // none fits by the ledger, the fastest valid one, flagged. A stated interleaved schedule with vpp unstated
+  // searches V > 1 only.
   struct Unstated {
     bool zero = false, recompute = false, micro_batch = false, vpp = false;
   } unstated;
@@ -86,7 +88,7 @@ std::string post_training_table();
 struct Prediction {
   double value = 0;
   Strategy strategy;
-  bool fits = true;  // some setting of the unstated fields fits the device's memory (else the stated layout)
+  bool fits = true;  // some setting of the unstated fields fits the device's memory (else the fastest valid one)
 };
 Prediction predict_run(const PublishedRun& run);
 double predict(const PublishedRun& run);
