@@ -110,16 +110,46 @@ BEFORE_REV=$([ -z "$BEFORE" ] || revision "$BEFORE")
     measure "before ($BEFORE_REV)" "$BEFORE/meshtrain"
   fi
   measure "after ($AFTER_REV)" "$BUILD/meshtrain"
-  cat <<'TEXT'
-
-## Reading these numbers
-
+  # This VM's cost of touching memory no process has touched lately, GiB by GiB (the hypervisor may back guest
+  # pages only on first touch): a snapshot or a page-cache write that needs fresh pages pays it.
+  TOUCH=$(python3 - <<'PY'
+import mmap, time
+gib = 1 << 30
+m = mmap.mmap(-1, 6 * gib)
+out = []
+for g in range(6):
+    t = time.time()
+    for off in range(g * gib, (g + 1) * gib, 4096):
+        m[off] = 1
+    out.append(f"{time.time() - t:.2f}")
+print(", ".join(out))
+PY
+)
+  echo
+  echo "## Reading these numbers"
+  echo
+  if [ -n "$BEFORE" ]; then
+    cat <<'TEXT'
 - **Before**, ZeRO checkpoints gathered whole fp32 weights and both moments onto every rank (12 bytes a parameter)
   to write the layout DDP writes, and loaded through three whole copies: the save and load extra of ZeRO-1/2/3 is
   about that gather. **After**, each rank writes its own flat slices as boxes of the parameters
   (`ckpt/flat_boxes.h`) straight from its state and reads them straight back into it; the reader streams every
   shard through a staging buffer (`checkpoint.staging_mb`, 64 MiB) and releases the pages it mapped, so a load adds
   at most that buffer. DDP writes and reads its own whole tensors in both builds.
+TEXT
+  else
+    cat <<'TEXT'
+- Under ZeRO each rank writes its own flat slices as boxes of the parameters (`ckpt/flat_boxes.h`) straight from
+  its state and reads them straight back into it; the reader streams every shard through a staging buffer
+  (`checkpoint.staging_mb`, 64 MiB) and releases the pages it mapped, so a load adds at most that buffer. Under
+  DDP the replicas share the writing: each whole tensor (with its moments) is written by one of them, balanced by
+  size (`train/state.h`), and every rank reads the whole tensors.
+TEXT
+  fi
+  echo "- Seconds this VM took to touch each of 6 GiB of fresh memory in one process, in order, measured after"
+  echo "  the runs: $TOUCH. A save whose snapshot or page-cache writes need pages beyond those the host has backed"
+  echo "  recently pays the slower rate: DDP's async snapshot is a rank's share of the whole state, taken at once."
+  cat <<'TEXT'
 - The async save's blocking time is the snapshot (a copy of the rank's own state into memory); the write then runs
   in a background thread, and the save completes at a later step (`Checkpointer::poll`). The snapshot is a copy of
   the state a rank writes, by definition the one allocation an async save adds.

@@ -233,7 +233,7 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, bool trained_only) {
     } else {
       size_t k2 = k;
       const std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
-      p = training_pieces(m, ms, vs, dp_rank, expert_dp_.rank());
+      p = training_pieces(m, ms, vs, dp_rank, expert_dp_.rank(), dp_.size(), expert_dp_.size());
     }
     if (trained_only) {
       for (const auto& param : m.params().params()) {

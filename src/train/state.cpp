@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 
@@ -42,9 +43,30 @@ std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, i
 
 namespace {
 
-// Whether this rank writes its copy of `p`: the first data-parallel replica,
-// and for parameters replicated across tp, tp rank 0.
+// Whether this rank writes its copy of `p`: the data-parallel replica chosen
+// to write it, and for parameters replicated across tp, tp rank 0.
 bool writes(const Param& p, bool dp_lead, int tp_rank) { return dp_lead && (p.tp_dim >= 0 || tp_rank == 0) && !p.replica; }
+
+// Which data-parallel replica writes each parameter and its moments: the
+// replicas share the writing, each parameter going to the one with the fewest
+// elements so far, in the parameters' order (the same list on every rank, so
+// every rank computes the same assignment). PyTorch DCP's dedup_save_plans and
+// Megatron-Core's fully parallel save spread replicated tensors the same way:
+// a save's time and an async snapshot's memory split over the replicas instead
+// of landing on rank 0. Experts count among their own replicas (expert_dp).
+std::vector<int> replica_writers(const std::vector<Param>& params, int dp_size, bool experts_apart,
+                                 int expert_dp_size) {
+  std::vector<int64_t> dense(std::max(1, dp_size), 0), expert(std::max(1, expert_dp_size), 0);
+  std::vector<int> out;
+  out.reserve(params.size());
+  for (const Param& p : params) {
+    std::vector<int64_t>& load = p.expert && experts_apart ? expert : dense;
+    const auto least = std::min_element(load.begin(), load.end());
+    *least += p.tensor.numel();
+    out.push_back(static_cast<int>(least - load.begin()));
+  }
+  return out;
+}
 
 // Range k's boxes in the parameter's global coordinates, with the views of
 // `slice` that hold them.
@@ -64,13 +86,14 @@ void for_each_box(const Param& p, int tp_rank, const OwnedRange& k, F f) {
 
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank,
-                                         int expert_dp_rank) {
+                                         int expert_dp_rank, int dp_size, int expert_dp_size) {
   const int tp_rank = model.params().tp_rank();
   std::vector<ckpt::Piece> out;
   auto& params = model.params().params();
+  const std::vector<int> writer = replica_writers(params, dp_size, expert_dp_rank >= 0, expert_dp_size);
   for (size_t i = 0; i < params.size(); ++i) {
     const Param& p = params[i];
-    const bool owner = writes(p, (p.expert && expert_dp_rank >= 0 ? expert_dp_rank : dp_rank) == 0, tp_rank);
+    const bool owner = writes(p, (p.expert && expert_dp_rank >= 0 ? expert_dp_rank : dp_rank) == writer[i], tp_rank);
     const auto off = offsets_of(p, tp_rank);
     out.push_back({"model/" + p.name, p.tensor.detach(), p.full_shape, off, owner});
     if (!exp_avg.empty() && exp_avg.at(i).defined()) {

@@ -7,9 +7,10 @@
 // No random state: dropout masks are keyed by the step and the data (model/transformer.h), so a
 // resume on any mesh drops what the uninterrupted run drops. (Checkpoints written before that
 // hold rng/dropout_* tensors, which nothing reads.)
-// Replicas are written by one rank only: data-parallel rank 0 (under ZeRO
-// every shard rank of the first replica writes its slices), and for
-// parameters replicated across tp, tp rank 0.
+// Replicas are written by one rank only: one data-parallel replica per
+// parameter, the replicas sharing the writing (under ZeRO every shard rank of
+// the first replica writes its slices), and for parameters replicated across
+// tp, tp rank 0.
 // Manifest fields: config.model (the ModelSpec), config.train, mesh, optimizer
 // (steps), loader (epoch, windows of the epoch consumed: independent of the
 // data-parallel size, so a run resumes on another mesh at the same sample).
@@ -34,11 +35,13 @@ class Transformer;
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const AdamW* opt, int dp_rank);
 // The same with the moments given per model parameter. An undefined moment
 // (a frozen parameter: no optimizer state) is not written. `dp_rank`: this
-// rank among the replicas of the dense parameters; `expert_dp_rank` among
-// those of its experts (dp x cp, without ep; -1: dp_rank). Rank 0 writes.
+// rank among the `dp_size` replicas of the dense parameters; `expert_dp_rank`
+// among the `expert_dp_size` of its experts (dp x cp, without ep; -1: dp_rank).
+// The replicas share the writing: each parameter (with its moments) is written
+// by one of them, balanced by elements (state.cpp, replica_writers).
 std::vector<ckpt::Piece> training_pieces(Transformer& model, const std::vector<at::Tensor>& exp_avg,
                                          const std::vector<at::Tensor>& exp_avg_sq, int dp_rank,
-                                         int expert_dp_rank = -1);
+                                         int expert_dp_rank = -1, int dp_size = 1, int expert_dp_size = 1);
 
 // A ZeRO rank's state (parallel/data/zero.h): its fp32 weight slices and
 // moment slices, one per flat, and where they sit in the model.
