@@ -41,8 +41,7 @@ b64=$(runs 64)
   echo '```'
   echo
   echo "One sequence at a time is bound by the cost of launching each operator (a 128-wide model); a batch"
-  echo "turns that into small matrix products, which on these 2 cores run far from the GEMM peak (\`perf\` on the"
-  echo "batch-16 run: a third of the cycles in OpenBLAS's second thread yielding, a tenth packing operands)."
+  echo "turns that into small matrix products, one operator launch for every row."
   quotes_heading
   quote rollout_speedup_16 "$(echo "$b16" | sed -nE 's/^speedup ([0-9.]+)x/\1/p')" \
     "batched over one-at-a-time generated tokens/s, batch 16 (median of 5 runs)"
