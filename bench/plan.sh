@@ -40,7 +40,8 @@ done
   echo
   echo "Two halves, split on 2026-12-06 before any change to the model (include/meshtrain/plan/validation.h):"
   echo "the model may be shaped on the fitting half only; the held-out half is reported, never fitted."
-  echo "Fields a source leaves unstated are searched: the fastest setting that fits the device's memory."
+  echo "Fields a source leaves unstated are searched: the fastest setting that fits the device's memory; where none fits by the"
+  echo "planner's ledger, the fastest valid one, marked (does not fit)."
   echo
   echo "\`$BUILD/meshtrain plan validate\` (configurations and sources: src/plan/validation.cpp; the model:"
   echo "include/meshtrain/plan/op_time.h, step_time.h; constants: src/plan/hardware.cpp). Narayanan et al.'s runs were"
