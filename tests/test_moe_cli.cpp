@@ -1,8 +1,9 @@
 // A MoE model trained through the binary: the step log and the metrics file
 // carry the router's numbers, and a checkpoint written under one expert-
 // parallel size resumes under another (ep4 -> ep2 with ZeRO-1 -> ep1 on 4
-// ranks) with the losses of the uninterrupted run: experts are saved under
-// global names, ZeRO's expert slices as boxes of them.
+// ranks, and ep2 under DDP -> ep4) with the losses and gradient norms of the
+// uninterrupted run: experts are saved under global names, ZeRO's expert
+// slices as boxes of them.
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -52,6 +53,15 @@ TEST(MoeCli, ExpertParallelCheckpointsResumeOnAnotherEp) {
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("(step 4, saved on tp=1 cp=1 dp=4 pp=1 ep=2"), std::string::npos) << run.output;
   expect_same_losses(path("ref.jsonl"), path("ep1.jsonl"), 4, 2);
+  // DDP with ep 2 on 4 ranks: each expert has two replicas (dp 2), which share its writing, as the dense
+  // parameters' four replicas share theirs (train/state.h); the checkpoint resumes under ep 4.
+  const std::string ckpt2 = set("checkpoint.dir", "ckpt2");
+  run = run_command(bin + " train " + cfg + " --set parallel.ep=2" + ckpt2 + " --set train.stop_after=2");
+  ASSERT_EQ(run.code, 0) << run.output;
+  run = run_command(bin + " train " + cfg + " --set parallel.ep=4" + ckpt2 + set("train.metrics", "ep4.jsonl"));
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("(step 2, saved on tp=1 cp=1 dp=4 pp=1 ep=2"), std::string::npos) << run.output;
+  expect_same_losses(path("ref.jsonl"), path("ep4.jsonl"), 2, 4);
 }
 
 // The replica check under expert parallelism compares each parameter over its own replicas:
