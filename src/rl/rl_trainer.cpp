@@ -408,9 +408,9 @@ int train_rl(const TrainConfig& c, Runtime& rt, const RewardFn* reward) {
       fields.update({{"spike", spike.state()},
                      {"mesh", {{"tp", c.tp}, {"pp", 1}, {"dp", dp.size()}, {"cp", 1}}},
                      {"optimizer", {{"steps", engine.optimizer().steps()}}}});
-      std::vector<ckpt::Piece> pieces = engine.pieces(dp.rank(), adapter_checkpoints(c));
+      std::vector<ckpt::Piece> pieces = engine.pieces(adapter_checkpoints(c));
       if (critic) {
-        for (auto& p : critic->pieces(dp.rank(), adapter_checkpoints(c))) {
+        for (auto& p : critic->pieces(adapter_checkpoints(c))) {
           p.name = "critic/" + p.name;
           pieces.push_back(std::move(p));
         }

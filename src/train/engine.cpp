@@ -221,7 +221,7 @@ at::Tensor TrainEngine::row_losses(const Batch& host) {
   return chunks_[0]->forward(b.tokens, b.targets, false, b.doc_ids).sum(0).to(at::kDouble);  // [s, b] -> [b]
 }
 
-std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, bool trained_only) {
+std::vector<ckpt::Piece> TrainEngine::pieces(bool trained_only) {
   std::vector<ckpt::Piece> out;
   size_t k = 0;  // this chunk's first entry in the optimizer's lists
   for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -229,11 +229,11 @@ std::vector<ckpt::Piece> TrainEngine::pieces(int dp_rank, bool trained_only) {
     std::vector<ckpt::Piece> p;
     if (!zero_.empty()) {
       // Each rank's own slices, as boxes of the parameters: nothing gathered.
-      p = zero_pieces(m, zero_slices(c, k, true), dp_rank);
+      p = zero_pieces(m, zero_slices(c, k, true), dp_.rank());
     } else {
       size_t k2 = k;
       const std::vector<at::Tensor> ms = aligned(opt_->exp_avg(), m, k), vs = aligned(opt_->exp_avg_sq(), m, k2);
-      p = training_pieces(m, ms, vs, dp_rank, expert_dp_.rank(), dp_.size(), expert_dp_.size());
+      p = training_pieces(m, ms, vs, dp_.rank(), expert_dp_.rank(), dp_.size(), expert_dp_.size());
     }
     if (trained_only) {
       for (const auto& param : m.params().params()) {

@@ -236,7 +236,7 @@ int train(const TrainConfig& c, Runtime& runtime, bool plan_check) {
     const auto t0 = std::chrono::steady_clock::now();
     const PeakProbe probe;
     // Every pipeline stage writes its own layers under their global names.
-    saver->save(s, engine.pieces(dp.rank(), adapter_checkpoints(c)),
+    saver->save(s, engine.pieces(adapter_checkpoints(c)),
                 training_checkpoint_fields(c, engine.optimizer(), loader, data.size(), engine.scaler(), spike,
                                            init ? &*init : nullptr),
                 nlohmann::json::object());

@@ -72,8 +72,9 @@ class TrainEngine {
   // The method's objective (train/objective.h, from its train/method.h entry).
   Objective& objective() { return *objective_; }
 
+  // This rank's pieces, its place among the replicas taken from the engine's own groups.
   // `trained_only`: frozen parameters left out (adapter checkpoints, trainer.h).
-  std::vector<ckpt::Piece> pieces(int dp_rank, bool trained_only = false);
+  std::vector<ckpt::Piece> pieces(bool trained_only = false);
   // Parameters and moments from `r`, whatever mesh wrote it. Returns the optimizer step.
   int64_t load(ckpt::Reader& r);
   // The parameters only (optimizer untouched): [init] from.
