@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <fmt/format.h>
 
 #include <cstdio>

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 
 #include "meshtrain/ckpt/checkpoint.h"
 #include "meshtrain/ckpt/safetensors.h"

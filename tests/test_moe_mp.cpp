@@ -16,6 +16,7 @@
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
 
 #include "meshtrain/comm/autograd.h"
 #include "meshtrain/comm/comm.h"

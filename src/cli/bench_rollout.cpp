@@ -3,6 +3,7 @@
 // completions one at a time, on the demo model's shape (random weights: the
 // cost does not depend on them), one process.
 #include <CLI/CLI.hpp>
+#include <ATen/Functions.h>
 #include <fmt/format.h>
 
 #include <chrono>

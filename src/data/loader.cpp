@@ -1,6 +1,7 @@
 #include "meshtrain/data/loader.h"
 
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 #include "meshtrain/train/engine.h"
 
 #include <ATen/Functions.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
