@@ -97,6 +97,7 @@ bench: build
 	./bench/train.sh $(BUILD)
 	./bench/optim.sh $(BUILD)
 	./bench/fused_ops.sh $(BUILD)
+	./bench/loss.sh $(BUILD)
 	./bench/dp.sh $(BUILD)
 	./bench/zero.sh $(BUILD)
 	./bench/pipeline.sh $(BUILD)

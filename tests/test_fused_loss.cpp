@@ -202,8 +202,10 @@ TEST(FusedLoss, ShapeErrorsAreClear) {
   EXPECT_THROW(fused_linear_cross_entropy(x, at::zeros({16, 7}), t, solo, 0, 16), std::invalid_argument);
   EXPECT_THROW(fused_linear_cross_entropy(x, w, at::zeros({5}, at::kLong), solo, 0, 16), std::invalid_argument);
   EXPECT_THROW(fused_linear_cross_entropy(x, w, t, solo, 0, 16, -1), std::invalid_argument);
-  EXPECT_EQ(default_chunk_rows(1024, 50304), 256);  // 64 MiB holds 333 rows of 50304 fp32 logits
-  EXPECT_EQ(default_chunk_rows(10, 50304), 10);
+  EXPECT_EQ(default_chunk_rows(1024, 50304, 256), 256);   // 64 MiB holds 333 rows of 50304 fp32 logits
+  EXPECT_EQ(default_chunk_rows(1024, 50304, 768), 512);  // at least h rows a chunk: two chunks of 512
+  EXPECT_EQ(default_chunk_rows(8192, 128256, 4096), 4096);  // Llama 3 8B: 2 chunks, not 64 of 130 rows
+  EXPECT_EQ(default_chunk_rows(10, 50304, 768), 10);
 }
 
 // The model with the fused loss on (the default) and off: same loss and gradients,

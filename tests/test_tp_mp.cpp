@@ -233,7 +233,7 @@ TEST(TensorParallel, CommCountersMatchTheFormula) {
   const int64_t tokens = 2 * spec.seq;
   for (bool sp : {false, true}) {
     Transformer model(spec, tp, sp, 1);
-    const int64_t rows = default_chunk_rows(tokens, model.padded_vocab() / tp.size());
+    const int64_t rows = default_chunk_rows(tokens, model.padded_vocab() / tp.size(), spec.hidden);
     const uint64_t ce_calls = 2 * static_cast<uint64_t>((tokens + rows - 1) / rows);
     Batch b = batch(spec);
     tp.reset_stats();

@@ -40,6 +40,7 @@ Run add_bench(CLI::App& app) {
   add_bench_context(bench, others);
   add_bench_optim(bench, others);
   add_bench_fused_ops(bench, others);
+  add_bench_loss(bench, others);
   add_bench_gemm(bench, others);
   auto cmd = bench->add_subcommand("comm", "collective bandwidth, nccl-tests style");
   cmd->add_option("--nproc", o->nproc, "ranks to start when not under a launcher");

@@ -38,6 +38,7 @@ void add_bench_attention(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>
 void add_bench_context(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_optim(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_fused_ops(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
+void add_bench_loss(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_gemm(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 void add_bench_rollout(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& runs);
 Run add_ckpt(CLI::App& app);

@@ -106,6 +106,13 @@ double layer_activation_bytes(const ModelSpec& m, const Strategy& s, int64_t lay
   return attn + mlp + (drop ? sbh / rep : 0);
 }
 
+int64_t fused_loss_chunk_rows(int64_t n, int64_t local_vocab, int64_t hidden) {
+  const int64_t fit = kFusedLossChunkBytes / (std::max<int64_t>(1, local_vocab) * 4);
+  const int64_t most = std::max<int64_t>({int64_t{1}, fit, hidden});
+  const int64_t chunks = std::max<int64_t>(1, (n + most - 1) / most);
+  return std::max<int64_t>(1, (n + chunks - 1) / chunks);
+}
+
 LedgerLine reserve_line(double used, const MemoryOptions& o) {
   return {"reserve", o.reserve_fixed + o.reserve_fraction * used,
           fmt::format("{} fixed (context, comm buffers) + {:.0f}% fragmentation", human_bytes(o.reserve_fixed),
@@ -211,12 +218,14 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
       if (s.fused_loss) {
         // One chunk's fp32 logits at a time; the forward keeps dX (the head input's shape) and the
         // head's dW (fp32, [V/t, h]) for the backward.
-        const double chunk = std::min(logits, static_cast<double>(kFusedLossChunkBytes));
+        const int64_t rows = static_cast<int64_t>(sq * b), local_v = c.vocab_padded / s.tp;
+        const double chunk = 4.0 * static_cast<double>(fused_loss_chunk_rows(rows, local_v, m.hidden)) * local_v;
         L.lines.push_back({"logits and head input",
                            e * sq * b * h / rep + 2 * e * sq * b * h + chunk + 4 * c.vocab_padded * h / t,
                            fmt::format("final norm input 4sbh/t, head input and its dX 2 x 4sbh, a chunk of fp32 "
-                                       "logits (at most {} of 4sbV/t, V = {}), the head's dW 4Vh/t (fused loss)",
-                                       human_bytes(kFusedLossChunkBytes), c.vocab_padded)});
+                                       "logits (of 4sbV/t, V = {}: at most {} or h rows), the head's dW 4Vh/t "
+                                       "(fused loss)",
+                                       c.vocab_padded, human_bytes(kFusedLossChunkBytes))});
       } else {
         L.lines.push_back({"logits and head input", e * sq * b * h / rep + e * sq * b * h / rep + logits,
                            fmt::format("final norm and head inputs 4sbh/t + fp32 logits 4sbV/t (V = {})",

@@ -20,8 +20,19 @@
 
 namespace meshtrain::plan {
 
-// The fused loss's logits per chunk of rows, at most (parallel/tensor/fused_cross_entropy.h).
+// The fused loss's logits per chunk of rows, at most, unless that is fewer rows than
+// fused_loss_chunk_rows' floor (parallel/tensor/fused_cross_entropy.h).
 constexpr int64_t kFusedLossChunkBytes = int64_t{64} << 20;
+
+// Rows per chunk of the fused loss for n rows of `hidden` features against a vocabulary
+// slice of local_vocab: n split evenly into the fewest chunks of at most max(hidden, the rows
+// whose fp32 logits fit kFusedLossChunkBytes) rows. The floor of `hidden` rows: every chunk
+// accumulates dW [local_vocab, hidden] (read and written, 8 V h bytes in fp32) against its own
+// 6 r V h GEMM flops, 4 / (3 r) bytes per flop; with r >= h that is at most the chunk's own fp32
+// logits (4 r V bytes) twice over, and on a GPU (some 300 flops per byte of memory traffic) a
+// fixed 64 MiB (130 rows of Llama 3's 128256) would spend several times the chunk's GEMM time
+// moving dW.
+int64_t fused_loss_chunk_rows(int64_t n, int64_t local_vocab, int64_t hidden);
 
 struct LedgerLine {
   std::string item;

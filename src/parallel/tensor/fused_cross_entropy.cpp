@@ -21,8 +21,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-constexpr int64_t kChunkBytes = plan::kFusedLossChunkBytes;
-
 // The rows [begin, begin + r) of one chunk, and what the chunk's targets mean on this rank.
 struct Chunk {
   int64_t begin = 0, rows = 0;
@@ -191,10 +189,8 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
 
 }  // namespace
 
-int64_t default_chunk_rows(int64_t n, int64_t local_vocab) {
-  const int64_t most = std::max<int64_t>(1, kChunkBytes / (std::max<int64_t>(1, local_vocab) * 4));
-  const int64_t chunks = std::max<int64_t>(1, (n + most - 1) / most);
-  return std::max<int64_t>(1, (n + chunks - 1) / chunks);
+int64_t default_chunk_rows(int64_t n, int64_t local_vocab, int64_t hidden) {
+  return plan::fused_loss_chunk_rows(n, local_vocab, hidden);
 }
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& targets,
@@ -205,7 +201,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& wei
     throw std::invalid_argument("fused_linear_cross_entropy: x [N, h], weight [V, h] and targets [N] expected");
   }
   if (chunk_rows < 0) throw std::invalid_argument("fused_linear_cross_entropy: chunk_rows must be >= 0");
-  const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk_rows(x.size(0), weight.size(0));
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : default_chunk_rows(x.size(0), weight.size(0), x.size(1));
   const bool grad_mode = at::GradMode::is_enabled();
   return FusedLinearCE::apply(x, weight, targets, &tp, vocab_start, vocab, chunk, grad_mode && x.requires_grad(),
                               grad_mode && weight.requires_grad(), tied);

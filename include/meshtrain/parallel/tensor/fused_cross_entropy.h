@@ -46,8 +46,11 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& x, const at::Tensor& wei
                                       Comm& tp, int64_t vocab_start, int64_t vocab, int64_t chunk_rows = 0,
                                       const TiedGrad* tied = nullptr);
 
-// Rows per chunk: N split evenly into the fewest chunks whose fp32 logits
-// (rows x local_vocab x 4 bytes) stay within 64 MiB.
-int64_t default_chunk_rows(int64_t n, int64_t local_vocab);
+// Rows per chunk (plan::fused_loss_chunk_rows): N split evenly into the fewest
+// chunks whose fp32 logits (rows x local_vocab x 4 bytes) stay within 64 MiB or
+// that have at most `hidden` rows, whichever allows more rows: each chunk reads
+// and writes the whole dW [local_vocab, hidden], which fewer rows than hidden
+// would not repay.
+int64_t default_chunk_rows(int64_t n, int64_t local_vocab, int64_t hidden);
 
 }  // namespace meshtrain
