@@ -56,6 +56,18 @@ when=$(date -u -r "$IN/bench.txt" +%Y-%m-%d)
         printf "\n(%s: measured bf16 GEMM peak %.0f TFLOP/s)\n\n", model, gemm / 1e12
       }' "$IN/bench.txt"
   done
+  if [ -f "$IN/loss.txt" ]; then
+    echo "## The fused loss's chunks"
+    echo
+    echo "\`meshtrain bench loss --device cuda --model llama-1b --micro-batch 4 --seq 2048 --rounds 5\` (docs/bench-loss.md"
+    echo "has the CPU's): the output layer and cross-entropy forward + backward with the default chunks (at least"
+    echo "hidden rows), with 64 MiB chunks, in one chunk, and unfused; medians after the device synchronises."
+    echo
+    echo '```'
+    grep -E '^(llama|loss|fused|unfused)' "$IN/loss.txt"
+    echo '```'
+    echo
+  fi
   quotes_heading
   awk '$1 == "llama1b" && $5 == "meshtrain_trainer" {printf "%.1f\n", 100 * $8}' "$IN/bench.txt" |
     while read -r v; do quote llama1b_mfu "$v%" "MFU of the ~1B Llama bf16 step (meshtrain's trainer, one H200)"; done

@@ -13,7 +13,9 @@
 #      GEMM; current and delayed scaling): the trainer's s/step beside bf16's (issue #45).
 #   4. the ~1B Llama bf16 with the optimizer offloaded (ZeRO-2 over one rank, bf16 weights on
 #      the device, fp32 masters and AdamW on the 16 host cores): tokens/s and peak device
-#      memory beside the resident run (issue #45).
+#      memory beside the resident run (issue #45);
+#   5. the fused loss at the ~1B Llama's head shape: default chunks (at least hidden rows),
+#      64 MiB chunks, one chunk and the unfused pair (meshtrain bench loss --device cuda).
 #
 #   scripts/gpu_check.sh OUT_DIR    with .device/ from scripts/device_bundle.sh carried along
 set -uo pipefail
@@ -73,4 +75,6 @@ for scaling in current delayed; do
          awk '/^RESULT/ {print $2, $3, $4, $5}')
   echo "llama1b_fp8_$scaling llama-1b 4 2048 meshtrain_trainer $line" | tee -a "$OUT/bench.txt"
 done
+echo "== the fused loss's chunks (the ~1B Llama's head: 8192 rows x 2048 against 128256)"
+"$MT" bench loss --device cuda --model llama-1b --micro-batch 4 --seq 2048 --rounds 5 2>&1 | tee "$OUT/loss.txt"
 echo "gpu_check: done in $SECONDS s"

@@ -5,7 +5,8 @@
 // (plan::fused_loss_chunk_rows), with chunks of at most 64 MiB of logits (the
 // rule before its floor of `hidden` rows), in one chunk, and the unfused pair
 // (at::linear, then at::cross_entropy_loss on fp32 logits); interleaved round
-// by round in one process, medians.
+// by round in one process, medians; on the CPU (2 threads a rank's share) or
+// on cuda:0 (autocast on CUDA; each variant's time after the device synchronises).
 #include <CLI/CLI.hpp>
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>
@@ -21,13 +22,14 @@
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
 #include "meshtrain/plan/memory.h"
 #include "meshtrain/plan/spec.h"
+#include "meshtrain/platform/device.h"
 #include "meshtrain/platform/threads.h"
 
 namespace meshtrain::cli {
 namespace {
 
 struct Opts {
-  std::string model = "gpt2-124m";
+  std::string model = "gpt2-124m", device = "cpu";
   int64_t micro_batch = 4, seq = 256;
   int rounds = 7;
 };
@@ -39,6 +41,9 @@ struct Variant {
 
 int run(const Opts& o) {
   configure_threads(1);
+  bind_compute_device(resolve_device(parse_device(o.device), cuda_device_count(), 1), 0);
+  const c10::Device dev = compute_device();
+  const auto on = at::TensorOptions().device(dev);
   const plan::ModelSpec m = plan::preset(o.model);
   const int64_t n = o.micro_batch * o.seq, h = m.hidden, v = plan::padded_vocab(m.vocab, 128);
   Comm solo("solo", 0);
@@ -49,20 +54,21 @@ int run(const Opts& o) {
       {"fused, chunks within 64 MiB", (n + old_chunks - 1) / old_chunks},
       {"fused, one chunk", n},
       {"unfused (linear, cross_entropy)", 0}};
-  const at::Tensor targets = at::randint(m.vocab, {n}, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor targets = at::randint(m.vocab, {n}, on.dtype(at::kLong));
   fmt::print("{}: {} rows (micro-batch {} x seq {}) x hidden {} against vocabulary {} (padded); {} threads, {} rounds, "
-             "forward + backward\n",
-             o.model, n, o.micro_batch, o.seq, h, v, threads_per_rank(1), o.rounds);
+             "forward + backward on {}\n",
+             o.model, n, o.micro_batch, o.seq, h, v, threads_per_rank(1), o.rounds, compute_device_name());
   fmt::print("{:<32} {:>5} {:>11} {:>12} {:>12}\n", "loss", "dtype", "chunk rows", "logits MiB", "ms");
   for (auto type : {at::kFloat, at::kBFloat16}) {
     const std::string t = type == at::kFloat ? "fp32" : "bf16";
     std::vector<std::vector<double>> times(variants.size());
     for (int r = 0; r < o.rounds + 1; ++r) {  // round 0 warms up
       for (size_t i = 0; i < variants.size(); ++i) {
-        const at::Tensor x = (at::randn({n, h}) * 0.5).requires_grad_();
-        const at::Tensor w = (at::randn({v, h}) * 0.02).requires_grad_();
-        const AutocastSwitch before = autocast_switch(c10::DeviceType::CPU);
-        set_autocast_switch(c10::DeviceType::CPU, {type != at::kFloat, at::kBFloat16});
+        const at::Tensor x = (at::randn({n, h}, on) * 0.5).requires_grad_();
+        const at::Tensor w = (at::randn({v, h}, on) * 0.02).requires_grad_();
+        const AutocastSwitch before = autocast_switch(dev.type());
+        set_autocast_switch(dev.type(), {type != at::kFloat, at::kBFloat16});
+        synchronize_compute_device();
         const auto t0 = std::chrono::steady_clock::now();
         at::Tensor loss;
         if (variants[i].chunk_rows > 0) {
@@ -71,8 +77,9 @@ int run(const Opts& o) {
           loss = at::cross_entropy_loss(at::linear(x, w).to(at::kFloat), targets, {}, at::Reduction::None);
         }
         loss.sum().backward();
+        synchronize_compute_device();
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        set_autocast_switch(c10::DeviceType::CPU, before);
+        set_autocast_switch(dev.type(), before);
         if (r > 0) times[i].push_back(s);
       }
     }
@@ -94,6 +101,9 @@ void add_bench_loss(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& run
   cmd->add_option("--model", o->model, "preset whose head shape is used")->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "sequences")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--seq", o->seq, "tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu | cuda (cuda:0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "timed rounds (each runs every variant)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
