@@ -47,6 +47,10 @@ run_side() {  # SIDE PRECISION SEQ SHAPE -> "seconds peak_bytes [extra]"
                awk '/^WARMUP/ {w = $2} /^RESULT/ {print "RESULT", $2, $3, w}' ;;
     torch_base) "$BASELINE_PY" bench/torch_gpt.py $shape $common --steps "$STEPS" --threads "$THREADS" ;;
     trainer_base) "$BASELINE_BIN" bench train --model gpt2-124m --loop trainer $common --steps "$STEPS" --rounds 1 ;;
+    # The floor, timed in the rounds like the sides (this VM's speed drifts by tens of percent over
+    # minutes, so a floor timed once apart from the steps would set their ratio by when it ran).
+    gemm | gemm_cold) "$BUILD/meshtrain" bench gemm --model gpt2-124m --micro-batch 4 --seq "$3" --precision "$2" \
+                        $([ "$side" = gemm_cold ] && echo --cold) | awk '/^GEMM time per step/ {print "RESULT", $5, 0, 0}' ;;
     *) "$BUILD/meshtrain" bench train --model gpt2-124m --loop "$side" $common --steps "$STEPS" --rounds 1 ;;
   esac | awk '/^RESULT/ {print $2, $3, $NF}'  # the trainer's last field: its pre-start GEMM measurement, s
 }
@@ -70,14 +74,17 @@ QUOTES=""
   echo "(no clipping). Each side runs in its own process: one warm-up step (torch.compile: two), then $STEPS timed steps; $ROUNDS rounds with"
   echo "the order rotating; the table gives the median over rounds of each process's median step and the largest peak"
   echo "resident memory (whole process: libraries and interpreter included). GEMM = the step's matrix multiplies"
-  echo "(\`meshtrain bench gemm\`, plan/gemms.h) timed alone in the same dtype and layout: the floor of a step."
+  echo "(\`meshtrain bench gemm\`, plan/gemms.h) timed alone in the same dtype and layout, in each round like the"
+  echo "sides: the floor of a step; \"operands from memory\": the same with twice the last-level cache written before"
+  echo "each call (\`--cold\`)."
   for p in $PRECISIONS; do
     for seq in 256 64; do
       gemm_out=$("$BUILD/meshtrain" bench gemm --model gpt2-124m --micro-batch 4 --seq "$seq" --precision "$p")
       shape=$(echo "$gemm_out" | sed -n 's/^shape: //p')
-      gemm_s=$(echo "$gemm_out" | awk '/^GEMM time per step/ {print $5}')
       declare -A T=() M=() X=()
-      sides=(torch compile trainer bare)
+      # gemm_cold: the floor with each call's operands evicted from the caches first (--cold), as a
+      # step's are when other layers' tensors pass through between two uses of one.
+      sides=(torch compile trainer bare gemm gemm_cold)
       [ -z "$BASELINE_PY" ] || sides+=(torch_base)
       [ -z "$BASELINE_BIN" ] || sides+=(trainer_base)
       for ((r = 0; r < ROUNDS; r++)); do
@@ -96,7 +103,10 @@ QUOTES=""
       printf '%-34s %9s %9s %10s %14s %12s %12s\n' side "s/step" tokens/s "step/GEMM" "peak RSS MiB" "speed vs PT" "memory vs PT"
       t_pt=$(echo "${T[torch]}" | tr ' ' '\n' | grep . | median)
       m_pt=$(echo "${M[torch]}" | tr ' ' '\n' | grep . | sort -g | tail -1)
+      gemm_s=$(echo "${T[gemm]}" | tr ' ' '\n' | grep . | median)
+      gemm_cold_s=$(echo "${T[gemm_cold]}" | tr ' ' '\n' | grep . | median)
       for side in "${sides[@]}"; do
+        case $side in gemm*) continue ;; esac
         t=$(echo "${T[$side]}" | tr ' ' '\n' | grep . | median)
         m=$(echo "${M[$side]}" | tr ' ' '\n' | grep . | sort -g | tail -1)
         case $side in
@@ -112,6 +122,7 @@ QUOTES=""
         eval "t_$side=$t; m_$side=$m"
       done
       printf '%-34s %9.3f\n' "the step's GEMMs alone" "$gemm_s"
+      printf '%-34s %9.3f\n' "the same, operands from memory" "$gemm_cold_s"
       echo '```'
       warm=$(echo "${X[compile]}" | tr ' ' '\n' | grep . | median)
       probe=$(echo "${X[trainer]}" | tr ' ' '\n' | grep . | sort -g | tail -1)
@@ -127,12 +138,13 @@ QUOTES=""
       QUOTES+=$(quote "speed_vs_compile_$key" "$(awk -v a="$t_compile" -v b="$t_trainer" 'BEGIN {printf "%.2f", a / b}')" "torch.compile step time / meshtrain trainer step time, $p seq $seq")$'\n'
       QUOTES+=$(quote "gemm_probe_seconds_$key" "$probe" "the trainer's pre-start GEMM measurement, seconds (at most over rounds), $p seq $seq")$'\n'
       QUOTES+=$(quote "step_over_gemm_$key" "$(awk -v a="$t_trainer" -v b="$gemm_s" 'BEGIN {printf "%.2f", a / b}')" "meshtrain trainer step time / its GEMM time, $p seq $seq")$'\n'
+      QUOTES+=$(quote "step_over_cold_gemm_$key" "$(awk -v a="$t_trainer" -v b="$gemm_cold_s" 'BEGIN {printf "%.2f", a / b}')" "meshtrain trainer step time / its GEMM time with operands evicted from the caches, $p seq $seq")$'\n'
       QUOTES+=$(quote "torch_step_over_gemm_$key" "$(awk -v a="$t_pt" -v b="$gemm_s" 'BEGIN {printf "%.2f", a / b}')" "PyTorch eager step time / the GEMM time, $p seq $seq")$'\n'
       QUOTES+=$(quote "memory_vs_torch_$key" "$(awk -v a="$m_trainer" -v b="$m_pt" 'BEGIN {printf "%.2f", a / b}')" "meshtrain trainer peak RSS / PyTorch eager's, $p seq $seq")$'\n'
       [ -z "$BASELINE_BIN" ] || QUOTES+=$(quote "speed_vs_baseline_build_$key" "$(awk -v a="$t_trainer_base" -v b="$t_trainer" 'BEGIN {printf "%.2f", a / b}')" "baseline build's trainer step time / this build's, $p seq $seq")$'\n'
       QUOTES+=$(quote "trainer_overhead_$key" "$(awk -v a="$t_trainer" -v b="$t_bare" 'BEGIN {printf "%+.1f%%", 100 * (a / b - 1)}')" "trainer step time over the bare loop's, $p seq $seq")$'\n'
       echo
-      echo "<details><summary>the GEMMs of the step ($p, seq $seq)</summary>"
+      echo "<details><summary>the GEMMs of the step ($p, seq $seq; one timing before the rounds, whose medians the table uses)</summary>"
       echo
       echo '```'
       echo "$gemm_out" | grep -v '^shape:'

@@ -8,7 +8,11 @@
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <stdexcept>
+#include <string>
 
 #include "cli/commands.h"
 #include "meshtrain/plan/gemms.h"
@@ -22,10 +26,30 @@ struct Opts {
   std::string model = "gpt2-124m", precision = "fp32";
   int64_t micro_batch = 4, seq = 256;
   double min_seconds = 0.2;
+  bool cold = false;
 };
 
+// Bytes of the last-level cache this process runs on (sysfs), twice over: what a
+// write must cover to leave no operand of the previous call cached. 0 when
+// sysfs does not say.
+int64_t eviction_bytes() {
+  int64_t largest = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream f(fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/size", i));
+    std::string size;
+    if (!(f >> size) || size.empty()) continue;
+    int64_t bytes = std::stoll(size);
+    if (size.back() == 'K') bytes <<= 10;
+    if (size.back() == 'M') bytes <<= 20;
+    largest = std::max(largest, bytes);
+  }
+  return 2 * largest;
+}
+
 // Median seconds of one call of `g` (after a warm-up), repeated for at least `min_seconds` and 3 calls.
-double time_gemm(const plan::Gemm& g, at::ScalarType dtype, double min_seconds) {
+// `evict` defined: written before each call (untimed), so the operands come from memory,
+// as in a step, where other layers' tensors pass through the caches between two uses of one.
+double time_gemm(const plan::Gemm& g, at::ScalarType dtype, double min_seconds, const at::Tensor& evict) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
   auto operand = [&](int64_t rows, int64_t cols, bool trans) {
     at::Tensor t = at::randn({g.batch, trans ? cols : rows, trans ? rows : cols}, gen).to(dtype);
@@ -38,6 +62,7 @@ double time_gemm(const plan::Gemm& g, at::ScalarType dtype, double min_seconds) 
   std::vector<double> times;
   double total = 0;
   while (times.size() < 3 || total < min_seconds) {
+    if (evict.defined()) evict.fill_(static_cast<double>(times.size()));
     const auto t0 = std::chrono::steady_clock::now();
     call();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -51,15 +76,24 @@ int run(const Opts& o) {
   configure_threads(1);
   const plan::ModelSpec& m = plan::preset(o.model);
   const auto gemms = plan::step_gemms(m, o.micro_batch, o.seq);
-  fmt::print("{}: the step's matrix multiplies alone, micro-batch {} x seq {}, {}, {} threads\n", m.name,
-             o.micro_batch, o.seq, o.precision, threads_per_rank(1));
+  at::Tensor evict;
+  if (o.cold) {
+    const int64_t bytes = eviction_bytes();
+    if (bytes == 0) throw std::runtime_error("--cold: sysfs gives no cache sizes here (/sys/devices/system/cpu/cpu0/cache)");
+    evict = at::empty({bytes / 4}, at::kFloat);
+  }
+  fmt::print("{}: the step's matrix multiplies alone, micro-batch {} x seq {}, {}, {} threads{}\n", m.name,
+             o.micro_batch, o.seq, o.precision, threads_per_rank(1),
+             o.cold ? fmt::format(", operands evicted from the caches before each call ({} MiB written)",
+                                  evict.numel() * 4 >> 20)
+                    : "");
   // The model's shape as bench/torch_gpt.py's flags (bench/train.sh passes them on).
   fmt::print("shape: {}\n", torch_gpt_shape(m));
   fmt::print("{:<24} {:>5} {:>6} {:>6} {:>6} {:>6} {:>10} {:>9} {:>10}\n", "GEMM", "batch", "m", "n", "k", "count",
              "ms each", "GFLOP/s", "s per step");
   double seconds = 0, flops = 0;
   for (const auto& g : gemms) {
-    const double t = time_gemm(g, compute_dtype(precision), o.min_seconds);
+    const double t = time_gemm(g, compute_dtype(precision), o.min_seconds, evict);
     seconds += t * static_cast<double>(g.count);
     flops += g.flops();
     fmt::print("{:<24} {:>5} {:>6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>10.4f}\n", g.name, g.batch, g.m, g.n, g.k,
@@ -82,6 +116,8 @@ void add_bench_gemm(CLI::App* bench, std::vector<std::pair<CLI::App*, Run>>& run
   cmd->add_option("--precision", o->precision, "fp32 | bf16")->capture_default_str();
   cmd->add_option("--min-seconds", o->min_seconds, "time each GEMM at least this long")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("--cold", o->cold,
+                "write twice the last-level cache's size before each call: operands from memory, not the caches");
   runs.emplace_back(cmd, [o] { return run(*o); });
 }
 

@@ -46,7 +46,13 @@ namespace {
 //         dimensions 64 and 128 (the flash tables below). Without a table: 0.6 of peak (the paper's 50-73%).
 //         FlashAttention-3 (Shah et al., arXiv 2407.08608; assets/flash3_fp16_fwd.png) and cuDNN run the H100's
 //         forward up to 1.9x faster than FA2, but no backward of theirs is published there: Hopper uses FA2's
-//         measurement, a lower bound for those kernels. B200 (no table) keeps 0.55 of peak.
+//         measurement, a lower bound for those kernels. B200 has no table of that kind and keeps 0.55 of
+//         peak, which the one published forward + backward pair on it supports: FlashAttention-4 (Dao-AILab/
+//         flash-attention pull request 2280, 2026-02-27), causal, head dimension 128, sequence 8192, batch 4,
+//         16 heads: forward 0.775 ms (1418 TFLOP/s), backward 2.274 ms (1209 TFLOP/s, the 2-CTA path it
+//         enables) or 2.459 ms (1118, 1-CTA); with the backward's 2.5x the forward's flops that is 1262 TFLOP/s
+//         (0.56 of 2250) or 1190 (0.53). FlashAttention-4's paper (arXiv 2603.05451) reports its forward up to
+//         1.3x cuDNN 9.13's, so runs on that cuDNN may sit below 0.55; no cuDNN backward on B200 is published.
 // [DS] bandwidth; [CAL] efficiency, latency, the gather factor and the processor usage; NVLink SHARP from the
 // NVSwitch generation.
 constexpr LinkSpec kNvLink(double bw, bool sharp) { return {bw, 0.6, 1e-6, 1.5, sharp, 0.15}; }
