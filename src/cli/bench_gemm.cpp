@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -37,11 +38,13 @@ int64_t eviction_bytes() {
   for (int i = 0; i < 8; ++i) {
     std::ifstream f(fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/size", i));
     std::string size;
-    if (!(f >> size) || size.empty()) continue;
-    int64_t bytes = std::stoll(size);
-    if (size.back() == 'K') bytes <<= 10;
-    if (size.back() == 'M') bytes <<= 20;
-    largest = std::max(largest, bytes);
+    if (!(f >> size)) continue;
+    char* unit = nullptr;
+    int64_t bytes = std::strtoll(size.c_str(), &unit, 10);  // "32768K", "1M", "512": sysfs's forms
+    if (*unit == 'K') bytes <<= 10;
+    if (*unit == 'M') bytes <<= 20;
+    if (*unit == 'G') bytes <<= 30;
+    largest = std::max(largest, bytes);  // unparsable: 0, ignored
   }
   return 2 * largest;
 }
