@@ -478,6 +478,22 @@ TEST(GemmHealth, SharedCoresDoNotLowerTheHostPeak) {
   EXPECT_EQ(read(), cached);
 }
 
+// The ranks print the launcher's measurement as the launcher described it: a bf16 run on a CPU
+// without bf16 instructions divides by the fp32 rate, and its MFU line must say fp32 (it said
+// "bf16 GEMMs" beside the fp32 rate when the ranks rebuilt the text from the dtype alone).
+TEST(GemmHealth, RanksKeepTheLaunchersPeakSource) {
+  HostPeak p;
+  p.value = 138.9e9;
+  p.seconds = 0.7;
+  p.source = "fp32 GEMMs on all 2 cores before the ranks started (0.70 s); BLAS mkl (faster here than bf16 GEMMs)";
+  hand_down_host_peak("gemm_bf16", p, 2);
+  const HostPeak got = host_peak_from_launcher("gemm_bf16");
+  EXPECT_EQ(got.value, p.value);
+  EXPECT_EQ(got.source, p.source);
+  EXPECT_EQ(host_peak_from_launcher("gemm_fp32").value, 0);  // another dtype's: not this run's
+  ::unsetenv("MESHTRAIN_HOST_GEMM_PEAK");
+}
+
 // train.document_mask through `meshtrain train` (tp 2 with SP): a corpus of
 // 7-token documents trains with its documents masked, and the first step's
 // loss differs from the unmasked run's (the model-level equivalence is

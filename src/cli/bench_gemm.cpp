@@ -5,13 +5,16 @@
 // the floor of a step's time; bench/train.sh divides step times by it.
 #include <CLI/CLI.hpp>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Version.h>
 #include <ATen/Functions.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -74,6 +77,35 @@ double time_gemm(const plan::Gemm& g, at::ScalarType dtype, double min_seconds, 
   return median(times);
 }
 
+// bf16/fp16 on a CPU without their matrix instructions: a path many times slower than fp32
+// (and slower still for some layouts), so timing a step's GEMMs can take many minutes. Probed
+// on a 256-cube product per layout the step uses, in both dtypes; returns the slowest layout's
+// time ratio (low / fp32) and estimates the whole command's seconds from the probes.
+struct LowPrecisionProbe {
+  double slowdown = 1, estimate_seconds = 0;
+};
+
+LowPrecisionProbe probe_low_precision(const std::vector<plan::Gemm>& gemms, at::ScalarType dtype, double min_seconds) {
+  LowPrecisionProbe out;
+  std::map<std::pair<bool, bool>, double> ratio;  // (trans_a, trans_b) -> low / fp32
+  double fp32_rate = 0;                            // FLOP/s of the fp32 probes, the fastest layout
+  for (const auto& g : gemms) {
+    const auto layout = std::make_pair(g.trans_a, g.trans_b);
+    if (ratio.count(layout)) continue;
+    plan::Gemm cube{"probe", 1, 256, 256, 256, g.trans_a, g.trans_b};
+    const double fp32 = time_gemm(cube, at::kFloat, 0.02, {}), low = time_gemm(cube, dtype, 0.02, {});
+    ratio[layout] = low / fp32;
+    fp32_rate = std::max(fp32_rate, cube.flops() / fp32);
+  }
+  for (const auto& [layout, r] : ratio) out.slowdown = std::max(out.slowdown, r);
+  for (const auto& g : gemms) {
+    // time_gemm's calls: one warm-up, then at least 3 and at least min_seconds.
+    const double t = g.flops() / static_cast<double>(g.count) / fp32_rate * ratio[{g.trans_a, g.trans_b}];
+    out.estimate_seconds += t + std::max(3 * t, min_seconds);
+  }
+  return out;
+}
+
 int run(const Opts& o) {
   const Precision precision = parse_train_precision(o.precision);
   configure_threads(1);
@@ -84,6 +116,21 @@ int run(const Opts& o) {
     const int64_t bytes = eviction_bytes();
     if (bytes == 0) throw std::runtime_error("--cold: sysfs gives no cache sizes here (/sys/devices/system/cpu/cpu0/cache)");
     evict = at::empty({bytes / 4}, at::kFloat);
+  }
+  const at::ScalarType dtype = compute_dtype(precision);
+  if (dtype != at::kFloat) {
+    const LowPrecisionProbe probe = probe_low_precision(gemms, dtype, o.min_seconds);
+    if (probe.slowdown > 1) {
+      const bool fp16 = dtype == at::kHalf;
+      fmt::print(stderr,
+                 "warning: {} GEMMs run {:.1f}x slower than fp32 ones here (a 256-cube product, the slowest of the "
+                 "step's layouts): this CPU (capability {}) has no {} matrix instructions ({}). Timing the step's "
+                 "GEMMs will take {:.0f} s at the probe's rates, longer where larger products run slower still; "
+                 "--precision fp32 is this CPU's fast path.\n",
+                 fp16 ? "fp16" : "bf16", probe.slowdown, at::get_cpu_capability(), fp16 ? "fp16" : "bf16",
+                 fp16 ? "avx512_fp16, amx_fp16" : "avx512_bf16, amx_bf16", probe.estimate_seconds);
+      std::fflush(stderr);
+    }
   }
   fmt::print("{}: the step's matrix multiplies alone, micro-batch {} x seq {}, {}, {} threads{}\n", m.name,
              o.micro_batch, o.seq, o.precision, threads_per_rank(1),
@@ -96,7 +143,7 @@ int run(const Opts& o) {
              "ms each", "GFLOP/s", "s per step");
   double seconds = 0, flops = 0;
   for (const auto& g : gemms) {
-    const double t = time_gemm(g, compute_dtype(precision), o.min_seconds, evict);
+    const double t = time_gemm(g, dtype, o.min_seconds, evict);
     seconds += t * static_cast<double>(g.count);
     flops += g.flops();
     fmt::print("{:<24} {:>5} {:>6} {:>6} {:>6} {:>6} {:>10.3f} {:>9.1f} {:>10.4f}\n", g.name, g.batch, g.m, g.n, g.k,

@@ -346,7 +346,7 @@ HostPeak measure_host_peak(const std::string& what, int cores, const std::string
 }
 
 void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores) {
-  ::setenv(kHostPeakEnv, fmt::format("{} {:.17g} {:.3f} {}", what, p.value, p.seconds, cores).c_str(), 1);
+  ::setenv(kHostPeakEnv, fmt::format("{} {:.17g} {:.3f} {} {}", what, p.value, p.seconds, cores, p.source).c_str(), 1);
 }
 
 double cached_copy_bandwidth(int cores, const std::string& cache_file) {
@@ -386,7 +386,10 @@ HostPeak host_peak_from_launcher(const std::string& what) {
   if (!(in >> handed >> value >> seconds >> cores) || handed != what || !(value > 0)) return out;
   out.value = value;
   out.seconds = seconds;
-  out.source = peak_source(what, cores, seconds);
+  // The launcher's own words: for a bf16 run on a CPU without bf16 instructions the value is the
+  // fp32 rate, and the source says so.
+  std::getline(in >> std::ws, out.source);
+  if (out.source.empty()) out.source = peak_source(what, cores, seconds);
   return out;
 }
 

@@ -84,7 +84,7 @@ struct HostPeak {
 // that a bf16 run gets the faster of bf16 and fp32 (a step of both kinds of GEMM cannot beat it).
 HostPeak measure_host_peak(const std::string& what, int cores, const std::string& cache_file = default_peak_cache());
 // The launching process hands its measurement to the ranks it starts in the environment
-// variable MESHTRAIN_HOST_GEMM_PEAK ("<what> <FLOP/s> <seconds> <cores>").
+// variable MESHTRAIN_HOST_GEMM_PEAK ("<what> <FLOP/s> <seconds> <cores> <source text>").
 void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores);
 // What a launching process handed down for `what` (value 0: nothing, or another dtype's).
 HostPeak host_peak_from_launcher(const std::string& what);
