@@ -6,7 +6,6 @@
 BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
-export CCACHE_SLOPPINESS = pch_defines,time_macros,include_file_mtime,include_file_ctime
 
 .PHONY: all setup build build-demo test demo post-train-demo rl-demo labs bench check-docs clean
 all: build

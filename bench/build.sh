@@ -54,7 +54,7 @@ cc_hit=$(secs cmake --build "$tmp/pch_ON" -j"$JOBS" --target meshtrain_lib)
   echo "| \`-DMESHTRAIN_PCH=ON\` (default), ccache off | ${clean[ON]} | ${touch1[ON]} | ${touch2[ON]} |"
   echo "| \`-DMESHTRAIN_PCH=OFF\`, ccache off | ${clean[OFF]} | ${touch1[OFF]} | ${touch2[OFF]} |"
   echo "| \`make demo\`'s targets only (\`--target meshtrain\`: the library, \`meshtrain\`, \`meshtrain-tokenize\`), PCH on, ccache off | $demo | | |"
-  echo "| PCH on, ccache on (the Makefile exports \`CCACHE_SLOPPINESS\`): the first rebuild fills the cache, the second hits it | | $cc_first, $cc_hit | |"
+  echo "| PCH on, ccache on (through \`scripts/ccache_launcher.sh\`, which sets the sloppiness a PCH needs): the first rebuild fills the cache, the second hits it | | $cc_first, $cc_hit | |"
   echo
   echo "## Reading these numbers"
   echo

@@ -17,6 +17,7 @@
 #include "meshtrain/platform/subprocess.h"
 #include "meshtrain/train/choice_eval.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

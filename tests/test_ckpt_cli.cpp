@@ -21,6 +21,7 @@
 #include "meshtrain/train/config.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

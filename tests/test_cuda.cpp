@@ -16,6 +16,7 @@
 #include "src/comm/backend.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

@@ -16,6 +16,7 @@
 #include "meshtrain/data/loader.h"
 #include "meshtrain/data/validation.h"
 #include "tests/run_command.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

@@ -16,6 +16,7 @@
 #include "meshtrain/train/trainer.h"
 #include "src/comm/backend.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

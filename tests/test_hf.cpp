@@ -22,6 +22,7 @@
 #include "meshtrain/model/transformer.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain::test {
 namespace {

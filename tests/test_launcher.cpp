@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,7 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/platform/threads.h"
 #include "tests/run_command.h"
+#include "tests/test_paths.h"
 
 namespace {
 
@@ -39,10 +42,10 @@ TEST(Launcher, SetsTheRankVariables) {
   EXPECT_NE(r.output.find("[rank 3] R=3 L=1 W=4 LW=2"), std::string::npos) << r.output;
 }
 
-// A command that starts its own ranks (here `bench dp --nproc 2`) first
-// re-executes itself with one process's thread count (all cores); its ranks
-// must still get cores / ranks each, not inherit that. A user's own
-// OMP_NUM_THREADS is kept.
+// A command that starts its own ranks (here `bench dp --nproc 2`) gives them
+// cores / ranks threads each, not one process's count (all cores: what it set
+// for itself when it re-executed with them, which it no longer does). A user's
+// own OMP_NUM_THREADS is kept.
 TEST(Launcher, SelfLaunchedRanksGetTheirShareOfCores) {
   const std::string clean = "env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MESHTRAIN_AUTO_ENV -u MESHTRAIN_NO_REEXEC ";
   const std::string cmd = kBin + " bench dp --nproc 2 --model gpt-tiny --seq 16 --micro-batch 1 --steps 1 --rounds 1";
@@ -53,6 +56,24 @@ TEST(Launcher, SelfLaunchedRanksGetTheirShareOfCores) {
   r = run(clean + "OMP_NUM_THREADS=3 " + cmd);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("3 threads per rank"), std::string::npos) << r.output;
+}
+
+// One process alone on its node no longer re-executes itself for glibc's malloc tunables
+// (threads.h): keep_freed_memory() sets their effect, so a large block comes from the heap,
+// not mmap, and freeing it leaves the heap its size, ready for the next step's tensors.
+TEST(Launcher, OneProcessKeepsFreedMemoryWithoutTunables) {
+  meshtrain::keep_freed_memory();
+  const size_t block = size_t{256} << 20;
+  const struct mallinfo2 before = mallinfo2();
+  void* p = std::malloc(block);
+  ASSERT_NE(p, nullptr);
+  static_cast<volatile char*>(p)[block - 1] = 1;
+  const struct mallinfo2 held = mallinfo2();
+  EXPECT_EQ(held.hblkhd, before.hblkhd) << "the block was mmapped";
+  ASSERT_GT(held.arena, before.arena) << "the heap did not grow: the block came from a free hole";
+  std::free(p);
+  const struct mallinfo2 after = mallinfo2();
+  EXPECT_EQ(after.arena, held.arena) << "the heap was trimmed when the block at its top was freed";
 }
 
 TEST(Launcher, PrefixesEveryLineIncludingStderrAndUnterminated) {

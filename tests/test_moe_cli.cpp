@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain::test {
 namespace {

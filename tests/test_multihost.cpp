@@ -20,6 +20,7 @@
 
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

@@ -44,6 +44,7 @@
 #include "meshtrain/train/trainer.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

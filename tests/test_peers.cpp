@@ -50,6 +50,7 @@
 #include "tests/peer_env.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

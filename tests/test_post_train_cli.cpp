@@ -16,6 +16,7 @@
 #include "meshtrain/ckpt/checkpoint.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain::test {
 namespace {

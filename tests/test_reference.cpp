@@ -41,6 +41,7 @@
 #include "meshtrain/model/transformer.h"
 #include "meshtrain/train/state.h"
 #include "tests/run_command.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

@@ -18,6 +18,7 @@
 #include "meshtrain/data/shard.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain::test {
 namespace {

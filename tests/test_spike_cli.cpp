@@ -14,6 +14,7 @@
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/spike.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

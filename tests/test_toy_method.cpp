@@ -11,6 +11,7 @@
 #include "meshtrain/train/method.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

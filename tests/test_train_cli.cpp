@@ -23,6 +23,7 @@
 #include "meshtrain/train/progress.h"
 #include "tests/run_command.h"
 #include "tests/train_cli.h"
+#include "tests/test_paths.h"
 
 namespace meshtrain {
 namespace {

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli/commands.h"
@@ -67,11 +69,22 @@ Run add_train(CLI::App& app) {
       if (!c.ckpt_dir.empty()) ckpt::check_directory(c.ckpt_dir);
       if (device == DeviceKind::Cpu) measure_host_before_ranks(c);
     }
-    if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) return rc;
+    if (int rc = relaunch_if_needed(nproc, o->max_restarts); rc >= 0) {
+      // The launcher is done: its ranks exited and their output is printed. It skips libtorch's static
+      // destructors on the way out (0.15 s of unregistering operators, after every run).
+      std::fflush(nullptr);
+      std::_Exit(rc);
+    }
     const DistEnv env = DistEnv::from_environment();
     const BackendKind backend = bind_run_device(c, env.local_rank, env.local_world_size);
-    auto rt = start_runtime(c.comm_timeout, c.comm_check_every, backend);
-    return train(c, *rt, o->check_plan);
+    int rc = 0;
+    {
+      auto rt = start_runtime(c.comm_timeout, c.comm_check_every, backend);
+      rc = train(c, *rt, o->check_plan);
+    }  // the process groups closed, checkpoint writers joined, files closed
+    // Nothing is left to run: skip libtorch's static destructors too (the launcher's reason, above).
+    std::fflush(nullptr);
+    std::_Exit(rc);
   };
 }
 

@@ -40,8 +40,9 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // ranks print through a pipe: keep lines live
   meshtrain::cli::set_argv(argc, argv);
-  // Ranks started by srun/mpirun (or a plain start) need OMP_WAIT_POLICY and the
-  // malloc tunables before libraries load: re-exec once with them (threads.h).
+  // Ranks started by srun/mpirun, several on a node, need OMP_WAIT_POLICY and the
+  // malloc tunables before libraries load: re-exec once with them. One process
+  // alone on its node sets the tunables' effect with mallopt (threads.h).
   // The launcher itself computes nothing and does not need them.
   if (argc > 1 && std::strcmp(argv[1], "launch") != 0 && std::strcmp(argv[1], "mesh") != 0 &&
       std::strcmp(argv[1], "plan") != 0 && std::strcmp(argv[1], "ckpt") != 0 && std::strcmp(argv[1], "matrix") != 0) {

@@ -1,6 +1,7 @@
 #include "meshtrain/platform/threads.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,8 +74,20 @@ std::vector<std::pair<std::string, std::string>> missing_rank_environment(int lo
   return out;
 }
 
+void keep_freed_memory() {
+  if (env_set("GLIBC_TUNABLES")) return;  // the user's (or a launcher's) settings, read by glibc at start-up
+  // kMallocTunables for this process: every allocation from the heap, which is never trimmed.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);  // -1: never (mallopt(3))
+}
+
 void reexec_with_rank_environment(char** argv, int local_world_size) {
+  keep_freed_memory();
   if (env_set("MESHTRAIN_NO_REEXEC")) return;
+  // One process on the node owns its cores: libgomp's default wait policy costs nothing there, and
+  // the thread counts are set at run time (configure_threads). It starts at once, without loading
+  // libtorch a second time (0.5 s). Its own ranks, if it starts some, get the environment from it.
+  if (local_world_size <= 1) return;
   auto missing = missing_rank_environment(local_world_size);
   if (missing.empty()) return;
   std::string auto_env;

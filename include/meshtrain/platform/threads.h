@@ -3,8 +3,9 @@
 // PLATFORM.md: with libgomp's default spin-wait, 4 ranks on 2 cores run 3-7x
 // slower; OMP_WAIT_POLICY must be PASSIVE before libgomp loads (setenv in main is
 // too late), and glibc's malloc tunables (2-4x on CPU training) are read at
-// start-up too. So the launcher exports them to its children, and ranks started
-// by srun/mpirun re-execute themselves once with them set.
+// start-up too (mallopt sets the same for the running process). So the launcher
+// exports them to its children, and ranks started by srun/mpirun re-execute
+// themselves once with them set.
 #pragma once
 
 #include <string>
@@ -25,8 +26,14 @@ void configure_threads(int local_world_size);
 // OMP_WAIT_POLICY=PASSIVE, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, GLIBC_TUNABLES.
 std::vector<std::pair<std::string, std::string>> missing_rank_environment(int local_world_size);
 
-// If some of those variables are missing, sets them and execs this program again
-// with the same arguments (returns only when nothing was missing or exec failed).
+// The malloc tunables' effect set with mallopt for this process (unless GLIBC_TUNABLES
+// is set): no allocation mmapped, the heap never trimmed.
+void keep_freed_memory();
+
+// keep_freed_memory(); then, for one of several ranks on this node (srun/mpirun started
+// it without the launcher's variables), if some of those variables are missing, sets
+// them and execs this program again with the same arguments (returns only when
+// nothing was missing or exec failed). One process alone on its node does not re-exec.
 void reexec_with_rank_environment(char** argv, int local_world_size);
 
 }  // namespace meshtrain
