@@ -63,11 +63,15 @@ ratio() { printf '%.2f' "$(echo "$1 / $2" | bc -l)"; }
   cat <<'TEXT'
 The compiler launcher (`scripts/ccache_launcher.sh`, set by CMakeLists.txt where ccache is installed) gives
 ccache the checkout as its base directory: paths under it are hashed as relative ones, so a clone elsewhere
-(CI's) finds the objects this checkout compiled. For that, no compile line and no header may hold a path under
-the checkout: the CUDA plugin's path is defined on `src/platform/cuda_loader.cpp` alone, the fuzz corpus's on
-the two fuzz files that read it, and the paths the tests run live in one generated file
-(`build/tests/test_paths.cpp`, declared by `tests/test_paths.h`): each of those files compiles anew in a
-clone, everything else comes from the cache. What remains of the build is linking and those files.
+(CI's) can find the objects this checkout compiled. For that no compile line may hold a path under the
+checkout: the CUDA plugin's path is defined on `src/platform/cuda_loader.cpp` alone, the fuzz corpus's on the
+two fuzz files that read it, and the paths the tests run live in one generated file
+(`build/tests/test_paths.cpp`, declared by `tests/test_paths.h`). The targets without a precompiled header
+(the planner, the data library, the tokenizer, the fuzzers) reuse their objects that way. The targets with one
+(the library, `meshtrain`, the two test binaries) only where the clone's precompiled header is byte for byte
+the one this checkout compiled against: GCC writes the absolute paths of the tree into a `.gch`, and ccache
+hashes the `.gch` into every file compiled with it, so a header the clone compiles itself makes its target's
+files compile anew.
 TEXT
   quotes_heading
   quote clone_build_warm_s "$warm_s" "clean build of a fresh clone with this checkout's objects in ccache, seconds"
