@@ -40,8 +40,11 @@ done
   echo
   echo "Two halves, split on 2026-12-06 before any change to the model (include/meshtrain/plan/validation.h):"
   echo "the model may be shaped on the fitting half only; the held-out half is reported, never fitted."
-  echo "Fields a source leaves unstated are searched: the fastest setting that fits the device's memory; where none fits by the"
-  echo "planner's ledger, the fastest valid one, marked (does not fit)."
+  echo "Switches a table leaves out are taken from its framework's published recipes where it has them (NeMo 24.07:"
+  echo "NeMo-Framework-Launcher's H100 examples at tag 24.07; Megatron-Bridge: its performance recipes at v0.2.1 and v0.3.0;"
+  echo "entered on 2026-12-07 for both halves alike, each row's note says which). Fields no source gives are searched: the"
+  echo "fastest setting that fits the device's memory; where none fits by the planner's ledger, the fastest valid one, marked"
+  echo "(does not fit)."
   echo
   echo "\`$BUILD/meshtrain plan validate\` (configurations and sources: src/plan/validation.cpp; the model:"
   echo "include/meshtrain/plan/op_time.h, step_time.h; constants: src/plan/hardware.cpp). Narayanan et al.'s runs were"

@@ -136,6 +136,36 @@ TEST(PlanValidation, FineTuningRowsArePredictedByThePostTrainingSearch) {
   }
 }
 
+// The NeMo 24.07 and Megatron-Bridge rows carry their frameworks' published switches (NeMo-Framework-Launcher
+// 24.07's H100 FP8 examples; Megatron-Bridge's performance recipes), entered for both halves alike: the distributed
+// optimizer with its gather overlapped, bf16 gradient reduction, no recomputation (but Bridge's 8B H100 preset, which
+// recomputes 5 of 32 layers: searched), tp overlap where the recipe sets it. Data entry, not a prediction: nothing
+// here is fitted.
+TEST(PlanValidation, NvidiaRowsCarryTheirRecipesSwitches) {
+  int nemo = 0, bridge = 0;
+  for (const PublishedRun& run : published_runs()) {
+    const bool is_nemo = run.source.rfind("NeMo 24.07", 0) == 0, is_bridge = run.source.rfind("Megatron-Bridge", 0) == 0;
+    if (!is_nemo && !is_bridge) continue;
+    (is_nemo ? nemo : bridge) += 1;
+    const TimeOptions& t = run.options.time;
+    EXPECT_TRUE(t.param_gather_overlap) << run.label;
+    EXPECT_FALSE(t.fp32_grad_reduce) << run.label;
+    EXPECT_FALSE(run.unstated.zero) << run.label;
+    EXPECT_EQ(run.strategy.zero, run.label == "LLAMA3_8B, DGX-H100" ? 3 : 1) << run.label;
+    EXPECT_EQ(run.unstated.recompute, run.label == "LLAMA3_8B, DGX-H100") << run.label;
+    EXPECT_EQ(run.strategy.recompute, Recompute::None) << run.label;
+    const bool overlap = is_bridge ? run.strategy.tp > 1 : run.label.find("70B") != std::string::npos;
+    EXPECT_EQ(t.tp_overlap, overlap) << run.label;
+  }
+  EXPECT_EQ(nemo, 7);
+  EXPECT_EQ(bridge, 7);
+  for (const PublishedPostTrainRun& run : post_training_runs()) {
+    const bool sft = run.input.method == PostTrainMethod::Sft;
+    EXPECT_EQ(run.input.search.fixed.recompute.has_value(), sft) << run.label;
+    EXPECT_EQ(run.input.search.estimate.time.tp_overlap, run.label == "LLAMA2-70B SFT") << run.label;
+  }
+}
+
 TEST(PlanTime, NarayananEq3CountsTheirTable1Runs) {
   // Eq. 3 over the 1T row's iteration at its published 163 TFLOP/s per GPU on 3072 GPUs: their sec. 5.1
   // training-time estimate (450B tokens in about 84 days) follows from the same count.
