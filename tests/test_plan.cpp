@@ -126,6 +126,34 @@ TEST(Plan, ZeroPaperExample) {
   }
 }
 
+// NeMo's lean fine-tuning states (Strategy::bf16_optimizer, fp8_params): Adam's master, m and v in 6 bytes, not
+// 12; each linear weight its FP8 byte alone. 70B on tp 4 x pp 4 (NeMo 24.07's SFT layout): per parameter of the
+// first stage 2 + 2 + 12 bytes and 1 more for each linear's FP8 copy, against 1 (linears) or 2 (the rest) + 2 + 6.
+TEST(Plan, LeanOptimizerAndFp8WeightsInTheLedger) {
+  const ModelSpec& m = preset("llama2-70b");
+  Strategy s;
+  s.tp = 4, s.pp = 4, s.sp = true, s.seq = 4096, s.global_batch = 32, s.precision = Precision::Fp8;
+  const StageLedger plain = memory_ledger(m, s).first;
+  s.bf16_optimizer = s.fp8_params = true;
+  const StageLedger lean = memory_ledger(m, s).first;
+  const double P = plain.params, linear = plain.line("fp8 weight copies").bytes;  // 1 B per linear weight
+  EXPECT_DOUBLE_EQ(lean.line("optimizer states").bytes, 6 * P);
+  EXPECT_DOUBLE_EQ(plain.line("optimizer states").bytes, 12 * P);
+  EXPECT_DOUBLE_EQ(lean.line("parameters").bytes, 2 * P - linear);
+  EXPECT_DOUBLE_EQ(lean.line("gradients").bytes, plain.line("gradients").bytes);
+  EXPECT_THROW(lean.line("fp8 weight copies"), std::out_of_range);
+  EXPECT_NEAR(linear / P, 0.98, 0.01);  // the embedding is the rest of stage 0
+  s.fp8_transpose = true;  // a transposed FP8 copy, where kept, is still one
+  EXPECT_DOUBLE_EQ(memory_ledger(m, s).first.line("fp8 weight copies").bytes, linear);
+  // Each needs its precision: FP8 weights an FP8 run, bf16 states a 16-bit one.
+  s.precision = Precision::Bf16;
+  EXPECT_THROW(validate(s, m), std::invalid_argument);
+  s.fp8_params = false;
+  EXPECT_NO_THROW(validate(s, m));
+  s.precision = Precision::Fp32;
+  EXPECT_THROW(validate(s, m), std::invalid_argument);
+}
+
 TEST(Plan, CommunicationVolumesFollowTheFormulas) {
   const ModelSpec& m = preset("gpt2-124m");
   const GpuSpec& gpu = gpu_preset("h100");

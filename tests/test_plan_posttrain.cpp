@@ -239,8 +239,29 @@ TEST(PostTrainSearch, FixedChoicesAndRefusals) {
     search_post_training(in);
     ADD_FAILURE() << "cp 2 was planned";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("drop --cp, --ep and --vpp"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("drop --cp and --ep"), std::string::npos) << e.what();
   }
+  in.search.fixed.cp.reset();
+  in.search.fixed.pp = 4;
+  in.search.fixed.vpp = 2;
+  try {
+    search_post_training(in);
+    ADD_FAILURE() << "lora with vpp 2 was planned";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("only sft plans an interleaved pipeline"), std::string::npos) << e.what();
+  }
+  // SFT's ledger and step are pretraining's: a fixed interleaving is planned, with its smaller bubble.
+  PostTrainInput sft = input("sft", "llama2-13b", 8, 4096, 32);
+  sft.search.fixed.tp = 1, sft.search.fixed.pp = 4, sft.search.fixed.micro_batch = 1;
+  sft.search.fixed.recompute = Recompute::Full;
+  const PostTrainResult plain = search_post_training(sft);
+  sft.search.fixed.vpp = 10;
+  const PostTrainResult interleaved = search_post_training(sft);
+  ASSERT_FALSE(plain.ranked.empty());
+  ASSERT_FALSE(interleaved.ranked.empty());
+  EXPECT_EQ(interleaved.ranked.front().strategy.schedule, Schedule::Interleaved);
+  EXPECT_EQ(interleaved.ranked.front().strategy.vpp, 10);
+  EXPECT_LT(interleaved.ranked.front().step_s, plain.ranked.front().step_s);
   try {
     post_train_method("rlhf");
     ADD_FAILURE();

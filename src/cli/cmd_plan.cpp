@@ -115,8 +115,8 @@ Run add_plan(CLI::App& app) {
     bool no_sp = false;
     bool offload = false;
     bool no_flash = false;
-    bool eager = false, sac_op = false;
-    std::string convention = "zero";
+    bool eager = false, sac_op = false, fp8_params = false;
+    std::string convention = "zero", optimizer_states = "fp32";
   };
   auto o = std::make_shared<Opts>();
   auto cmd = app.add_subcommand("plan", "memory ledger, communication, step time and a strategy search");
@@ -175,6 +175,14 @@ Run add_plan(CLI::App& app) {
                 "matmul and the elementwise ops recomputed) instead of Korthikanti et al.'s");
   cmd->add_flag("--offload", o->offload,
                 "optimizer states and fp32 weights in host memory, Adam on the host (ZeRO-Offload; ZeRO 1-3)");
+  cmd->add_option("--optimizer-states", o->optimizer_states,
+                  "fp32: Adam's master weights, m and v in 12 B a parameter; bf16: in 6 B (Apex's DistributedFusedAdam "
+                  "with dtype = bf16, NeMo's fine-tuning recipes)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_flag("--fp8-params", o->fp8_params,
+                "with --precision fp8: the linear weights held in FP8 alone, 1 B, no 16-bit copy (Transformer "
+                "Engine's fp8_model_init, NeMo's fp8_params)");
   cmd->add_option("--convention", o->convention,
                   "zero: this planner's ledger (the ZeRO paper's 2 + 2 + 12 bytes, activations, buffers); deepspeed: "
                   "DeepSpeed's estimate_zero2/3_model_states_mem_needs tables, offload included")
@@ -263,6 +271,8 @@ Run add_plan(CLI::App& app) {
     in.estimate.time.param_gather_overlap = o->param_gather_overlap;
     in.estimate.time.eager_elementwise = o->eager;
     in.fixed.sac_op = o->sac_op;
+    in.fixed.bf16_optimizer = o->optimizer_states == "bf16";
+    in.fixed.fp8_params = o->fp8_params;
     in.estimate.attn = o->causal ? plan::AttnFlops::Causal : plan::AttnFlops::Full;
     auto fix = [](int v, const char* flag) -> std::optional<int> {
       if (v < 0) throw std::invalid_argument(fmt::format("{} {} must be positive", flag, v));

@@ -14,7 +14,8 @@ namespace {
 
 double param_bytes(Precision p) { return p == Precision::Fp32 ? 4 : 2; }
 double grad_bytes(Precision p) { return p == Precision::Fp32 || p == Precision::Megatron18 ? 4 : 2; }
-double optimizer_bytes(Precision p) { return p == Precision::Fp32 ? 8 : 12; }  // (master +) m + v
+// (master +) m + v: fp32 (the ZeRO paper's 12 bytes), or all three in bf16 (Strategy::bf16_optimizer).
+double optimizer_bytes(Precision p, bool bf16 = false) { return p == Precision::Fp32 ? 8 : bf16 ? 6 : 12; }
 
 // Micro-batches whose activations stage `stage` holds at its peak.
 double in_flight(const Strategy& s, int stage) {
@@ -167,9 +168,25 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
     // FP8 copies exist for the blocks' linears and experts only: the embedding, the output layer and
     // the norms stay 16-bit (Transformer Engine's recipes, torchtitan's float8, meshtrain's fp8).
     ms.fp8_copies = model_state_bytes(linear, prec, s.zero, dense_group, s.fp8_transpose).fp8_copies;
+    // The lean states of Strategy::bf16_optimizer and fp8_params: Adam's three in bf16; each linear weight held as
+    // its FP8 byte alone (the 16-bit byte pair and the separate FP8 copy gone; a transposed copy, if kept, stays).
+    auto lean = [&](ModelStates& st, double linear_params, int group) {
+      if (s.bf16_optimizer) st.optimizer *= optimizer_bytes(prec, true) / optimizer_bytes(prec);
+      if (s.fp8_params) {
+        const double held = linear_params / (s.zero >= 3 ? group : 1);
+        st.params -= held * (param_bytes(prec) - 1);
+        st.fp8_copies = s.fp8_transpose ? held : 0;
+      }
+    };
+    lean(ms, linear, dense_group);
+    lean(me, expert, expert_group);
     const std::string shard = s.zero > 0 ? fmt::format(" (ZeRO-{} over {} ranks)", s.zero, dense_group) : "";
     L.lines.push_back({"parameters", ms.params + me.params,
-                       fmt::format("{:.4g} params x {} B{}{}", L.params, param_bytes(prec), s.zero >= 3 ? shard : "",
+                       fmt::format("{:.4g} params x {} B{}{}{}", L.params, param_bytes(prec),
+                                   s.fp8_params ? fmt::format(" (the {:.4g} linear ones x 1 B: FP8 weights)",
+                                                              linear + expert)
+                                                : "",
+                                   s.zero >= 3 ? shard : "",
                                    expert > 0 ? fmt::format(" ({:.4g} of them routed experts: {} of {} per MoE layer "
                                                             "on this rank, ep {})",
                                                             expert, m.experts / s.ep, m.experts, s.ep)
@@ -187,10 +204,11 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                          fmt::format("{:.4g} x {} B{}", L.params, grad_bytes(prec), s.zero >= 2 ? shard : "")});
     }
     L.lines.push_back({"optimizer states", ms.optimizer + me.optimizer,
-                       fmt::format("{:.4g} x {} B (fp32 {}m, v){}", L.params, optimizer_bytes(prec),
-                                   prec == Precision::Fp32 ? "" : "master, ", s.zero >= 1 ? shard : ""),
+                       fmt::format("{:.4g} x {} B ({} {}m, v){}", L.params, optimizer_bytes(prec, s.bf16_optimizer),
+                                   s.bf16_optimizer ? "bf16" : "fp32", prec == Precision::Fp32 ? "" : "master, ",
+                                   s.zero >= 1 ? shard : ""),
                        s.offload});
-    if (prec == Precision::Fp8) {
+    if (prec == Precision::Fp8 && (!s.fp8_params || s.fp8_transpose)) {
       L.lines.push_back({"fp8 weight copies", ms.fp8_copies + me.fp8_copies,
                          fmt::format("{:.4g} linear params x {} B", linear + expert, s.fp8_transpose ? 2 : 1)});
     }

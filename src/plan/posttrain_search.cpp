@@ -130,11 +130,18 @@ PostTrainResult search_post_training(const PostTrainInput& in) {
   validate(si.model);
   if (si.gpus < 1) throw std::invalid_argument(fmt::format("--gpus {} must be at least 1", si.gpus));
   if (si.global_batch < 1) throw std::invalid_argument(fmt::format("--global-batch {} must be at least 1", si.global_batch));
-  if (f.cp.value_or(1) != 1 || f.ep.value_or(1) != 1 || f.vpp.value_or(1) != 1) {
+  validate_weight_storage(si.precision, f.bf16_optimizer, f.fp8_params);
+  if (f.cp.value_or(1) != 1 || f.ep.value_or(1) != 1) {
     throw std::invalid_argument(fmt::format("--method {} plans tp, pp, dp, ZeRO, recomputation and the micro-batch; "
-                                            "drop --cp, --ep and --vpp (the post-training ledgers split no sequence "
-                                            "and no experts)",
+                                            "drop --cp and --ep (the post-training ledgers split no sequence and no "
+                                            "experts)",
                                             to_string(in.method)));
+  }
+  // Interleaving, fixed: SFT's ledger and step are pretraining's, which model it; the other methods' are not.
+  if (f.vpp.value_or(1) != 1 && in.method != PostTrainMethod::Sft) {
+    throw std::invalid_argument(fmt::format("--vpp {} with --method {}: only sft plans an interleaved pipeline (its "
+                                            "ledger is pretraining's); drop --vpp",
+                                            *f.vpp, to_string(in.method)));
   }
   if (f.offload.value_or(false)) {
     throw std::invalid_argument(fmt::format("--offload plans pretraining's search; the --method {} ledger has no "
@@ -158,7 +165,13 @@ PostTrainResult search_post_training(const PostTrainInput& in) {
           for (int64_t mb : choices(f.micro_batch, std::vector<int64_t>{1, 2, 4, 8})) {
             Strategy s;
             s.seq = si.seq, s.global_batch = si.global_batch, s.precision = si.precision;
+            s.bf16_optimizer = f.bf16_optimizer, s.fp8_params = f.fp8_params;
             s.tp = tp, s.pp = pp, s.dp = dp, s.zero = zero, s.recompute = rc, s.micro_batch = mb;
+            s.vpp = f.vpp.value_or(1);
+            if (s.vpp > 1) {
+              if (pp == 1) continue;
+              s.schedule = Schedule::Interleaved;
+            }
             s.sp = tp > 1 && f.sp.value_or(true);
             s.flash = f.flash.value_or(si.gpu.flash_kernels);
             // With flash attention selective recomputation has nothing left to recompute: it is "none".

@@ -25,6 +25,8 @@ Strategy base_strategy(const SearchInput& in) {
   s.seq = in.seq;
   s.global_batch = in.global_batch;
   s.precision = in.precision;
+  s.bf16_optimizer = in.fixed.bf16_optimizer;
+  s.fp8_params = in.fixed.fp8_params;
   return s;
 }
 
@@ -35,6 +37,7 @@ SearchResult search(const SearchInput& in) {
   if (in.gpus < 1) throw std::invalid_argument(fmt::format("--gpus {} must be at least 1", in.gpus));
   if (in.global_batch < 1) throw std::invalid_argument(fmt::format("--global-batch {} must be at least 1", in.global_batch));
   if (in.seq < 0) throw std::invalid_argument(fmt::format("--seq {} must be positive", in.seq));
+  validate_weight_storage(in.precision, in.fixed.bf16_optimizer, in.fixed.fp8_params);
   const Fixed& f = in.fixed;
   const int fixed_product = f.tp.value_or(1) * f.pp.value_or(1) * f.cp.value_or(1) * f.ep.value_or(1) * f.dp.value_or(1);
   if (in.gpus % fixed_product != 0) {

@@ -81,6 +81,8 @@ std::string Strategy::describe() const {
   if (pp > 1) s += fmt::format(" {}", to_string(schedule));
   if (offload) s += " offload";
   if (flash) s += " flash";
+  if (bf16_optimizer) s += " bf16-optimizer";
+  if (fp8_params) s += " fp8-params";
   return s;
 }
 
@@ -105,6 +107,18 @@ void validate_context_parallel(const ModelSpec& m, int64_t seq, int cp, int tp, 
   }
 }
 
+void validate_weight_storage(Precision p, bool bf16_optimizer, bool fp8_params) {
+  if (fp8_params && p != Precision::Fp8) {
+    throw std::invalid_argument(fmt::format("fp8 weights (--fp8-params) need --precision fp8, not {}: only an FP8 "
+                                            "run's linears compute from FP8 weights",
+                                            to_string(p)));
+  }
+  if (bf16_optimizer && p == Precision::Fp32) {
+    throw std::invalid_argument("bf16 optimizer states (--optimizer-states bf16) with --precision fp32: an fp32 run's "
+                                "weights are its master copy; use --precision bf16 or fp8, or drop --optimizer-states");
+  }
+}
+
 void validate(const Strategy& s, const ModelSpec& m) {
   validate(m);
   auto fail = [](const std::string& msg) { throw std::invalid_argument(msg); };
@@ -112,6 +126,7 @@ void validate(const Strategy& s, const ModelSpec& m) {
                          {"vpp", s.vpp}}) {
     if (v < 1) fail(fmt::format("{} = {} must be at least 1", name, v));
   }
+  validate_weight_storage(s.precision, s.bf16_optimizer, s.fp8_params);
   const int64_t seq = s.seq > 0 ? s.seq : m.seq;
   if (m.heads % s.tp != 0) fail(fmt::format("tp {} does not divide {}'s {} heads; pick a divisor", s.tp, m.name, m.heads));
   if (m.kv_heads % s.tp != 0 && s.tp % m.kv_heads != 0) {

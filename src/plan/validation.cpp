@@ -451,25 +451,25 @@ double predict(const PublishedRun& run) { return predict_run(run).value; }
 // NVIDIA NeMo 24.07's fine-tuning table (NVIDIA/NeMo docs/source/performance/performance_summary.md): DGX-H100,
 // FP8, SQuAD v1.1 packed to 4096 tokens, global batch 32, micro-batch 1, tokens/s per GPU. The SFT rows' switches are
 // those of NeMo-Framework-Launcher's H100 examples at tag 24.07 (examples/peft/llama/h100/{7b_1node,13b_1node,
-// 70b_2node}.sh over launcher_scripts/conf/peft/llama/sft.yaml): no recomputation (activations_checkpoint_granularity
-// null), distributed_fused_adam (ZeRO-1) with overlap_param_sync and bf16 gradient reduction (grad_sync_dtype), and
-// for 70B sequence parallelism with ub_tp_comm_overlap; entered on 2026-12-07. Not modelled: the scripts' virtual
-// stages (13B 10, 70B 20; the table has no VP column and the post-training search plans no interleaving), their
-// FP8 weights (fp8_params) and bf16 optimizer states (sft.yaml's optim.dtype), which the ledger counts at 16 bytes
-// a parameter: 70B's layout is flagged as not fitting and predicted as stated. The LoRA rows keep their searched
-// switches (their scripts' fused_adam is not distributed). Unstated: the adapters' rank and targets (the planner's
-// rank 8 on q and v: the frozen base's passes dominate the step either way).
+// 70b_2node}.sh over launcher_scripts/conf/peft/llama/sft.yaml), entered on 2026-12-07: no recomputation
+// (activations_checkpoint_granularity null); distributed_fused_adam (ZeRO-1) with overlap_param_sync, bf16
+// gradient reduction (grad_sync_dtype) and bf16 optimizer states (optim.dtype, with Apex's default store_params:
+// Strategy::bf16_optimizer); FP8 weights (fp8_params: Strategy::fp8_params); the scripts' virtual stages (13B 10,
+// 70B 20: the table has no VP column); for 70B sequence parallelism with ub_tp_comm_overlap. The LoRA rows keep their
+// searched switches (their scripts' fused_adam is not distributed; 70B's ub_tp_comm_overlap comes without
+// sequence_parallel, sft.yaml's default, and is not modelled). Unstated: the adapters' rank and targets (the
+// planner's rank 8 on q and v: the frozen base's passes dominate the step either way).
 std::vector<PublishedPostTrainRun> post_training_runs() {
   if (fitting_scopes > 0) {
     throw std::logic_error("a held-out published fine-tuning run was read inside a FittingScope (plan/validation.h)");
   }
-  struct Row { const char* label; PostTrainMethod method; const char* model; int gpus, tp, pp; double tokens; };
-  const Row rows[] = {{"LLAMA2-7B SFT", PostTrainMethod::Sft, "llama2-7b", 8, 1, 1, 17120},
-                      {"LLAMA2-13B SFT", PostTrainMethod::Sft, "llama2-13b", 8, 1, 4, 9741},
-                      {"LLAMA2-70B SFT", PostTrainMethod::Sft, "llama2-70b", 16, 4, 4, 1833},
-                      {"LLAMA2-7B LoRA", PostTrainMethod::Lora, "llama2-7b", 8, 1, 1, 25206},
-                      {"LLAMA2-13B LoRA", PostTrainMethod::Lora, "llama2-13b", 8, 1, 1, 14161},
-                      {"LLAMA2-70B LoRA", PostTrainMethod::Lora, "llama2-70b", 8, 2, 4, 2557}};
+  struct Row { const char* label; PostTrainMethod method; const char* model; int gpus, tp, pp, vpp; double tokens; };
+  const Row rows[] = {{"LLAMA2-7B SFT", PostTrainMethod::Sft, "llama2-7b", 8, 1, 1, 1, 17120},
+                      {"LLAMA2-13B SFT", PostTrainMethod::Sft, "llama2-13b", 8, 1, 4, 10, 9741},
+                      {"LLAMA2-70B SFT", PostTrainMethod::Sft, "llama2-70b", 16, 4, 4, 20, 1833},
+                      {"LLAMA2-7B LoRA", PostTrainMethod::Lora, "llama2-7b", 8, 1, 1, 1, 25206},
+                      {"LLAMA2-13B LoRA", PostTrainMethod::Lora, "llama2-13b", 8, 1, 1, 1, 14161},
+                      {"LLAMA2-70B LoRA", PostTrainMethod::Lora, "llama2-70b", 8, 2, 4, 1, 2557}};
   std::vector<PublishedPostTrainRun> runs;
   for (const Row& r : rows) {
     PublishedPostTrainRun run;
@@ -487,6 +487,8 @@ std::vector<PublishedPostTrainRun> post_training_runs() {
     if (r.method == PostTrainMethod::Sft) {
       in.search.fixed.zero = 1;
       in.search.fixed.recompute = Recompute::None;
+      in.search.fixed.bf16_optimizer = in.search.fixed.fp8_params = true;
+      if (r.vpp > 1) in.search.fixed.vpp = r.vpp;
       in.search.estimate.time.param_gather_overlap = true;
       in.search.estimate.time.fp32_grad_reduce = false;
       in.search.estimate.time.tp_overlap = r.tp > 1;

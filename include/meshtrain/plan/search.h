@@ -24,6 +24,8 @@ struct Fixed {
   std::optional<bool> offload;  // optimizer offload to the host (default off)
   std::optional<bool> flash;    // flash-style attention (default: where the GPU has such kernels)
   bool sac_op = false;          // selective recomputation is torchtitan's per-op policy (Strategy::sac_op)
+  bool bf16_optimizer = false;  // Adam's states in bf16 (Strategy::bf16_optimizer; never searched)
+  bool fp8_params = false;      // FP8 weights alone (Strategy::fp8_params; never searched)
 };
 
 struct SearchInput {

@@ -49,6 +49,13 @@ struct Strategy {
   // parallel/tensor/fused_cross_entropy.h): the logits never whole; false: Megatron's fp32 logits.
   bool fused_loss = false;
   bool fp8_transpose = false;  // Hopper: fp8 weight copies kept in both layouts
+  // Weights held leaner than the ZeRO paper's mixed precision (2 + 2 + 12 bytes a parameter), as NeMo's
+  // fine-tuning recipes run: Adam's moments and its copy of the weights in bf16 (Apex's DistributedFusedAdam with
+  // dtype = bf16 and store_params: 6 bytes, not 12; no 16-bit precision beyond the weights'), and the blocks'
+  // linear weights held in FP8 alone (Transformer Engine's fp8_model_init, NeMo's fp8_params: 1 byte, no 16-bit
+  // copy beside the FP8 one). Neither is searched: each trades precision for memory, the user's call.
+  bool bf16_optimizer = false;
+  bool fp8_params = false;  // precision fp8 only
   Recompute recompute = Recompute::None;
   // With recompute = Selective: torchtitan's per-op selective activation checkpointing
   // (selective_ac_option = "op", torchtitan/models/llama/parallelize_llama.py) instead of
@@ -73,6 +80,9 @@ struct Strategy {
 // sequence, batch) and itself; throws std::invalid_argument naming the value
 // and the fix.
 void validate(const Strategy& s, const ModelSpec& m);
+// Strategy::bf16_optimizer and fp8_params against the precision (part of validate; the searches check it first,
+// once): throws std::invalid_argument naming the flag and the fix.
+void validate_weight_storage(Precision p, bool bf16_optimizer, bool fp8_params);
 
 // The shapes context parallelism needs (part of validate, and checked by the
 // training config before any rank starts): the sequence in 2 x cp zig-zag
