@@ -44,7 +44,8 @@ done
   echo "NeMo-Framework-Launcher's H100 examples at tag 24.07; Megatron-Bridge: its performance recipes at v0.2.1 and v0.3.0;"
   echo "entered on 2026-12-07 for both halves alike, each row's note says which). Fields no source gives are searched: the"
   echo "fastest setting that fits the device's memory; where none fits by the planner's ledger, the fastest valid one, marked"
-  echo "(does not fit)."
+  echo "(does not fit). One constant is fitted, on the fitting half only: the clock of torchtitan's 500 W H100s, whose"
+  echo "peak its source puts between the SXM's and the NVL's (each torchtitan row's note gives the value)."
   echo
   echo "\`$BUILD/meshtrain plan validate\` (configurations and sources: src/plan/validation.cpp; the model:"
   echo "include/meshtrain/plan/op_time.h, step_time.h; constants: src/plan/hardware.cpp). Narayanan et al.'s runs were"

@@ -168,6 +168,37 @@ TEST(PlanValidation, NvidiaRowsCarryTheirRecipesSwitches) {
   }
 }
 
+// torchtitan's power-capped H100s: the clock scale its rows carry is the one fitted on its fitting rows alone (inside
+// a FittingScope, where reading a held-out row throws), inside the source's interval [NVL's peak, SXM's]; the fit
+// refuses a held-out row.
+TEST(PlanValidation, TorchtitanClockIsFittedOnTheFittingHalfOnly) {
+  std::vector<PublishedRun> rows;
+  double carried = 0;
+  {
+    const FittingScope fitting;
+    for (PublishedRun& r : fitting_runs()) {
+      if (r.source.rfind("torchtitan", 0) != 0) continue;
+      carried = r.clock_scale;
+      r.clock_scale = 1;
+      rows.push_back(r);
+    }
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_DOUBLE_EQ(fit_clock_scale(rows, 835.0 / 989.0, 1.0), carried);
+  }
+  EXPECT_GE(carried, 835.0 / 989.0);
+  EXPECT_LT(carried, 1.0);
+  for (const PublishedRun& r : held_out_runs()) {
+    if (r.source.rfind("torchtitan", 0) != 0) continue;
+    EXPECT_DOUBLE_EQ(r.clock_scale, carried) << r.label;
+    EXPECT_THROW(fit_clock_scale({r}, 0.8, 1.0), std::invalid_argument);
+  }
+  // The scale reaches the prediction: a slower clock, a slower step.
+  PublishedRun slow = rows.front();
+  const double at_sxm = predict(slow);
+  slow.clock_scale = 0.9;
+  EXPECT_LT(predict(slow), at_sxm);
+}
+
 TEST(PlanTime, NarayananEq3CountsTheirTable1Runs) {
   // Eq. 3 over the 1T row's iteration at its published 163 TFLOP/s per GPU on 3072 GPUs: their sec. 5.1
   // training-time estimate (450B tokens in about 84 days) follows from the same count.

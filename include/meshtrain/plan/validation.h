@@ -12,7 +12,9 @@
 // The newer list, in its order: NeMo 24.07's DGX-H100 FP8 table, Megatron-Bridge
 // 25.11's DGX-H100 and DGX-B200 FP8 tables, its 26.02 DGX-H100 FP8 table,
 // torchtitan's December 2024 H100 benchmarks, and Llama 3's Table 4. NeMo 24.07's
-// fine-tuning rows (post_training_runs(), below) are held out whole.
+// fine-tuning rows (post_training_runs(), below) are held out whole. One constant is
+// fitted, on the fitting half only: the clock of torchtitan's 500 W H100s within the
+// interval its source gives (fit_clock_scale, below; 2026-12-07).
 // `meshtrain plan validate` prints both halves (bench/plan.sh writes it to docs/).
 #pragma once
 
@@ -50,7 +52,16 @@ struct PublishedRun {
     bool zero = false, recompute = false, micro_batch = false, vpp = false;
   } unstated;
   double memory_bytes = 0, memory_bw = 0;  // the source's device, where it differs from the preset (0: the preset's)
+  // The source's tensor-core clock against the preset's (a power-capped part): scales its 16-bit and FP8 peaks and
+  // its flash-attention rates, all bound by the tensor cores' clock. 1: the preset's.
+  double clock_scale = 1;
 };
+
+// The clock scale within [lo, hi] (steps of 0.001) that minimises the largest |error| over `rows`, all of them of
+// one source's fitting half: the one constant validation fits (torchtitan's power-capped H100s, whose peak the
+// source puts "between SXM and NVL"; validation.cpp). Throws std::invalid_argument for an empty list or a held-out
+// row.
+double fit_clock_scale(const std::vector<PublishedRun>& rows, double lo, double hi);
 
 // While one is alive (on this thread), reading a held-out row throws std::logic_error: the fitting code path
 // (anything that shapes or holds the model to published rows) runs inside one.
