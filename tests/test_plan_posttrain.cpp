@@ -223,6 +223,17 @@ TEST(PostTrainSearch, AdapterStepTimesOrder) {
   EXPECT_GT(qlora_full - post_train_step_seconds(in, s), qlora - lora);
 }
 
+// `plan` throws std::invalid_argument whose message holds `says`.
+template <typename F>
+void expect_refused(F plan, const std::string& says, const std::string& what) {
+  try {
+    plan();
+    ADD_FAILURE() << what << " was planned";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+}
+
 // What the user fixed is honoured; what the ledgers cannot plan is refused with the fix.
 TEST(PostTrainSearch, FixedChoicesAndRefusals) {
   PostTrainInput in = input("lora", "llama2-7b", 8, 4096, 32);
@@ -235,21 +246,11 @@ TEST(PostTrainSearch, FixedChoicesAndRefusals) {
     EXPECT_EQ(c.strategy.tp, 2);
   }
   in.search.fixed.cp = 2;
-  try {
-    search_post_training(in);
-    ADD_FAILURE() << "cp 2 was planned";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("drop --cp and --ep"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { search_post_training(in); }, "drop --cp and --ep", "cp 2");
   in.search.fixed.cp.reset();
   in.search.fixed.pp = 4;
   in.search.fixed.vpp = 2;
-  try {
-    search_post_training(in);
-    ADD_FAILURE() << "lora with vpp 2 was planned";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("only sft plans an interleaved pipeline"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { search_post_training(in); }, "only sft plans an interleaved pipeline", "lora with vpp 2");
   // SFT's ledger and step are pretraining's: a fixed interleaving is planned, with its smaller bubble.
   PostTrainInput sft = input("sft", "llama2-13b", 8, 4096, 32);
   sft.search.fixed.tp = 1, sft.search.fixed.pp = 4, sft.search.fixed.micro_batch = 1;
@@ -262,12 +263,8 @@ TEST(PostTrainSearch, FixedChoicesAndRefusals) {
   EXPECT_EQ(interleaved.ranked.front().strategy.schedule, Schedule::Interleaved);
   EXPECT_EQ(interleaved.ranked.front().strategy.vpp, 10);
   EXPECT_LT(interleaved.ranked.front().step_s, plain.ranked.front().step_s);
-  try {
-    post_train_method("rlhf");
-    ADD_FAILURE();
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("'rlhf'; use pretrain, sft, dpo, lora, qlora, ppo or grpo"), std::string::npos);
-  }
+  expect_refused([] { post_train_method("rlhf"); }, "'rlhf'; use pretrain, sft, dpo, lora, qlora, ppo or grpo",
+                 "method rlhf");
 }
 
 }  // namespace

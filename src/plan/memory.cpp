@@ -210,7 +210,9 @@ MemoryPlan memory_ledger(const ModelSpec& m, const Strategy& s, const MemoryOpti
                        s.offload});
     if (prec == Precision::Fp8 && (!s.fp8_params || s.fp8_transpose)) {
       L.lines.push_back({"fp8 weight copies", ms.fp8_copies + me.fp8_copies,
-                         fmt::format("{:.4g} linear params x {} B", linear + expert, s.fp8_transpose ? 2 : 1)});
+                         fmt::format("{:.4g} linear params x {} B{}", linear + expert,
+                                     s.fp8_transpose && !s.fp8_params ? 2 : 1,
+                                     s.fp8_params ? " (the transposed copy; the weight itself is FP8)" : "")});
     }
     // Activations.
     double per_layer = 0;  // the stage's mean

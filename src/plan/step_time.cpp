@@ -322,13 +322,14 @@ Work output_work(const ModelSpec& m, const Strategy& s, const GpuSpec& gpu, int6
 double optimizer_seconds(double params, double shard, const Strategy& s, const GpuSpec& gpu) {
   // AdamW per parameter: read gradient, master, m, v; write master, m, v and the 16-bit copy (and the FP8 one).
   // Strategy::bf16_optimizer: master, m and v of 2 bytes each; fp8_params: the FP8 byte is the only copy written.
-  const double states = s.bf16_optimizer ? 6 : 12, copies = s.fp8_params ? 1 : 2;
+  const double states = s.bf16_optimizer ? 6 : 12;
+  const double copies = s.fp8_params ? 1 : s.precision == Precision::Fp8 ? 2 + 1 : 2;
   double grad = 4, adam = 0;
   switch (s.precision) {
     case Precision::Fp32: adam = 4 + 16 + 12 - 4; break;   // the fp32 weight is the master: no copy
     case Precision::Bf16: grad = 2, adam = 2 + 2 * states + copies; break;
     case Precision::Megatron18: adam = 4 + 2 * states + copies; break;
-    case Precision::Fp8: grad = 2, adam = 2 + 2 * states + copies + (s.fp8_params ? 0 : 1); break;
+    case Precision::Fp8: grad = 2, adam = 2 + 2 * states + copies; break;
   }
   const double grads_held = s.zero >= 2 ? shard : params;  // ZeRO-2/3 keep only their shard's gradients
   return memory_seconds(shard * adam + grads_held * 2 * grad, gpu);
