@@ -25,6 +25,7 @@
 #include "meshtrain/parallel/tensor/fused_cross_entropy.h"
 #include "meshtrain/parallel/tensor/tied_grad.h"
 #include "meshtrain/train/precision.h"
+#include "tests/accumulator_watch.h"
 #include "tests/parity.h"
 #include "tests/same_step.h"
 
@@ -109,6 +110,26 @@ TEST(FusedLoss, WithoutGradientsFrozenWeightsAndASecondBackward) {
     loss.backward(c.upstream);
     expect_close(x.grad(), ref.dx * 2, 1e-5, "twice dx");
     expect_close(w.grad(), ref.dw * 2, 1e-5, "twice dw");
+  }
+}
+
+// A head whose .grad exists (DDP's bucket view, a later micro-batch): the backward adds the scaled
+// dW into it in one pass and hands AccumulateGrad nothing (nn/linear.h's fused accumulation).
+TEST(FusedLoss, AnExistingGradGetsTheScaledDwAddedInPlace) {
+  for (bool uniform : {true, false}) {
+    const Case c = make_case(uniform);
+    const Result ref = run(c, -1);
+    Comm solo("solo", 0);
+    at::Tensor x = c.x.clone().requires_grad_(), w = c.w.clone().requires_grad_();
+    const at::Tensor bucket = at::full({kPadded * kH + 3}, 0.5);
+    w.mutable_grad() = bucket.narrow(0, 3, kPadded * kH).view({kPadded, kH});
+    const auto [acc, handed] = watch_accumulator(w);
+    fused_linear_cross_entropy(x, w, c.targets, solo, 0, kVocab, 8).backward(c.upstream);
+    const std::string what = fmt::format("uniform={}", uniform);
+    EXPECT_FALSE(*handed) << what << ": AccumulateGrad got a dW to add";
+    EXPECT_EQ(w.grad().data_ptr(), bucket.narrow(0, 3, kPadded * kH).data_ptr()) << what;
+    expect_close(w.grad() - 0.5, ref.dw, 1e-5, what + " dw");
+    expect_close(x.grad(), ref.dx, 1e-5, what + " dx");
   }
 }
 

@@ -4,6 +4,12 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <optional>
+
+#include "meshtrain/compat.h"
 
 namespace meshtrain::nn {
 namespace {
@@ -29,10 +35,18 @@ void accumulate(const at::Tensor& weight, const at::Tensor& g) {
   }
 }
 
-struct DeferredLinear : torch::autograd::Function<DeferredLinear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+// y = x Wᵀ (+ b). The backward computes dx and db at once, and W's gradient in one of three ways:
+// recorded for the W pass (a stash is the target), added by the GEMM itself into W's existing
+// .grad (beta = 1), or returned for AccumulateGrad.
+struct Linear : torch::autograd::Function<Linear> {
+  // The bias is optional: an undefined tensor cannot be a Function's input.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
     ctx->save_for_backward({x, weight});
-    return at::linear(x, weight);
+    ctx->saved_data["deferrable"] = defer_in_forward;
+    if (!bias) return at::linear(x, weight);
+    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias->scalar_type());
+    return at::linear(x, weight, *bias);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -40,12 +54,22 @@ struct DeferredLinear : torch::autograd::Function<DeferredLinear> {
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
     const at::Tensor& dy = grads[0];
-    at::Tensor dx = at::matmul(dy, w.to(dy.scalar_type())).to(x.scalar_type());
-    if (target) {
-      target->add(w, x, dy);  // W later; AccumulateGrad gets no gradient now
-      return {dx, at::Tensor()};
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = at::matmul(dy, w.to(dy.scalar_type())).to(x.scalar_type());
+    if (ctx->saved_data.count("bias_dtype") && ctx->needs_input_grad(2)) {
+      db = dy.reshape({-1, dy.size(-1)}).sum(0).to(static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt()));
     }
-    return {dx, weight_grad(x, dy, w)};
+    if (!ctx->needs_input_grad(1)) return {dx, dw, db};
+    if (target && ctx->saved_data["deferrable"].toBool()) {
+      target->add(w, x, dy);  // W later; AccumulateGrad gets no gradient now
+    } else if (x.scalar_type() == dy.scalar_type() && grad_accumulates_in_place(w, dy.scalar_type())) {
+      at::NoGradGuard no_grad;
+      at::Tensor grad = w.grad();
+      grad.addmm_(dy.reshape({-1, dy.size(-1)}).t(), x.reshape({-1, x.size(-1)}));  // AccumulateGrad gets none
+    } else {
+      dw = weight_grad(x, dy, w);
+    }
+    return {dx, dw, db};
   }
 };
 
@@ -69,6 +93,17 @@ void WeightGradStash::run() {
   items_.clear();
 }
 
+bool grad_accumulates_in_place(const at::Tensor& weight, at::ScalarType dtype) {
+  if (at::GradMode::is_enabled() || !weight.is_leaf()) return false;  // a double backward; a gathered (ZeRO-3) weight
+  // autograd::grad or backward(inputs=...): AccumulateGrad may not run, .grad must stay untouched.
+  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
+  if (exec_info && !exec_info->empty()) return false;
+  if (!torch::autograd::impl::hooks(weight).empty() || torch::autograd::impl::post_acc_grad_hooks(weight)) return false;
+  const at::Tensor& g = weight.grad();
+  return g.defined() && g.layout() == at::kStrided && g.is_contiguous() && g.sizes() == weight.sizes() &&
+         g.device() == weight.device() && g.scalar_type() == dtype;
+}
+
 bool weight_grads_deferrable() { return defer_in_forward; }
 WeightGradStash* weight_grad_target() { return target; }
 
@@ -79,10 +114,14 @@ WeightGradTarget::WeightGradTarget(WeightGradStash* stash) : was_(target) { targ
 WeightGradTarget::~WeightGradTarget() { target = was_; }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!defer_in_forward || !at::GradMode::is_enabled() || !weight.requires_grad()) return at::linear(x, weight, bias);
-  // The bias's gradient (a sum over dy) is cheap: an ordinary node computes it in B.
-  at::Tensor y = DeferredLinear::apply(x, weight);
-  return bias.defined() ? y + bias : y;
+  if (!at::GradMode::is_enabled() || !weight.requires_grad()) return at::linear(x, weight, bias);
+  const std::optional<at::Tensor> b = bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt;
+  if (defer_in_forward) return Linear::apply(x, weight, b);
+  // Under autocast the native node keeps the 16-bit weight it cast; this one would cast again in
+  // the backward, and a 16-bit dW cannot be added into fp32 by the GEMM: at::linear's own node.
+  const AutocastSwitch autocast = autocast_switch(x.device().type());
+  if (autocast.enabled || x.scalar_type() != weight.scalar_type()) return at::linear(x, weight, bias);
+  return Linear::apply(x, weight, b);
 }
 
 }  // namespace meshtrain::nn

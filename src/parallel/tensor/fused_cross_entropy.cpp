@@ -141,26 +141,39 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
     const at::Tensor &x = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3];
     const at::Tensor g = grads[0].to(at::kFloat);
     at::Tensor dx, dw;
+    double scale = 1.0;  // what dW still has to be multiplied by
     const at::Tensor counted = g.masked_select(targets >= 0);
     const bool uniform = counted.numel() > 0 && counted.eq(counted[0]).all().item<bool>();
     if (uniform && !ctx->saved_data["consumed"].toBool()) {
       // The forward's gradients, scaled; dW in place (consumed: a second backward recomputes).
-      const double c = counted[0].item<double>();
+      scale = counted[0].item<double>();
       dx = ctx->saved_data["dx"].toTensor();
       dw = ctx->saved_data["dw"].toTensor();
       ctx->saved_data["dx"] = ctx->saved_data["dw"] = at::Tensor();
       ctx->saved_data["consumed"] = true;
-      if (dx.defined()) dx.mul_(c);
-      if (dw.defined()) dw.mul_(c);
+      if (dx.defined() && scale != 1.0) dx.mul_(scale);
     } else {
       std::tie(dx, dw) = recompute(ctx, x, weight, targets, lse, g);
     }
+    if (!dw.defined()) return pad(dx, dw);
     nn::WeightGradStash* stash = nn::weight_grad_target();
-    if (stash && dw.defined() && ctx->saved_data["deferrable"].toBool()) {
-      stash->add_ready(weight, dw);  // zero-bubble schedules: W's gradient waits for the W pass
-      dw = at::Tensor();
+    const bool tied = ctx->saved_data.count("tied") > 0;
+    if (!stash && !tied && nn::grad_accumulates_in_place(weight, dw.scalar_type())) {
+      at::Tensor grad = weight.grad();
+      grad.add_(dw, scale);  // the scaling and AccumulateGrad's addition in one pass (nn/linear.h)
+      return pad(dx, at::Tensor());
     }
-    if (dw.defined() && ctx->saved_data.count("tied")) TiedGrad::from_ivalue(ctx->saved_data["tied"]).offer(dw);
+    if (scale != 1.0) dw.mul_(scale);
+    if (stash && ctx->saved_data["deferrable"].toBool()) {
+      stash->add_ready(weight, dw);  // zero-bubble schedules: W's gradient waits for the W pass
+      return pad(dx, at::Tensor());
+    }
+    if (tied) TiedGrad::from_ivalue(ctx->saved_data["tied"]).offer(dw);
+    return pad(dx, dw);
+  }
+
+  // The gradients of (x, weight) and none for the other inputs.
+  static variable_list pad(const at::Tensor& dx, const at::Tensor& dw) {
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
