@@ -63,9 +63,8 @@ struct Linear : torch::autograd::Function<Linear> {
     if (target && ctx->saved_data["deferrable"].toBool()) {
       target->add(w, x, dy);  // W later; AccumulateGrad gets no gradient now
     } else if (x.scalar_type() == dy.scalar_type() && grad_accumulates_in_place(w, dy.scalar_type())) {
-      at::NoGradGuard no_grad;
-      at::Tensor grad = w.grad();
-      grad.addmm_(dy.reshape({-1, dy.size(-1)}).t(), x.reshape({-1, x.size(-1)}));  // AccumulateGrad gets none
+      // Grad mode is off here (grad_accumulates_in_place checked it).
+      w.grad().addmm_(dy.reshape({-1, dy.size(-1)}).t(), x.reshape({-1, x.size(-1)}));  // AccumulateGrad gets none
     } else {
       dw = weight_grad(x, dy, w);
     }

@@ -159,8 +159,7 @@ struct FusedLinearCE : torch::autograd::Function<FusedLinearCE> {
     nn::WeightGradStash* stash = nn::weight_grad_target();
     const bool tied = ctx->saved_data.count("tied") > 0;
     if (!stash && !tied && nn::grad_accumulates_in_place(weight, dw.scalar_type())) {
-      at::Tensor grad = weight.grad();
-      grad.add_(dw, scale);  // the scaling and AccumulateGrad's addition in one pass (nn/linear.h)
+      weight.grad().add_(dw, scale);  // the scaling and AccumulateGrad's addition in one pass (nn/linear.h)
       return pad(dx, at::Tensor());
     }
     if (scale != 1.0) dw.mul_(scale);
