@@ -45,7 +45,8 @@ PAIRS = [
     ("tp 2", "tp = 2", "pytorch_peer.py", "tp"),
     ("tp 2 + SP", "tp = 2\nsp = true", "pytorch_peer.py", "sp"),
     ("pp 2 1F1B", "pp = 2\nschedule = \"1f1b\"\npp_balance = \"compute\"", "pytorch_peer.py", "1f1b"),
-    ("pp 2 1F1B", "pp = 2\nschedule = \"1f1b\"\npp_balance = \"compute\"", "pytorch_peer.py", "1f1b_even"),
+    ("pp 2 1F1B, cut in half", "pp = 2\nschedule = \"1f1b\"\npp_balance = \"parameters\"", "pytorch_peer.py",
+     "1f1b_even"),
 ]
 PEER_NAMES = {"ddp": "PyTorch DDP", "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2",
               "zero3": "DeepSpeed ZeRO-3", "fsdp2": "PyTorch FSDP2 (fully_shard)",
@@ -126,8 +127,8 @@ def import_hwm_mib(modules):
 def compute_balanced_split(a):
     """Layers of the first of 2 pipeline stages when the stages balance matmul work per token, as
     meshtrain's pp_balance = "compute" does (src/plan/partition.cpp: a layer's weights each, the
-    head's V x h on the last stage, the embedding lookup free); both sides of the pp pair cut the
-    model there (the peer's stages are the script's to choose, and an even cut leaves the head's
+    head's V x h on the last stage, the embedding lookup free); both sides of the first pp pair cut
+    the model there (the peer's stages are the script's to choose, and an even cut leaves the head's
     stage with about twice the work at this vocabulary). meshtrain's log states its cut, checked
     against this one."""
     layer = a.hidden * a.hidden * 2 + 2 * a.hidden * (a.hidden * a.kv_heads // a.heads) + 3 * a.hidden * a.ffn \
@@ -138,7 +139,8 @@ def compute_balanced_split(a):
 
 def peer_args(mode, split):
     """The peer script's mode and optional arguments for a PAIRS mode: both 1F1B rows run the
-    script's 1f1b, one at meshtrain's cut, one at its own default (half the layers a stage)."""
+    script's 1f1b, one at meshtrain's compute-balanced cut, one at its own default (half the layers a
+    stage), where meshtrain runs its parameter-balanced cut."""
     if mode == "1f1b":
         return "1f1b", [str(split)]
     if mode == "1f1b_even":
@@ -215,9 +217,10 @@ def main():
                 peaks = run([bin_, "train", cfg], os.path.join(d, tag + ".log"), lambda c: "meshtrain" in c)
                 log = open(os.path.join(d, tag + ".log")).read()
                 cut = re.search(r"layers per stage \[(\d+), \d+\]", log)
-                if "pp = 2" in mesh and (not cut or int(cut.group(1)) != split):
+                want = a.layers // 2 if mode == "1f1b_even" else split
+                if "pp = 2" in mesh and (not cut or int(cut.group(1)) != want):
                     sys.exit(f"meshtrain's pipeline cut ({cut.group(0) if cut else 'not in its log'}) is not the "
-                             f"peer's: {split} layers on the first stage")
+                             f"peer's: {want} layers on the first stage")
                 start = re.search(r"([0-9.]+) MiB resident at start", log)
                 if start:
                     idle.setdefault("meshtrain rank", float(start.group(1)))
@@ -257,7 +260,9 @@ def emit(a, results, idle):
           f"{compute_balanced_split(a)} of {a.layers}, where the stages' matmul work per token balances "
           f"(`parallel.pp_balance = \"compute\"`; the head's multiply is about "
           f"{a.vocab / (2 * a.hidden + 2 * a.hidden * a.kv_heads / a.heads + 3 * a.ffn):.1f} layers' worth); the peer "
-          f"runs at the same cut and at its script's default, half the layers a stage.")
+          f"runs at the same cut. The second pp row cuts both sides in half, the peer script's default: meshtrain "
+          f"with `parallel.pp_balance = \"parameters\"` (the stages' parameter counts balance; the embedding and the "
+          f"untied head are the same size), which is its memory-balanced cut.")
     print()
     print("## Agreement (round 1)")
     print()

@@ -40,11 +40,11 @@ TEXT
 import json, statistics, sys
 ratios = json.load(open(sys.argv[1]))
 keys = {"DDP|ddp": "ddp", "ZeRO-3|fsdp2": "fsdp2", "ZeRO-3|zero3": "deepspeed_zero3", "tp 2|tp": "dtensor_tp",
-        "pp 2 1F1B|1f1b": "pipelining_1f1b", "pp 2 1F1B|1f1b_even": "pipelining_1f1b_even"}
+        "pp 2 1F1B|1f1b": "pipelining_1f1b", "pp 2 1F1B, cut in half|1f1b_even": "pipelining_1f1b_even"}
 for pair, key in keys.items():
     if pair in ratios:
         rs = ratios[pair]
-        what = pair.split('|')[0] + {"1f1b": ", the peer at the same cut", "1f1b_even": ", the peer cut in half"}.get(pair.split('|')[1], "")
+        what = pair.split('|')[0] + {"1f1b": ", the peer at the same cut", "1f1b_even": ", both sides"}.get(pair.split('|')[1], "")
         print(f"- `{key}_tokens_ratio` = {statistics.median(s for s, _ in rs):.2f}: meshtrain's tokens/s over the peer's, {what}")
         print(f"- `{key}_memory_ratio` = {statistics.median(m for _, m in rs):.2f}: meshtrain's peak resident memory per rank over the peer's, {what}")
 PY
