@@ -360,6 +360,24 @@ TEST(Schedule, BubblesMatchTheFormulas) {
   }
 }
 
+// Unequal stages: the slowest sets the pace. 1F1B, pp 2, 2 micro-batches, stage 0 half stage 1's work
+// (F = 1, B = 2 on stage 1): rank 1 runs F B F B from 0.5 to 6.5, rank 0 waits for its gradients and
+// ends at 7.5, busy 3 of it: idle 60% (the 59% a 6/6 cut of gpt2-124m measures), where equal stages
+// give (p - 1) / (m + p - 1) = 33%.
+TEST(Schedule, TheSlowestStageSetsThePace) {
+  ActionCosts c;
+  c.stage_scale = {0.5, 1.0};
+  const SimulationResult r = simulate(build_schedule(Schedule::OneFOneB, 2, 2), c);
+  EXPECT_DOUBLE_EQ(r.makespan, 7.5);
+  EXPECT_DOUBLE_EQ(r.idle_fraction(0), 0.6);
+  EXPECT_DOUBLE_EQ(r.idle_fraction(1), 0.2);
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 0.4);
+  const SimulationResult even = simulate(build_schedule(Schedule::OneFOneB, 2, 2));
+  EXPECT_DOUBLE_EQ(even.idle_fraction(0), even.bubble_fraction);
+  c.stage_scale = {1.0};
+  EXPECT_THROW(simulate(build_schedule(Schedule::OneFOneB, 2, 2), c), std::invalid_argument);
+}
+
 std::string error_of(const PipelineSchedule& s) {
   try {
     simulate(s);
@@ -448,6 +466,10 @@ TEST(Partition, BalancesParametersAndChecksLists) {
   EXPECT_GT(gc[0].last - gc[0].first, gc[1].last - gc[1].first);
   auto gp = partition_layers(g, 2);
   EXPECT_EQ(gp[0].last - gp[0].first, gp[1].last - gp[1].first);  // parameters: symmetric (tied copy on both ends)
+  // Work per token, whatever the balance: the layers' weights, and the head's on the last stage only.
+  EXPECT_EQ(gp[0].work, gp[0].params - count_params(g).embedding - count_params(g).positions);
+  EXPECT_EQ(gp[1].work - gp[0].work, count_params(g).embedding);  // the tied head's V x h
+  EXPECT_EQ(gc[0].work + gc[1].work, gp[0].work + gp[1].work);
   // A user list is taken as given, and checked.
   auto user = partition_layers(g, 3, {2, 5, 5});
   EXPECT_EQ(user[1].first, 2);

@@ -19,6 +19,7 @@
 
 #include "meshtrain/data/shard.h"
 #include "meshtrain/train/config.h"
+#include "meshtrain/train/pipeline_prediction.h"
 #include "meshtrain/train/gemm_peak.h"
 #include "meshtrain/train/progress.h"
 #include "tests/run_command.h"
@@ -307,6 +308,21 @@ TEST(TrainCli, PipelineStagesAreCutWhereTheConfigSays) {
   c = load_train_config(d.write("j.toml", base),
                         {"model.vocab=50000", "model.tied=false", "parallel.pp=2", "parallel.pp_balance=\"compute\""});
   EXPECT_EQ(stage_layer_counts(c), (std::vector<int64_t>{3, 1}));
+  // The log's prediction counts the stages' work. gpt-tiny (h 128) with an untied 3072 x 128 head, two
+  // layers' worth: by parameters [2, 2] (the embedding balances the head), whose last stage has twice
+  // the first's work, so rank 0 idles 60% of a 1F1B step of 2 micro-batches (schedule tests: equal
+  // stages 33%); the note names the compute-balanced cut, [3, 1], whose stages are equal.
+  EXPECT_TRUE(compute_balance_note(c, 2, predict_pipeline(c, 2)).empty());  // already balanced by compute
+  c = load_train_config(d.write("k.toml", base), {"model.vocab=3072", "model.tied=false", "parallel.pp=2"});
+  const PipelinePrediction even = predict_pipeline(c, 2);
+  EXPECT_EQ(even.layers, (std::vector<int64_t>{2, 2}));
+  EXPECT_NEAR(even.work[0], 0.5, 0.01);
+  EXPECT_DOUBLE_EQ(even.work[1], 1.0);
+  EXPECT_NEAR(even.bubble, 0.6, 0.01);
+  const std::string note = compute_balance_note(c, 2, even);
+  EXPECT_NE(note.find("parallel.pp_balance = \"compute\" cuts [3, 1]"), std::string::npos) << note;
+  c.pp_layers = {2, 2};
+  EXPECT_TRUE(compute_balance_note(c, 2, predict_pipeline(c, 2)).empty());  // the user chose the layers
 
   const std::string cfg =
       tiny_config(d, "p.toml", "") + " --set model.layers=4 --set model.dropout=0.0 --set train.steps=26 --set train.lr=1e-3";

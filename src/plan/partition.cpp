@@ -45,9 +45,11 @@ std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const s
   // Matmul work per token in units of one multiply-add per weight: a layer's
   // weights, the head's V x h; the embedding lookup and positions are free.
   const int64_t head_cost = m.tied ? c.embedding : c.head;
-  auto stage_cost = [&](int s, int64_t first, int64_t layers) {
-    if (balance == Balance::Parameters) return stage_params(s, first, layers);
+  auto stage_work = [&](int s, int64_t first, int64_t layers) {
     return span(first, layers) + (s == stages - 1 ? head_cost : 0);
+  };
+  auto stage_cost = [&](int s, int64_t first, int64_t layers) {
+    return balance == Balance::Parameters ? stage_params(s, first, layers) : stage_work(s, first, layers);
   };
   std::vector<int64_t> counts(per_stage);
   if (counts.empty()) {
@@ -89,7 +91,7 @@ std::vector<StageRange> partition_layers(const ModelSpec& m, int stages, const s
   std::vector<StageRange> out;
   int64_t at = 0;
   for (int s = 0; s < stages; ++s) {
-    out.push_back({at, at + counts[s], stage_params(s, at, counts[s])});
+    out.push_back({at, at + counts[s], stage_params(s, at, counts[s]), stage_work(s, at, counts[s])});
     at += counts[s];
   }
   return out;

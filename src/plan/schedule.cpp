@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 namespace meshtrain::plan {
@@ -187,6 +188,18 @@ PipelineSchedule build_schedule(Schedule kind, int pp, int micro, int v) {
   return s;
 }
 
+namespace {
+
+// The simulated time of compute action `a`: its kind's cost times its stage's factor.
+double action_cost(const PipelineSchedule& s, const ActionCosts& c, const Action& a) {
+  const double scale = c.stage_scale.empty() ? 1.0 : c.stage_scale.at(static_cast<size_t>(a.stage));
+  if (a.op == Op::Forward) return scale * c.forward;
+  if (a.op == Op::BackwardWeight) return scale * c.backward_weight;
+  return scale * (s.split_backward ? c.backward_input : c.backward);
+}
+
+}  // namespace
+
 SimulationResult simulate(const PipelineSchedule& s, const ActionCosts& c) {
   const int P = static_cast<int>(s.ranks.size()), S = s.stages();
   if (P != s.pp) throw ScheduleError(fmt::format("schedule has {} rank lists for pp {}", P, s.pp));
@@ -245,11 +258,11 @@ SimulationResult simulate(const PipelineSchedule& s, const ActionCosts& c) {
   std::map<Key, double> sent;
   std::set<std::tuple<int, int, int>> done;             // compute (op, micro, stage)
   std::vector<std::set<std::tuple<int, int, int>>> have(P);  // received (kind, micro, stage)
-  auto cost = [&](Op op) {
-    if (op == Op::Forward) return c.forward;
-    if (op == Op::BackwardWeight) return c.backward_weight;
-    return s.split_backward ? c.backward_input : c.backward;
-  };
+  if (!c.stage_scale.empty() && static_cast<int>(c.stage_scale.size()) != S) {
+    throw std::invalid_argument(fmt::format("stage cost factors: {} given, the schedule has {} stages",
+                                            c.stage_scale.size(), S));
+  }
+  auto cost = [&](const Action& a) { return action_cost(s, c, a); };
   for (;;) {
     bool progress = false, all_done = true;
     for (int r = 0; r < P; ++r) {
@@ -289,8 +302,8 @@ SimulationResult simulate(const PipelineSchedule& s, const ActionCosts& c) {
                                             r, describe(a), missing));
           }
           res.start_times[r].push_back({t[r], a});
-          t[r] += cost(a.op);
-          res.busy[r] += cost(a.op);
+          t[r] += cost(a);
+          res.busy[r] += cost(a);
           done.insert({static_cast<int>(a.op), a.micro, a.stage});
           if (a.op == Op::Forward) res.peak_in_flight[r] = std::max(res.peak_in_flight[r], ++in_flight[r]);
           if (a.op == Op::Backward) --in_flight[r];
@@ -320,7 +333,8 @@ SimulationResult simulate(const PipelineSchedule& s, const ActionCosts& c) {
 
 std::string timeline(const PipelineSchedule& s, const SimulationResult& r, const ActionCosts& c) {
   const double unit = std::min({c.forward, s.split_backward ? c.backward_input : c.backward,
-                                s.split_backward ? c.backward_weight : c.backward});
+                                s.split_backward ? c.backward_weight : c.backward}) *
+                      (c.stage_scale.empty() ? 1.0 : *std::min_element(c.stage_scale.begin(), c.stage_scale.end()));
   const int cols = static_cast<int>(std::ceil(r.makespan / unit - 1e-9));
   std::string out = fmt::format("{} pp={} micro-batches={}{}: one column = {} forward(s); F forward, B backward{}, "
                                 "digits = micro-batch{}, '.' idle\n",
@@ -331,9 +345,7 @@ std::string timeline(const PipelineSchedule& s, const SimulationResult& r, const
   for (size_t rank = 0; rank < s.ranks.size(); ++rank) {
     std::vector<std::string> cells(cols, " . ");
     for (const auto& [start, a] : r.start_times[rank]) {
-      const double len = a.op == Op::Forward ? c.forward
-                         : a.op == Op::BackwardWeight ? c.backward_weight
-                         : (s.split_backward ? c.backward_input : c.backward);
+      const double len = action_cost(s, c, a);
       const int first = static_cast<int>(std::lround(start / unit)), n = static_cast<int>(std::lround(len / unit));
       std::string cell = fmt::format("{}{}", to_string(a.op), a.micro % 10);
       if (s.virtual_stages > 1) cell += static_cast<char>('a' + a.stage / s.pp);

@@ -15,6 +15,7 @@
 #include "meshtrain/peft/qlora.h"
 #include "meshtrain/moe/layer.h"
 #include "meshtrain/train/method.h"
+#include "meshtrain/train/pipeline_prediction.h"
 #include "meshtrain/train/precision.h"
 #include "meshtrain/train/state.h"
 
@@ -129,7 +130,9 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
     try {
       schedule = plan::build_schedule(plan::parse_schedule(c.schedule), c.pp, static_cast<int>(accumulation),
                                       c.virtual_stages);
-      predicted_bubble_ = plan::simulate(schedule).bubble_fraction;
+      pipeline_prediction_ = predict_pipeline(c, static_cast<int>(accumulation));
+      predicted_bubble_ = pipeline_prediction_.bubble;
+      pipeline_note_ = compute_balance_note(c, static_cast<int>(accumulation), pipeline_prediction_);
     } catch (const std::exception& e) {
       throw std::invalid_argument(fmt::format("parallel.schedule = {} with pp {}, virtual {} and {} micro-batches per "
                                               "step (train.global_batch / (micro_batch x dp)): {}",
@@ -147,11 +150,12 @@ TrainEngine::TrainEngine(const TrainConfig& c, Runtime& rt, DeviceMesh& mesh, in
   if (!lead) return;
   if (c.pp > 1) {
     fmt::print("pipeline over {} ranks: {} schedule, {} chunk(s) per rank, {} micro-batches per step, predicted "
-               "bubble {:.1f}%; layers per stage [{}] ({})\n",
+               "bubble {:.1f}% (rank 0 idle, the stages' work counted); layers per stage [{}] ({})\n",
                c.pp, c.schedule, c.virtual_stages, accumulation, 100 * predicted_bubble_,
-               fmt::join(stage_layer_counts(c), ", "),
+               fmt::join(pipeline_prediction_.layers, ", "),
                c.pp_layers.empty() ? fmt::format("balanced by {}", plan::balance_name(c.pp_balance))
                                    : std::string("parallel.pp_layers"));
+    if (!pipeline_note_.empty()) fmt::print("pipeline: {}\n", pipeline_note_);
   }
   if (!zero_.empty()) {
     const int replicas = shard_groups_.replicate->size();

@@ -29,6 +29,8 @@ const char* balance_name(Balance b);
 struct StageRange {
   int64_t first = 0, last = 0;  // layers [first, last)
   int64_t params = 0;           // parameters of the stage (embedding / head included)
+  int64_t work = 0;             // matmul work per token in weights: the layers', plus the head's V x h
+                                // on the last stage (the embedding lookup is free), whatever the balance
 };
 
 // `stages` = pp x v. `layers_per_stage`: empty for balanced, else one count

@@ -67,6 +67,9 @@ PipelineSchedule build_schedule(Schedule kind, int pp, int micro, int virtual_st
 struct ActionCosts {
   double forward = 1, backward = 2;  // backward = B + W when not split
   double backward_input = 1, backward_weight = 1;
+  // Per (virtual) stage: a factor on its actions' costs, its work relative to a
+  // stage of cost 1 (unequal stages: the slowest sets the pace). Empty: all 1.
+  std::vector<double> stage_scale;
 };
 
 class ScheduleError : public std::runtime_error {
@@ -79,6 +82,8 @@ struct SimulationResult {
   std::vector<double> busy;            // compute time per rank
   std::vector<int> peak_in_flight;     // micro-batches whose forward ran and backward (B) did not, per rank and stage-slot
   double bubble_fraction = 0;          // 1 - mean(busy) / makespan
+  // Rank r's idle share of the step: 1 - busy[r] / makespan (bubble_fraction where the stages are equal).
+  double idle_fraction(int r) const { return makespan > 0 ? 1 - busy.at(static_cast<size_t>(r)) / makespan : 0; }
   std::vector<std::vector<std::pair<double, Action>>> start_times;  // per rank, compute actions with their start
 };
 

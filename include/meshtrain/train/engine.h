@@ -26,6 +26,7 @@
 #include "meshtrain/train/fp8_training.h"
 #include "meshtrain/train/memory.h"
 #include "meshtrain/train/objective.h"
+#include "meshtrain/train/pipeline_prediction.h"
 #include "meshtrain/train/pipeline_step.h"
 #include "meshtrain/train/state.h"
 #include "meshtrain/train/step.h"
@@ -132,6 +133,8 @@ class TrainEngine {
   std::unique_ptr<LossScaler> scaler_;
   std::unique_ptr<PipelineExecutor> exec_;
   double predicted_bubble_ = 0;
+  PipelinePrediction pipeline_prediction_;  // pp > 1: the cut's stage work and rank 0's bubble
+  std::string pipeline_note_;               // compute_balance_note, or empty
   std::unique_ptr<Transformer> reference_;  // a frozen copy of the starting weights (reference())
   std::unique_ptr<Objective> objective_;
   std::unique_ptr<TrainStep> step_;
