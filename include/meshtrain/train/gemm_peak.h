@@ -66,6 +66,7 @@ struct GemmHealthInputs {
   bool bf16_run = false;
   double cpu_share = 1;       // measure_gemm_rate's, for the fp32 GEMMs
   double all_core_flops = 0;  // what the all-core GEMMs reached in the run's dtype, when the cores were shared
+  int probes = 1;             // fp32 probes taken (2: the first was under 0.7x the best, measure_host_peak)
 };
 // One warning per finding, each with its cause and fix: fp32 below a quarter of what one FMA unit
 // of the capability allows per cycle (generic BLAS kernels); a bf16 run whose bf16 GEMMs are slower
@@ -76,6 +77,7 @@ std::vector<std::string> gemm_health(const GemmHealthInputs& in);
 struct HostPeak {
   double value = 0;      // FLOP/s, the run's dtype, all cores
   double seconds = 0;    // the measurement's own time
+  int probes = 1;        // fp32 probes: a second, 0.3 s later, where the first was under 0.7x this host's best
   std::string source;    // for the MFU line
   std::vector<std::string> warnings;
 };
@@ -83,6 +85,8 @@ struct HostPeak {
 // checks its health, and records the best of `what` in the cache. value: the rate in `what`, except
 // that a bf16 run gets the faster of bf16 and fp32 (a step of both kinds of GEMM cannot beat it).
 HostPeak measure_host_peak(const std::string& what, int cores, const std::string& cache_file = default_peak_cache());
+// The cache's key for `what` on `threads` threads of this host (its name, CPU model and thread count).
+std::string host_peak_key(const std::string& what, int threads);
 // The launching process hands its measurement to the ranks it starts in the environment
 // variable MESHTRAIN_HOST_GEMM_PEAK ("<what> <FLOP/s> <seconds> <cores> <source text>").
 void hand_down_host_peak(const std::string& what, const HostPeak& p, int cores);
